@@ -1,0 +1,1 @@
+//! memra-benches: shared helpers for the criterion benches in `benches/`.

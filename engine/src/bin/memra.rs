@@ -1,0 +1,3 @@
+fn main() {
+    eprintln!("memra: nothing here yet");
+}

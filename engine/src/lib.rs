@@ -1,0 +1,1 @@
+//! memra-engine: runtime pieces behind the `memra` binary.
