@@ -3,6 +3,18 @@
 //!
 //! Format facts: `shared/reference/model-specs.md` §1.
 
+mod error;
+pub mod quant;
+mod reader;
 mod types;
+mod value;
+mod writer;
 
+pub use error::{ErrorKind, GgufError, Result};
+pub use reader::{
+    ALIGNMENT_KEY, ARCHITECTURE_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, Gguf, GgufFile,
+    MAX_DIMS, MAX_KEY_LEN, MAX_TENSOR_NAME_LEN, TensorInfo,
+};
 pub use types::GgmlType;
+pub use value::{MetaArray, MetaValue, ValueType};
+pub use writer::GgufWriter;
