@@ -106,8 +106,8 @@ impl GgufWriter {
                 values.len()
             )));
         }
-        let data = encode_f32(ggml_type, values)
-            .map_err(|msg| GgufError::invalid(format!("tensor '{name}': {msg}")))?;
+        let data = crate::quant::quantize(ggml_type, values)
+            .map_err(|e| GgufError::invalid(format!("tensor '{name}': {e}")))?;
         self.add_tensor_bytes(name, dims, ggml_type, data)
     }
 
@@ -239,20 +239,6 @@ fn tensor_n_bytes(name: &str, dims: &[u64], ggml_type: GgmlType) -> Result<u64> 
     })?;
     row.checked_mul(n_elements / ne0)
         .ok_or_else(|| fail(format!("byte size of shape {dims:?} overflows")))
-}
-
-/// f32 values in `ggml_type`'s encoding.
-fn encode_f32(ggml_type: GgmlType, values: &[f32]) -> std::result::Result<Vec<u8>, String> {
-    match ggml_type {
-        GgmlType::F32 => Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        GgmlType::F16 => {
-            Ok(values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect())
-        }
-        GgmlType::BF16 => {
-            Ok(values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect())
-        }
-        other => Err(format!("cannot encode f32 values as {other} here")),
-    }
 }
 
 fn padded(offset: u64, alignment: u64) -> u64 {
