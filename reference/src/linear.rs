@@ -3,6 +3,9 @@
 //! A weight with GGUF `ne = {K, N}` is `N` rows of `K` floats: `w[n·K + k] = W[n][k]`, and
 //! `y[n] = Σ_k W[n][k]·x[k]` (ggml `mul_mat(W, x)`), accumulated in f64.
 
+use memra_gguf::quant::{self, QuantError};
+use memra_gguf::GgmlType;
+
 /// `Σ a_i·b_i` in f64.
 pub fn dot(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "dot: lengths differ");
@@ -24,4 +27,47 @@ pub fn matmul(w: &[f32], k: usize, n: usize, x: &[f32], t: usize) -> Vec<f32> {
         y.extend(matvec(w, k, n, xt));
     }
     y
+}
+
+/// Bytes of one `k`-element row of `ty`, and a check that `data` holds exactly `n` such rows.
+fn gguf_row_bytes(ty: GgmlType, data: &[u8], k: usize, n: usize) -> Result<usize, QuantError> {
+    let row_bytes = quant::byte_len(ty, k, "dequantize")?;
+    let expected_bytes = row_bytes * n;
+    if data.len() != expected_bytes {
+        return Err(QuantError::SizeMismatch { ty, n_elements: k * n, expected_bytes, actual_bytes: data.len() });
+    }
+    Ok(row_bytes)
+}
+
+/// Dequantizes a whole GGUF matrix (ne `{k, n}`, type `ty`) to `[n, k]` f32 rows.
+pub fn dequantize_matrix(ty: GgmlType, data: &[u8], k: usize, n: usize) -> Result<Vec<f32>, QuantError> {
+    let row_bytes = gguf_row_bytes(ty, data, k, n)?;
+    let mut w = vec![0.0f32; k * n];
+    for (src, dst) in data.chunks_exact(row_bytes.max(1)).zip(w.chunks_exact_mut(k)) {
+        quant::dequantize_row(ty, src, dst)?;
+    }
+    Ok(w)
+}
+
+/// [`matvec`] with a GGUF-typed weight: `data` is the tensor's bytes (ne `{k, n}`, type `ty`),
+/// dequantized row by row with `memra_gguf::quant::dequantize_row`. Errors if `ty` is not
+/// supported, `k` is not a whole number of blocks, or `data` is not exactly `n` rows.
+pub fn matvec_gguf(ty: GgmlType, data: &[u8], k: usize, n: usize, x: &[f32]) -> Result<Vec<f32>, QuantError> {
+    matmul_gguf(ty, data, k, n, x, 1)
+}
+
+/// [`matmul`] with a GGUF-typed weight (see [`matvec_gguf`]): `x`: `[t, k]`, returns `[t, n]`.
+/// Each weight row is dequantized once and applied to all `t` inputs.
+pub fn matmul_gguf(ty: GgmlType, data: &[u8], k: usize, n: usize, x: &[f32], t: usize) -> Result<Vec<f32>, QuantError> {
+    assert_eq!(x.len(), t * k, "matmul_gguf: x.len() {} != t·k = {t}·{k}", x.len());
+    let row_bytes = gguf_row_bytes(ty, data, k, n)?;
+    let mut row = vec![0.0f32; k];
+    let mut y = vec![0.0f32; t * n];
+    for r in 0..n {
+        quant::dequantize_row(ty, &data[r * row_bytes..][..row_bytes], &mut row)?;
+        for (ti, xt) in x.chunks_exact(k).enumerate() {
+            y[ti * n + r] = dot(&row, xt) as f32;
+        }
+    }
+    Ok(y)
 }
