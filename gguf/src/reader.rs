@@ -464,7 +464,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header> {
             16,
             format!(
                 "metadata key count {kv_count} is impossible: each key takes at least \
-                 {MIN_KV_BYTES} bytes and only {left} bytes follow the header"
+                 {MIN_KV_BYTES} bytes and only {left} bytes are left after the header"
             ),
         ));
     }
