@@ -66,6 +66,17 @@ template <int CT> __device__ __forceinline__ int dim_or(int rt) { return CT != 0
 
 constexpr __host__ __device__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// 2^x in f64 for -1022 < x < 1023, to ~1 ulp: Taylor series of e^(f·ln2) on the fraction.
+// (CUDA's exp2(double) costs a call with a stack frame; this is 17 FMAs inline.)
+__device__ __forceinline__ double exp2_f64(double x) {
+    const double n = floor(x);
+    const double t = (x - n) * 0.6931471805599453;
+    double p = 1.0;
+#pragma unroll
+    for (int k = 17; k >= 1; --k) p = fma(p, t * (1.0 / k), 1.0);  // 1 + t/1·(1 + t/2·(1 + ...))
+    return p * __hiloint2double(((int)n + 1023) << 20, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reductions. Every thread of the warp / block gets the result. 1-D blocks only.
 
