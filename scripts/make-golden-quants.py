@@ -12,9 +12,13 @@ Random bytes are valid blocks for every type here, except that f16 scale fields 
 values (uniform in [-2, 2]; one block per type gets a subnormal scale) and plain F16/BF16/F32
 values are kept finite so that the comparison is not about NaN payloads.
 
-Usage: "$(bash scripts/setup-python)" scripts/make-golden-quants.py
+Usage: "$(bash scripts/setup-python)" scripts/make-golden-quants.py           # (re)write the files
+       "$(bash scripts/setup-python)" scripts/make-golden-quants.py --verify  # check the .f32 files
+--verify dequantizes the committed .bin files again and checks that the committed .f32 files are
+bit for bit gguf-py's output (independent of numpy's RNG stream, which may change across versions).
 """
 
+import importlib.metadata
 import os
 import sys
 
@@ -65,7 +69,25 @@ def plain_bytes(rng: np.random.Generator, qtype: T) -> np.ndarray:
     return bits.view(np.uint8)
 
 
+def verify() -> None:
+    bad = []
+    for qtype in PLAIN + list(F16_FIELDS):
+        raw = np.fromfile(os.path.join(OUT, f"{qtype.name}.bin"), dtype=np.uint8)
+        want = np.fromfile(os.path.join(OUT, f"{qtype.name}.f32"), dtype="<f4")
+        got = np.asarray(gguf.quants.dequantize(raw, qtype), dtype="<f4").reshape(-1)
+        if got.shape != want.shape or not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+            bad.append(qtype.name)
+    if bad:
+        sys.exit(f"golden .f32 files differ from gguf-py's dequantization of the .bin files: {bad}")
+    version = importlib.metadata.version("gguf")
+    print(f"verified {len(PLAIN) + len(F16_FIELDS)} golden types against gguf {version}", file=sys.stderr)
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--verify"]:
+        return verify()
+    if sys.argv[1:]:
+        sys.exit("usage: make-golden-quants.py [--verify]")
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(SEED)
     total = 0

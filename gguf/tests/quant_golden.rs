@@ -93,3 +93,27 @@ fn wrong_sizes_are_errors() {
         }
     }
 }
+
+/// The committed .f32 files are gguf-py's own output for the committed .bin files (not hand
+/// edited): re-dequantizes them with gguf-py. Needs MEMRA_PYTHON (scripts/test sets it).
+#[test]
+fn golden_files_are_gguf_py_output() {
+    let Some(python) = std::env::var_os("MEMRA_PYTHON") else {
+        println!("SKIP: MEMRA_PYTHON is not set (scripts/test sets it from scripts/setup-python)");
+        return;
+    };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-golden-quants.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg("--verify")
+        .output()
+        .unwrap_or_else(|e| panic!("running {} {}: {e}", python.to_string_lossy(), script.display()));
+    assert!(
+        out.status.success(),
+        "{} --verify failed ({}):\n{}{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
