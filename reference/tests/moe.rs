@@ -136,7 +136,8 @@ fn moe_top1_renorm_picks_one_expert_with_weight_scale() {
     let experts: Vec<Experts> = (0..n_expert).map(|_| random_ffn(&mut rng, n_embd, n_ff)).collect();
     let cat = |f: fn(&Experts) -> &Vec<f32>| experts.iter().flat_map(|e| f(e).clone()).collect::<Vec<f32>>();
     let (gate, up, down) = (cat(|e| &e.gate), cat(|e| &e.up), cat(|e| &e.down));
-    let router = rng.normal_vec(n_embd * n_expert, 1.0);
+    // Logits ~ N(0, 1): sigmoid stays far above the 6.1e-5 renorm clamp.
+    let router = rng.normal_vec(n_embd * n_expert, 1.0 / (n_embd as f32).sqrt());
     let x = rng.normal_vec(n_embd, 1.0);
     // The bias forces expert 3; renorm makes its weight 1, then ×2.5.
     let mut bias = vec![0.0f32; n_expert];
