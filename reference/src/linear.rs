@@ -6,10 +6,23 @@
 use memra_gguf::quant::{self, QuantError};
 use memra_gguf::GgmlType;
 
-/// `Σ a_i·b_i` in f64.
+/// `Σ a_i·b_i` in f64. Summed in 8 interleaved partial sums (lane `i % 8`), then the lanes
+/// in order: a fixed, deterministic order that lets the compiler vectorize (a single running
+/// sum cannot be reordered). Each product of two f32 is exact in f64.
 pub fn dot(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "dot: lengths differ");
-    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+    let mut lanes = [0.0f64; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (a_tail, b_tail) = (a8.remainder(), b8.remainder());
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            lanes[i] += x[i] as f64 * y[i] as f64;
+        }
+    }
+    for i in 0..a_tail.len() {
+        lanes[i] += a_tail[i] as f64 * b_tail[i] as f64;
+    }
+    lanes.iter().sum()
 }
 
 /// `y[n] = Σ_k W[n][k]·x[k]`. `w`: `[n, k]` (GGUF ne `{k, n}`), `x`: `[k]`, returns `[n]`.
