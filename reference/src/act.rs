@@ -15,7 +15,11 @@ pub fn softmax(x: &[f32]) -> Vec<f32> {
 /// # Panics
 /// If `x.len()` is not a multiple of `dim`.
 pub fn softmax_rows(x: &[f32], dim: usize) -> Vec<f32> {
-    assert!(dim > 0 && x.len().is_multiple_of(dim), "softmax_rows: x.len() {} not a multiple of dim {dim}", x.len());
+    assert!(
+        dim > 0 && x.len().is_multiple_of(dim),
+        "softmax_rows: x.len() {} not a multiple of dim {dim}",
+        x.len()
+    );
     x.chunks_exact(dim).flat_map(softmax).collect()
 }
 
@@ -57,11 +61,17 @@ pub fn relu(x: f32) -> f32 {
 /// SwiGLU: `silu(g) ⊙ u` elementwise (§2 FFN "PAR" gated, SiLU).
 pub fn swiglu(g: &[f32], u: &[f32]) -> Vec<f32> {
     assert_eq!(g.len(), u.len(), "swiglu: gate and up lengths differ");
-    g.iter().zip(u).map(|(&g, &u)| (silu(g) as f64 * u as f64) as f32).collect()
+    g.iter()
+        .zip(u)
+        .map(|(&g, &u)| (silu(g) as f64 * u as f64) as f32)
+        .collect()
 }
 
 /// GeGLU: `gelu_tanh(g) ⊙ u` elementwise (§5.1 gemma3 FFN).
 pub fn geglu(g: &[f32], u: &[f32]) -> Vec<f32> {
     assert_eq!(g.len(), u.len(), "geglu: gate and up lengths differ");
-    g.iter().zip(u).map(|(&g, &u)| (gelu_tanh(g) as f64 * u as f64) as f32).collect()
+    g.iter()
+        .zip(u)
+        .map(|(&g, &u)| (gelu_tanh(g) as f64 * u as f64) as f32)
+        .collect()
 }

@@ -37,7 +37,11 @@ pub struct Mask<'a> {
 impl<'a> Mask<'a> {
     /// Plain causal mask.
     pub fn causal(q_pos: &'a [usize]) -> Self {
-        Mask { q_pos, window: None, allowed: None }
+        Mask {
+            q_pos,
+            window: None,
+            allowed: None,
+        }
     }
 
     pub fn is_visible(&self, t: usize, s: usize) -> bool {
@@ -54,8 +58,11 @@ impl<'a> Mask<'a> {
     pub fn visible_keys(&self, t: usize, t_kv: usize) -> Vec<usize> {
         match self.allowed {
             Some(allowed) => {
-                let mut keys: Vec<usize> =
-                    allowed[t].iter().copied().filter(|&s| s < t_kv && self.in_window(t, s)).collect();
+                let mut keys: Vec<usize> = allowed[t]
+                    .iter()
+                    .copied()
+                    .filter(|&s| s < t_kv && self.in_window(t, s))
+                    .collect();
                 keys.sort_unstable();
                 keys.dedup();
                 keys
@@ -65,15 +72,30 @@ impl<'a> Mask<'a> {
     }
 
     pub(crate) fn check(&self, t_q: usize, t_kv: usize, what: &str) {
-        assert_eq!(self.q_pos.len(), t_q, "{what}: q_pos.len() {} != t_q {t_q}", self.q_pos.len());
+        assert_eq!(
+            self.q_pos.len(),
+            t_q,
+            "{what}: q_pos.len() {} != t_q {t_q}",
+            self.q_pos.len()
+        );
         for (t, &p) in self.q_pos.iter().enumerate() {
-            assert!(p < t_kv, "{what}: query {t} at position {p} but the kv cache has {t_kv} rows");
+            assert!(
+                p < t_kv,
+                "{what}: query {t} at position {p} but the kv cache has {t_kv} rows"
+            );
         }
         if let Some(allowed) = self.allowed {
-            assert_eq!(allowed.len(), t_q, "{what}: allowed.len() {} != t_q {t_q}", allowed.len());
+            assert_eq!(
+                allowed.len(),
+                t_q,
+                "{what}: allowed.len() {} != t_q {t_q}",
+                allowed.len()
+            );
             for (t, list) in allowed.iter().enumerate() {
                 if let Some(&s) = list.iter().find(|&&s| s >= t_kv) {
-                    panic!("{what}: allowed[{t}] holds kv row {s} but the kv cache has {t_kv} rows");
+                    panic!(
+                        "{what}: allowed[{t}] holds kv row {s} but the kv cache has {t_kv} rows"
+                    );
                 }
             }
         }
@@ -117,13 +139,41 @@ pub(crate) fn attend_one<'k>(
 ///
 /// # Panics
 /// On shape mismatches, or a query position `≥ t_kv`.
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], t_kv: usize, shape: AttnShape, mask: &Mask, scale: f32) -> Vec<f32> {
-    let AttnShape { n_head, n_kv_head, head_dim_k: dk, head_dim_v: dv } = shape;
-    assert!(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: n_head {n_head} not a multiple of n_kv_head {n_kv_head}");
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    t_kv: usize,
+    shape: AttnShape,
+    mask: &Mask,
+    scale: f32,
+) -> Vec<f32> {
+    let AttnShape {
+        n_head,
+        n_kv_head,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    } = shape;
+    assert!(
+        n_kv_head > 0 && n_head % n_kv_head == 0,
+        "attention: n_head {n_head} not a multiple of n_kv_head {n_kv_head}"
+    );
     let t_q = mask.q_pos.len();
-    assert_eq!(q.len(), t_q * n_head * dk, "attention: q.len() != t_q·n_head·head_dim_k");
-    assert_eq!(k.len(), t_kv * n_kv_head * dk, "attention: k.len() != t_kv·n_kv_head·head_dim_k");
-    assert_eq!(v.len(), t_kv * n_kv_head * dv, "attention: v.len() != t_kv·n_kv_head·head_dim_v");
+    assert_eq!(
+        q.len(),
+        t_q * n_head * dk,
+        "attention: q.len() != t_q·n_head·head_dim_k"
+    );
+    assert_eq!(
+        k.len(),
+        t_kv * n_kv_head * dk,
+        "attention: k.len() != t_kv·n_kv_head·head_dim_k"
+    );
+    assert_eq!(
+        v.len(),
+        t_kv * n_kv_head * dv,
+        "attention: v.len() != t_kv·n_kv_head·head_dim_v"
+    );
     mask.check(t_q, t_kv, "attention");
     let group = n_head / n_kv_head;
 

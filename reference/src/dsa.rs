@@ -16,9 +16,9 @@
 
 use crate::attention::Mask;
 use crate::linear::{dot, matmul};
-use crate::mla::{mla_attend_output, mla_project, MlaCache, MlaConfig, MlaMode, MlaWeights};
+use crate::mla::{MlaCache, MlaConfig, MlaMode, MlaWeights, mla_attend_output, mla_project};
 use crate::norm::layer_norm;
-use crate::rope::{rope_head, Rope, RopeMode};
+use crate::rope::{Rope, RopeMode, rope_head};
 
 /// Indexer geometry.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -33,7 +33,11 @@ pub struct IndexerDims {
 
 impl IndexerDims {
     /// GLM-5 (§7.1): 32 heads of 128, rope part 64.
-    pub const GLM5: IndexerDims = IndexerDims { n_head: 32, head_dim: 128, rope: 64 };
+    pub const GLM5: IndexerDims = IndexerDims {
+        n_head: 32,
+        head_dim: 128,
+        rope: 64,
+    };
 }
 
 /// Indexer weights, f32 rows, named as in GGUF (`blk.i.indexer.<name>`).
@@ -81,13 +85,32 @@ impl IndexerConfig {
 
 /// Indexer queries `[t, n_head, head_dim]` from `qr` (`[t, q_lora]`, the MLA `attn_q_a_norm`
 /// output) at `positions`, rope part (first `dims.rope` dims of each head) roped.
-pub fn indexer_q(w: &IndexerWeights, cfg: &IndexerConfig, qr: &[f32], positions: &[usize]) -> Vec<f32> {
-    let IndexerDims { n_head, head_dim, rope } = cfg.dims;
+pub fn indexer_q(
+    w: &IndexerWeights,
+    cfg: &IndexerConfig,
+    qr: &[f32],
+    positions: &[usize],
+) -> Vec<f32> {
+    let IndexerDims {
+        n_head,
+        head_dim,
+        rope,
+    } = cfg.dims;
     assert_eq!(cfg.rope.n_rot, rope, "indexer_q: rope.n_rot != dims.rope");
-    let mut q = matmul(w.attn_q_b, cfg.q_lora, n_head * head_dim, qr, positions.len());
+    let mut q = matmul(
+        w.attn_q_b,
+        cfg.q_lora,
+        n_head * head_dim,
+        qr,
+        positions.len(),
+    );
     for (ti, &pos) in positions.iter().enumerate() {
         for h in 0..n_head {
-            rope_head(&mut q[(ti * n_head + h) * head_dim..][..head_dim], pos, &cfg.rope);
+            rope_head(
+                &mut q[(ti * n_head + h) * head_dim..][..head_dim],
+                pos,
+                &cfg.rope,
+            );
         }
     }
     q
@@ -95,9 +118,17 @@ pub fn indexer_q(w: &IndexerWeights, cfg: &IndexerConfig, qr: &[f32], positions:
 
 /// Indexer keys `[t, head_dim]` from `x` (`[t, n_embd]`, the `attn_norm` output) at
 /// `positions`: `LayerNorm(attn_k·x)`, then the rope part roped.
-pub fn indexer_k(w: &IndexerWeights, cfg: &IndexerConfig, x: &[f32], positions: &[usize]) -> Vec<f32> {
+pub fn indexer_k(
+    w: &IndexerWeights,
+    cfg: &IndexerConfig,
+    x: &[f32],
+    positions: &[usize],
+) -> Vec<f32> {
     let head_dim = cfg.dims.head_dim;
-    assert_eq!(cfg.rope.n_rot, cfg.dims.rope, "indexer_k: rope.n_rot != dims.rope");
+    assert_eq!(
+        cfg.rope.n_rot, cfg.dims.rope,
+        "indexer_k: rope.n_rot != dims.rope"
+    );
     let raw = matmul(w.attn_k, cfg.n_embd, head_dim, x, positions.len());
     let mut k = layer_norm(&raw, w.k_norm_weight, w.k_norm_bias, cfg.k_norm_eps);
     for (ti, &pos) in positions.iter().enumerate() {
@@ -108,7 +139,9 @@ pub fn indexer_k(w: &IndexerWeights, cfg: &IndexerConfig, x: &[f32], positions: 
 
 /// Head weights `[t, n_head]`: `proj·x · 1/sqrt(head_dim·n_head)`.
 pub fn indexer_weights(w: &IndexerWeights, cfg: &IndexerConfig, x: &[f32], t: usize) -> Vec<f32> {
-    let IndexerDims { n_head, head_dim, .. } = cfg.dims;
+    let IndexerDims {
+        n_head, head_dim, ..
+    } = cfg.dims;
     let scale = 1.0 / ((head_dim * n_head) as f64).sqrt();
     matmul(w.proj, cfg.n_embd, n_head, x, t)
         .into_iter()
@@ -119,16 +152,39 @@ pub fn indexer_weights(w: &IndexerWeights, cfg: &IndexerConfig, x: &[f32], t: us
 /// Index scores `[t_q, t_kv]`: `Σ_h weights[t][h]·ReLU(q[t][h]·k[s])` (f64) for `s ≤ q_pos[t]`,
 /// `−∞` for later keys. `q`: `[t_q, n_head, head_dim]`, `weights`: `[t_q, n_head]`,
 /// `k`: `[t_kv, head_dim]`.
-pub fn indexer_scores(q: &[f32], weights: &[f32], k: &[f32], dims: IndexerDims, q_pos: &[usize]) -> Vec<f32> {
-    let IndexerDims { n_head, head_dim, .. } = dims;
+pub fn indexer_scores(
+    q: &[f32],
+    weights: &[f32],
+    k: &[f32],
+    dims: IndexerDims,
+    q_pos: &[usize],
+) -> Vec<f32> {
+    let IndexerDims {
+        n_head, head_dim, ..
+    } = dims;
     let t_q = q_pos.len();
-    assert_eq!(q.len(), t_q * n_head * head_dim, "indexer_scores: q.len() != t_q·n_head·head_dim");
-    assert_eq!(weights.len(), t_q * n_head, "indexer_scores: weights.len() != t_q·n_head");
-    assert!(k.len().is_multiple_of(head_dim), "indexer_scores: k.len() not a multiple of head_dim");
+    assert_eq!(
+        q.len(),
+        t_q * n_head * head_dim,
+        "indexer_scores: q.len() != t_q·n_head·head_dim"
+    );
+    assert_eq!(
+        weights.len(),
+        t_q * n_head,
+        "indexer_scores: weights.len() != t_q·n_head"
+    );
+    assert!(
+        k.len().is_multiple_of(head_dim),
+        "indexer_scores: k.len() not a multiple of head_dim"
+    );
     let t_kv = k.len() / head_dim;
     let mut scores = vec![f32::NEG_INFINITY; t_q * t_kv];
     for t in 0..t_q {
-        assert!(q_pos[t] < t_kv, "indexer_scores: query {t} at position {} but {t_kv} keys", q_pos[t]);
+        assert!(
+            q_pos[t] < t_kv,
+            "indexer_scores: query {t} at position {} but {t_kv} keys",
+            q_pos[t]
+        );
         for s in 0..=q_pos[t] {
             let ks = &k[s * head_dim..][..head_dim];
             let mut acc = 0.0f64;
@@ -158,7 +214,10 @@ pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
     if k < idx.len() {
         // Total order: score descending, then index ascending.
         idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            scores[b].partial_cmp(&scores[a]).expect("no NaN").then(a.cmp(&b))
+            scores[b]
+                .partial_cmp(&scores[a])
+                .expect("no NaN")
+                .then(a.cmp(&b))
         });
         idx.truncate(k);
     }
@@ -168,13 +227,25 @@ pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
 
 /// Per query `t`: [`top_k`] over its visible keys `scores[t][0..=q_pos[t]]` (`scores`:
 /// `[t_q, t_kv]`). Every list has `min(top_k, q_pos[t] + 1)` entries.
-pub fn select_top_k(scores: &[f32], q_pos: &[usize], t_kv: usize, top_k_count: usize) -> Vec<Vec<usize>> {
-    assert_eq!(scores.len(), q_pos.len() * t_kv, "select_top_k: scores.len() != t_q·t_kv");
+pub fn select_top_k(
+    scores: &[f32],
+    q_pos: &[usize],
+    t_kv: usize,
+    top_k_count: usize,
+) -> Vec<Vec<usize>> {
+    assert_eq!(
+        scores.len(),
+        q_pos.len() * t_kv,
+        "select_top_k: scores.len() != t_q·t_kv"
+    );
     q_pos
         .iter()
         .enumerate()
         .map(|(t, &p)| {
-            assert!(p < t_kv, "select_top_k: query {t} at position {p} but {t_kv} keys");
+            assert!(
+                p < t_kv,
+                "select_top_k: query {t} at position {p} but {t_kv} keys"
+            );
             top_k(&scores[t * t_kv..][..=p], top_k_count)
         })
         .collect()
@@ -202,10 +273,24 @@ pub fn dsa_mla_block(
     mode: MlaMode,
 ) -> (Vec<f32>, Vec<Vec<usize>>) {
     let t = x.len() / mla_cfg.n_embd;
-    assert_eq!(x.len(), t * mla_cfg.n_embd, "dsa_mla_block: x.len() not a multiple of n_embd");
-    assert_eq!(idx_cfg.n_embd, mla_cfg.n_embd, "dsa_mla_block: indexer and MLA n_embd differ");
-    assert_eq!(idx_cfg.q_lora, mla_cfg.q_lora, "dsa_mla_block: indexer and MLA q_lora differ");
-    assert_eq!(idx_cache.k.len(), cache.len() * idx_cfg.dims.head_dim, "dsa_mla_block: caches hold different token counts");
+    assert_eq!(
+        x.len(),
+        t * mla_cfg.n_embd,
+        "dsa_mla_block: x.len() not a multiple of n_embd"
+    );
+    assert_eq!(
+        idx_cfg.n_embd, mla_cfg.n_embd,
+        "dsa_mla_block: indexer and MLA n_embd differ"
+    );
+    assert_eq!(
+        idx_cfg.q_lora, mla_cfg.q_lora,
+        "dsa_mla_block: indexer and MLA q_lora differ"
+    );
+    assert_eq!(
+        idx_cache.k.len(),
+        cache.len() * idx_cfg.dims.head_dim,
+        "dsa_mla_block: caches hold different token counts"
+    );
     let positions: Vec<usize> = (cache.len()..cache.len() + t).collect();
 
     let proj = mla_project(mla_w, mla_cfg, x, &positions);
@@ -216,7 +301,11 @@ pub fn dsa_mla_block(
     let scores = indexer_scores(&iq, &iw, &idx_cache.k, idx_cfg.dims, &positions);
     let selected = select_top_k(&scores, &positions, cache.len(), idx_cfg.top_k);
 
-    let mask = Mask { q_pos: &positions, window: None, allowed: Some(&selected) };
+    let mask = Mask {
+        q_pos: &positions,
+        window: None,
+        allowed: Some(&selected),
+    };
     let out = mla_attend_output(mla_w, mla_cfg, &proj.q, cache, &mask, mode);
     (out, selected)
 }

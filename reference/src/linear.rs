@@ -3,8 +3,8 @@
 //! A weight with GGUF `ne = {K, N}` is `N` rows of `K` floats: `w[n·K + k] = W[n][k]`, and
 //! `y[n] = Σ_k W[n][k]·x[k]` (ggml `mul_mat(W, x)`), accumulated in f64.
 
-use memra_gguf::quant::{self, QuantError};
 use memra_gguf::GgmlType;
+use memra_gguf::quant::{self, QuantError};
 
 /// `Σ a_i·b_i` in f64. Summed in 8 interleaved partial sums (lane `i % 8`), then the lanes
 /// in order: a fixed, deterministic order that lets the compiler vectorize (a single running
@@ -27,14 +27,24 @@ pub fn dot(a: &[f32], b: &[f32]) -> f64 {
 
 /// `y[n] = Σ_k W[n][k]·x[k]`. `w`: `[n, k]` (GGUF ne `{k, n}`), `x`: `[k]`, returns `[n]`.
 pub fn matvec(w: &[f32], k: usize, n: usize, x: &[f32]) -> Vec<f32> {
-    assert_eq!(w.len(), k * n, "matvec: w.len() {} != k·n = {k}·{n}", w.len());
+    assert_eq!(
+        w.len(),
+        k * n,
+        "matvec: w.len() {} != k·n = {k}·{n}",
+        w.len()
+    );
     assert_eq!(x.len(), k, "matvec: x.len() {} != k {k}", x.len());
     w.chunks_exact(k).map(|row| dot(row, x) as f32).collect()
 }
 
 /// [`matvec`] for each of `t` input rows: `x`: `[t, k]`, returns `[t, n]`.
 pub fn matmul(w: &[f32], k: usize, n: usize, x: &[f32], t: usize) -> Vec<f32> {
-    assert_eq!(x.len(), t * k, "matmul: x.len() {} != t·k = {t}·{k}", x.len());
+    assert_eq!(
+        x.len(),
+        t * k,
+        "matmul: x.len() {} != t·k = {t}·{k}",
+        x.len()
+    );
     let mut y = Vec::with_capacity(t * n);
     for xt in x.chunks_exact(k) {
         y.extend(matvec(w, k, n, xt));
@@ -47,16 +57,29 @@ fn gguf_row_bytes(ty: GgmlType, data: &[u8], k: usize, n: usize) -> Result<usize
     let row_bytes = quant::byte_len(ty, k, "dequantize")?;
     let expected_bytes = row_bytes * n;
     if data.len() != expected_bytes {
-        return Err(QuantError::SizeMismatch { ty, n_elements: k * n, expected_bytes, actual_bytes: data.len() });
+        return Err(QuantError::SizeMismatch {
+            ty,
+            n_elements: k * n,
+            expected_bytes,
+            actual_bytes: data.len(),
+        });
     }
     Ok(row_bytes)
 }
 
 /// Dequantizes a whole GGUF matrix (ne `{k, n}`, type `ty`) to `[n, k]` f32 rows.
-pub fn dequantize_matrix(ty: GgmlType, data: &[u8], k: usize, n: usize) -> Result<Vec<f32>, QuantError> {
+pub fn dequantize_matrix(
+    ty: GgmlType,
+    data: &[u8],
+    k: usize,
+    n: usize,
+) -> Result<Vec<f32>, QuantError> {
     let row_bytes = gguf_row_bytes(ty, data, k, n)?;
     let mut w = vec![0.0f32; k * n];
-    for (src, dst) in data.chunks_exact(row_bytes.max(1)).zip(w.chunks_exact_mut(k)) {
+    for (src, dst) in data
+        .chunks_exact(row_bytes.max(1))
+        .zip(w.chunks_exact_mut(k))
+    {
         quant::dequantize_row(ty, src, dst)?;
     }
     Ok(w)
@@ -65,14 +88,32 @@ pub fn dequantize_matrix(ty: GgmlType, data: &[u8], k: usize, n: usize) -> Resul
 /// [`matvec`] with a GGUF-typed weight: `data` is the tensor's bytes (ne `{k, n}`, type `ty`),
 /// dequantized row by row with `memra_gguf::quant::dequantize_row`. Errors if `ty` is not
 /// supported, `k` is not a whole number of blocks, or `data` is not exactly `n` rows.
-pub fn matvec_gguf(ty: GgmlType, data: &[u8], k: usize, n: usize, x: &[f32]) -> Result<Vec<f32>, QuantError> {
+pub fn matvec_gguf(
+    ty: GgmlType,
+    data: &[u8],
+    k: usize,
+    n: usize,
+    x: &[f32],
+) -> Result<Vec<f32>, QuantError> {
     matmul_gguf(ty, data, k, n, x, 1)
 }
 
 /// [`matmul`] with a GGUF-typed weight (see [`matvec_gguf`]): `x`: `[t, k]`, returns `[t, n]`.
 /// Each weight row is dequantized once and applied to all `t` inputs.
-pub fn matmul_gguf(ty: GgmlType, data: &[u8], k: usize, n: usize, x: &[f32], t: usize) -> Result<Vec<f32>, QuantError> {
-    assert_eq!(x.len(), t * k, "matmul_gguf: x.len() {} != t·k = {t}·{k}", x.len());
+pub fn matmul_gguf(
+    ty: GgmlType,
+    data: &[u8],
+    k: usize,
+    n: usize,
+    x: &[f32],
+    t: usize,
+) -> Result<Vec<f32>, QuantError> {
+    assert_eq!(
+        x.len(),
+        t * k,
+        "matmul_gguf: x.len() {} != t·k = {t}·{k}",
+        x.len()
+    );
     let row_bytes = gguf_row_bytes(ty, data, k, n)?;
     let mut row = vec![0.0f32; k];
     let mut y = vec![0.0f32; t * n];

@@ -11,10 +11,10 @@
 //! - `attn_v_b`: `[n_head, v, kv_lora]` (GGUF ne `{kv_lora, v, n_head}`, §6.2).
 //! - output of the core: `[t_q, n_head, v]` (= `concat_h(o_h)`, the input of `attn_output`).
 
-use crate::attention::{attention, AttnShape, Mask};
+use crate::attention::{AttnShape, Mask, attention};
 use crate::linear::{dot, matmul};
 use crate::norm::rms_norm;
-use crate::rope::{rope_head, Rope, RopeMode};
+use crate::rope::{Rope, RopeMode, rope_head};
 
 /// MLA head geometry.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -32,7 +32,13 @@ pub struct MlaDims {
 
 impl MlaDims {
     /// GLM-5 / 5.1 (§7.1): 64 heads, kv_lora 512, nope 192, rope 64, v 256.
-    pub const GLM5: MlaDims = MlaDims { n_head: 64, kv_lora: 512, nope: 192, rope: 64, v: 256 };
+    pub const GLM5: MlaDims = MlaDims {
+        n_head: 64,
+        kv_lora: 512,
+        nope: 192,
+        rope: 64,
+        v: 256,
+    };
 
     /// `nope + rope`, the real q/k head size (`key_length_mla`); the softmax scale uses it.
     pub fn qk_head_dim(&self) -> usize {
@@ -63,14 +69,36 @@ pub struct MlaAttnInputs<'a> {
 impl MlaAttnInputs<'_> {
     /// Checks every length; returns `(t_q, t_kv)`.
     fn check(&self, mask: &Mask) -> (usize, usize) {
-        let MlaDims { n_head, kv_lora, nope, rope, v } = self.dims;
+        let MlaDims {
+            n_head,
+            kv_lora,
+            nope,
+            rope,
+            v,
+        } = self.dims;
         let t_q = mask.q_pos.len();
-        assert!(kv_lora > 0 && self.c.len().is_multiple_of(kv_lora), "mla: c.len() {} not a multiple of kv_lora {kv_lora}", self.c.len());
+        assert!(
+            kv_lora > 0 && self.c.len().is_multiple_of(kv_lora),
+            "mla: c.len() {} not a multiple of kv_lora {kv_lora}",
+            self.c.len()
+        );
         let t_kv = self.c.len() / kv_lora;
-        assert_eq!(self.q.len(), t_q * n_head * (nope + rope), "mla: q.len() != t_q·n_head·(nope+rope)");
+        assert_eq!(
+            self.q.len(),
+            t_q * n_head * (nope + rope),
+            "mla: q.len() != t_q·n_head·(nope+rope)"
+        );
         assert_eq!(self.k_pe.len(), t_kv * rope, "mla: k_pe.len() != t_kv·rope");
-        assert_eq!(self.attn_k_b.len(), n_head * kv_lora * nope, "mla: attn_k_b.len() != n_head·kv_lora·nope");
-        assert_eq!(self.attn_v_b.len(), n_head * v * kv_lora, "mla: attn_v_b.len() != n_head·v·kv_lora");
+        assert_eq!(
+            self.attn_k_b.len(),
+            n_head * kv_lora * nope,
+            "mla: attn_k_b.len() != n_head·kv_lora·nope"
+        );
+        assert_eq!(
+            self.attn_v_b.len(),
+            n_head * v * kv_lora,
+            "mla: attn_v_b.len() != n_head·v·kv_lora"
+        );
         mask.check(t_q, t_kv, "mla");
         (t_q, t_kv)
     }
@@ -90,7 +118,13 @@ pub fn mla_attention(inp: &MlaAttnInputs, mask: &Mask, scale: f32, mode: MlaMode
 /// Returns `[t_q, n_head, v]`.
 pub fn mla_attention_naive(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> Vec<f32> {
     let (_, t_kv) = inp.check(mask);
-    let MlaDims { n_head, kv_lora, nope, rope, v } = inp.dims;
+    let MlaDims {
+        n_head,
+        kv_lora,
+        nope,
+        rope,
+        v,
+    } = inp.dims;
     let dk = nope + rope;
     let mut k = vec![0.0f32; t_kv * n_head * dk];
     let mut val = vec![0.0f32; t_kv * n_head * v];
@@ -110,11 +144,17 @@ pub fn mla_attention_naive(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> Vec<
             }
             kh[nope..].copy_from_slice(&inp.k_pe[s * rope..][..rope]);
             for e in 0..v {
-                val[(s * n_head + h) * v + e] = dot(&inp.attn_v_b[(h * v + e) * kv_lora..][..kv_lora], cs) as f32;
+                val[(s * n_head + h) * v + e] =
+                    dot(&inp.attn_v_b[(h * v + e) * kv_lora..][..kv_lora], cs) as f32;
             }
         }
     }
-    let shape = AttnShape { n_head, n_kv_head: n_head, head_dim_k: dk, head_dim_v: v };
+    let shape = AttnShape {
+        n_head,
+        n_kv_head: n_head,
+        head_dim_k: dk,
+        head_dim_v: v,
+    };
     attention(inp.q, &k, &val, t_kv, shape, mask, scale)
 }
 
@@ -124,7 +164,13 @@ pub fn mla_attention_naive(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> Vec<
 /// Returns `[t_q, n_head, v]`; equals [`mla_attention_naive`] in exact arithmetic.
 pub fn mla_attention_absorbed(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> Vec<f32> {
     let (t_q, t_kv) = inp.check(mask);
-    let MlaDims { n_head, kv_lora, nope, rope, v } = inp.dims;
+    let MlaDims {
+        n_head,
+        kv_lora,
+        nope,
+        rope,
+        v,
+    } = inp.dims;
     let dq = nope + rope;
     let dk = kv_lora + rope;
 
@@ -134,7 +180,10 @@ pub fn mla_attention_absorbed(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> V
             let qh = &inp.q[(t * n_head + h) * dq..][..dq];
             let dst = &mut q_abs[(t * n_head + h) * dk..][..dk];
             for c in 0..kv_lora {
-                dst[c] = dot(&inp.attn_k_b[(h * kv_lora + c) * nope..][..nope], &qh[..nope]) as f32;
+                dst[c] = dot(
+                    &inp.attn_k_b[(h * kv_lora + c) * nope..][..nope],
+                    &qh[..nope],
+                ) as f32;
             }
             dst[kv_lora..].copy_from_slice(&qh[nope..]);
         }
@@ -144,7 +193,12 @@ pub fn mla_attention_absorbed(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> V
         k_cache[s * dk..][..kv_lora].copy_from_slice(&inp.c[s * kv_lora..][..kv_lora]);
         k_cache[s * dk + kv_lora..][..rope].copy_from_slice(&inp.k_pe[s * rope..][..rope]);
     }
-    let shape = AttnShape { n_head, n_kv_head: 1, head_dim_k: dk, head_dim_v: kv_lora };
+    let shape = AttnShape {
+        n_head,
+        n_kv_head: 1,
+        head_dim_k: dk,
+        head_dim_v: kv_lora,
+    };
     let o_lat = attention(&q_abs, &k_cache, inp.c, t_kv, shape, mask, scale);
 
     let mut out = vec![0.0f32; t_q * n_head * v];
@@ -152,7 +206,8 @@ pub fn mla_attention_absorbed(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> V
         for h in 0..n_head {
             let lat = &o_lat[(t * n_head + h) * kv_lora..][..kv_lora];
             for e in 0..v {
-                out[(t * n_head + h) * v + e] = dot(&inp.attn_v_b[(h * v + e) * kv_lora..][..kv_lora], lat) as f32;
+                out[(t * n_head + h) * v + e] =
+                    dot(&inp.attn_v_b[(h * v + e) * kv_lora..][..kv_lora], lat) as f32;
             }
         }
     }
@@ -223,21 +278,48 @@ pub struct MlaProjection {
 }
 
 /// §6.3 steps 1-4 for `t` tokens `x` (`[t, n_embd]`, the `attn_norm` output) at `positions`.
-pub fn mla_project(w: &MlaWeights, cfg: &MlaConfig, x: &[f32], positions: &[usize]) -> MlaProjection {
-    let MlaDims { n_head, kv_lora, nope, rope, .. } = cfg.dims;
+pub fn mla_project(
+    w: &MlaWeights,
+    cfg: &MlaConfig,
+    x: &[f32],
+    positions: &[usize],
+) -> MlaProjection {
+    let MlaDims {
+        n_head,
+        kv_lora,
+        nope,
+        rope,
+        ..
+    } = cfg.dims;
     let (n_embd, q_lora) = (cfg.n_embd, cfg.q_lora);
     let t = positions.len();
     assert_eq!(x.len(), t * n_embd, "mla_project: x.len() != t·n_embd");
     assert_eq!(cfg.rope.n_rot, rope, "mla_project: rope.n_rot != dims.rope");
-    assert_eq!(w.attn_q_a_norm.len(), q_lora, "mla_project: attn_q_a_norm.len() != q_lora");
-    assert_eq!(w.attn_kv_a_norm.len(), kv_lora, "mla_project: attn_kv_a_norm.len() != kv_lora");
+    assert_eq!(
+        w.attn_q_a_norm.len(),
+        q_lora,
+        "mla_project: attn_q_a_norm.len() != q_lora"
+    );
+    assert_eq!(
+        w.attn_kv_a_norm.len(),
+        kv_lora,
+        "mla_project: attn_kv_a_norm.len() != kv_lora"
+    );
     let dq = nope + rope;
 
-    let qr = rms_norm(&matmul(w.attn_q_a, n_embd, q_lora, x, t), w.attn_q_a_norm, cfg.eps);
+    let qr = rms_norm(
+        &matmul(w.attn_q_a, n_embd, q_lora, x, t),
+        w.attn_q_a_norm,
+        cfg.eps,
+    );
     let mut q = matmul(w.attn_q_b, q_lora, n_head * dq, &qr, t);
     for (ti, &pos) in positions.iter().enumerate() {
         for h in 0..n_head {
-            rope_head(&mut q[(ti * n_head + h) * dq + nope..][..rope], pos, &cfg.rope);
+            rope_head(
+                &mut q[(ti * n_head + h) * dq + nope..][..rope],
+                pos,
+                &cfg.rope,
+            );
         }
     }
     let ckv = matmul(w.attn_kv_a_mqa, n_embd, kv_lora + rope, x, t);
@@ -266,7 +348,11 @@ pub struct MlaCache {
 
 impl MlaCache {
     pub fn new(dims: MlaDims) -> Self {
-        MlaCache { dims, c: Vec::new(), k_pe: Vec::new() }
+        MlaCache {
+            dims,
+            c: Vec::new(),
+            k_pe: Vec::new(),
+        }
     }
 
     /// Number of cached tokens.
@@ -280,7 +366,11 @@ impl MlaCache {
 
     /// Appends the projected tokens' `c` and `k_pe`.
     pub fn append(&mut self, proj: &MlaProjection) {
-        assert_eq!(proj.c.len() / self.dims.kv_lora, proj.k_pe.len() / self.dims.rope, "MlaCache::append: c and k_pe token counts differ");
+        assert_eq!(
+            proj.c.len() / self.dims.kv_lora,
+            proj.k_pe.len() / self.dims.rope,
+            "MlaCache::append: c and k_pe token counts differ"
+        );
         self.c.extend_from_slice(&proj.c);
         self.k_pe.extend_from_slice(&proj.k_pe);
     }
@@ -288,11 +378,31 @@ impl MlaCache {
 
 /// Attention of projected queries `q` (`[t, n_head, nope+rope]`) over the whole `cache`, then
 /// `attn_output`: returns `[t, n_embd]` (§6.3 steps 5-9).
-pub fn mla_attend_output(w: &MlaWeights, cfg: &MlaConfig, q: &[f32], cache: &MlaCache, mask: &Mask, mode: MlaMode) -> Vec<f32> {
+pub fn mla_attend_output(
+    w: &MlaWeights,
+    cfg: &MlaConfig,
+    q: &[f32],
+    cache: &MlaCache,
+    mask: &Mask,
+    mode: MlaMode,
+) -> Vec<f32> {
     let dims = cfg.dims;
-    let inp = MlaAttnInputs { dims, q, c: &cache.c, k_pe: &cache.k_pe, attn_k_b: w.attn_k_b, attn_v_b: w.attn_v_b };
+    let inp = MlaAttnInputs {
+        dims,
+        q,
+        c: &cache.c,
+        k_pe: &cache.k_pe,
+        attn_k_b: w.attn_k_b,
+        attn_v_b: w.attn_v_b,
+    };
     let o = mla_attention(&inp, mask, cfg.kq_scale, mode);
-    matmul(w.attn_output, dims.n_head * dims.v, cfg.n_embd, &o, mask.q_pos.len())
+    matmul(
+        w.attn_output,
+        dims.n_head * dims.v,
+        cfg.n_embd,
+        &o,
+        mask.q_pos.len(),
+    )
 }
 
 /// Whole MLA attention block for `t` new tokens `x` (`[t, n_embd]`, the `attn_norm` output; no
@@ -306,11 +416,21 @@ pub fn mla_block(
     allowed: Option<&[Vec<usize>]>,
     mode: MlaMode,
 ) -> Vec<f32> {
-    assert_eq!(cache.dims, cfg.dims, "mla_block: cache dims differ from the config");
-    assert!(x.len().is_multiple_of(cfg.n_embd), "mla_block: x.len() not a multiple of n_embd");
+    assert_eq!(
+        cache.dims, cfg.dims,
+        "mla_block: cache dims differ from the config"
+    );
+    assert!(
+        x.len().is_multiple_of(cfg.n_embd),
+        "mla_block: x.len() not a multiple of n_embd"
+    );
     let positions: Vec<usize> = (cache.len()..cache.len() + x.len() / cfg.n_embd).collect();
     let proj = mla_project(w, cfg, x, &positions);
     cache.append(&proj);
-    let mask = Mask { q_pos: &positions, window: None, allowed };
+    let mask = Mask {
+        q_pos: &positions,
+        window: None,
+        allowed,
+    };
     mla_attend_output(w, cfg, &proj.q, cache, &mask, mode)
 }

@@ -43,7 +43,11 @@ pub const RENORM_MIN_SUM: f64 = 6.103515625e-5;
 /// Group-limited selection (`expert_group_count > 1`) is not modelled (glm-dsa and olmoe use 1).
 pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Vec<(usize, f32)> {
     let n_expert = logits.len();
-    assert!(cfg.n_used <= n_expert, "route: n_used {} > n_expert {n_expert}", cfg.n_used);
+    assert!(
+        cfg.n_used <= n_expert,
+        "route: n_used {} > n_expert {n_expert}",
+        cfg.n_used
+    );
     let probs: Vec<f32> = match cfg.gating {
         Gating::Softmax => crate::act::softmax(logits),
         Gating::Sigmoid => logits.iter().map(|&l| sigmoid(l)).collect(),
@@ -55,9 +59,17 @@ pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Vec<(u
         }
         None => probs.clone(),
     };
-    assert!(select.iter().all(|v| !v.is_nan()), "route: NaN router score");
+    assert!(
+        select.iter().all(|v| !v.is_nan()),
+        "route: NaN router score"
+    );
     let mut order: Vec<usize> = (0..n_expert).collect();
-    order.sort_by(|&a, &b| select[b].partial_cmp(&select[a]).expect("no NaN").then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        select[b]
+            .partial_cmp(&select[a])
+            .expect("no NaN")
+            .then(a.cmp(&b))
+    });
     order.truncate(cfg.n_used);
 
     let mut weights: Vec<f64> = order.iter().map(|&e| probs[e] as f64).collect();
@@ -68,7 +80,11 @@ pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Vec<(u
     if cfg.scale != 0.0 && cfg.scale != 1.0 {
         weights.iter_mut().for_each(|w| *w *= cfg.scale as f64);
     }
-    order.into_iter().zip(weights).map(|(e, w)| (e, w as f32)).collect()
+    order
+        .into_iter()
+        .zip(weights)
+        .map(|(e, w)| (e, w as f32))
+        .collect()
 }
 
 /// Activation of a gated FFN.
@@ -105,8 +121,13 @@ fn ffn_one(w: &FfnWeights, n_embd: usize, n_ff: usize, act: FfnAct, x: &[f32]) -
 /// Dense gated FFN (§2 "PAR"): `down(act(gate·x) ⊙ (up·x))` per token; `x`: `[t, n_embd]`,
 /// returns `[t, n_embd]`.
 pub fn ffn_gated(w: &FfnWeights, n_embd: usize, n_ff: usize, act: FfnAct, x: &[f32]) -> Vec<f32> {
-    assert!(x.len().is_multiple_of(n_embd), "ffn_gated: x.len() not a multiple of n_embd");
-    x.chunks_exact(n_embd).flat_map(|xt| ffn_one(w, n_embd, n_ff, act, xt)).collect()
+    assert!(
+        x.len().is_multiple_of(n_embd),
+        "ffn_gated: x.len() not a multiple of n_embd"
+    );
+    x.chunks_exact(n_embd)
+        .flat_map(|xt| ffn_one(w, n_embd, n_ff, act, xt))
+        .collect()
 }
 
 /// MoE layer weights, f32 rows, GGUF names. A merged `ffn_gate_up_exps` must be split by the
@@ -143,12 +164,32 @@ pub struct MoeConfig {
 /// `Σ_i w_i·down_i(silu(gate_i·x) ⊙ up_i·x) + shared(x)` with `(i, w_i)` from [`route`] on
 /// `ffn_gate_inp·x`. `x`: `[t, n_embd]`, returns `[t, n_embd]`. The sum is f64.
 pub fn moe_ffn(w: &MoeWeights, cfg: &MoeConfig, x: &[f32]) -> Vec<f32> {
-    let MoeConfig { n_embd, n_ff, n_expert, .. } = *cfg;
-    assert!(x.len().is_multiple_of(n_embd), "moe_ffn: x.len() not a multiple of n_embd");
-    assert_eq!(w.ffn_gate_inp.len(), n_embd * n_expert, "moe_ffn: ffn_gate_inp.len() != n_embd·n_expert");
+    let MoeConfig {
+        n_embd,
+        n_ff,
+        n_expert,
+        ..
+    } = *cfg;
+    assert!(
+        x.len().is_multiple_of(n_embd),
+        "moe_ffn: x.len() not a multiple of n_embd"
+    );
+    assert_eq!(
+        w.ffn_gate_inp.len(),
+        n_embd * n_expert,
+        "moe_ffn: ffn_gate_inp.len() != n_embd·n_expert"
+    );
     let expert_len = n_embd * n_ff;
-    for (name, t) in [("ffn_gate_exps", w.ffn_gate_exps), ("ffn_up_exps", w.ffn_up_exps), ("ffn_down_exps", w.ffn_down_exps)] {
-        assert_eq!(t.len(), n_expert * expert_len, "moe_ffn: {name}.len() != n_expert·n_embd·n_ff");
+    for (name, t) in [
+        ("ffn_gate_exps", w.ffn_gate_exps),
+        ("ffn_up_exps", w.ffn_up_exps),
+        ("ffn_down_exps", w.ffn_down_exps),
+    ] {
+        assert_eq!(
+            t.len(),
+            n_expert * expert_len,
+            "moe_ffn: {name}.len() != n_expert·n_embd·n_ff"
+        );
     }
 
     let mut out = Vec::with_capacity(x.len());

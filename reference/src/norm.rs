@@ -4,7 +4,11 @@
 
 fn check_rows(x: &[f32], dim: usize, what: &str) -> usize {
     assert!(dim > 0, "{what}: weight is empty");
-    assert!(x.len().is_multiple_of(dim), "{what}: x.len() {} is not a multiple of dim {dim}", x.len());
+    assert!(
+        x.len().is_multiple_of(dim),
+        "{what}: x.len() {} is not a multiple of dim {dim}",
+        x.len()
+    );
     x.len() / dim
 }
 
@@ -28,7 +32,11 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 /// Returns `(r', y)`, both `[n_rows, dim]`. `r'` is rounded to f32 before the norm, as a
 /// kernel that writes the residual stream back would do.
 pub fn add_rms_norm(residual: &[f32], x: &[f32], w: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
-    assert_eq!(residual.len(), x.len(), "add_rms_norm: residual and x lengths differ");
+    assert_eq!(
+        residual.len(),
+        x.len(),
+        "add_rms_norm: residual and x lengths differ"
+    );
     let sum: Vec<f32> = residual.iter().zip(x).map(|(&r, &v)| r + v).collect();
     let normed = rms_norm(&sum, w, eps);
     (sum, normed)
@@ -40,7 +48,12 @@ pub fn add_rms_norm(residual: &[f32], x: &[f32], w: &[f32], eps: f32) -> (Vec<f3
 pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
     let dim = w.len();
     check_rows(x, dim, "layer_norm");
-    assert_eq!(b.len(), dim, "layer_norm: bias length {} != weight length {dim}", b.len());
+    assert_eq!(
+        b.len(),
+        dim,
+        "layer_norm: bias length {} != weight length {dim}",
+        b.len()
+    );
     let mut out = vec![0.0f32; x.len()];
     for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let mean = row.iter().map(|&v| v as f64).sum::<f64>() / dim as f64;

@@ -30,7 +30,12 @@ pub struct Rope {
 impl Rope {
     /// No scaling (`freq_scale = 1`).
     pub fn new(mode: RopeMode, n_rot: usize, base: f32) -> Self {
-        Rope { mode, n_rot, base, freq_scale: 1.0 }
+        Rope {
+            mode,
+            n_rot,
+            base,
+            freq_scale: 1.0,
+        }
     }
 
     /// `θ_i = freq_scale · pos · base^(−2i/n_rot)` in f64.
@@ -49,7 +54,11 @@ impl Rope {
 pub fn rope_head(x: &mut [f32], pos: usize, rope: &Rope) {
     let n_rot = rope.n_rot;
     assert!(n_rot.is_multiple_of(2), "rope: n_rot {n_rot} is odd");
-    assert!(n_rot <= x.len(), "rope: n_rot {n_rot} > head vector length {}", x.len());
+    assert!(
+        n_rot <= x.len(),
+        "rope: n_rot {n_rot} > head vector length {}",
+        x.len()
+    );
     let half = n_rot / 2;
     for i in 0..half {
         let (a, b) = match rope.mode {
@@ -65,7 +74,11 @@ pub fn rope_head(x: &mut [f32], pos: usize, rope: &Rope) {
 
 /// [`rope_head`] on every head of one token: `x` is `[n_heads, head_dim]`.
 pub fn rope_heads(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, rope: &Rope) {
-    assert_eq!(x.len(), n_heads * head_dim, "rope_heads: x.len() != n_heads·head_dim");
+    assert_eq!(
+        x.len(),
+        n_heads * head_dim,
+        "rope_heads: x.len() != n_heads·head_dim"
+    );
     for head in x.chunks_exact_mut(head_dim) {
         rope_head(head, pos, rope);
     }
@@ -73,9 +86,19 @@ pub fn rope_heads(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, ro
 
 /// [`rope_heads`] on `n_tokens` tokens: `x` is `[n_tokens, n_heads, head_dim]`, token `t` at
 /// `positions[t]`.
-pub fn rope_tokens(x: &mut [f32], n_heads: usize, head_dim: usize, positions: &[usize], rope: &Rope) {
+pub fn rope_tokens(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    positions: &[usize],
+    rope: &Rope,
+) {
     let per_token = n_heads * head_dim;
-    assert_eq!(x.len(), positions.len() * per_token, "rope_tokens: x.len() != n_tokens·n_heads·head_dim");
+    assert_eq!(
+        x.len(),
+        positions.len() * per_token,
+        "rope_tokens: x.len() != n_tokens·n_heads·head_dim"
+    );
     for (tok, &pos) in x.chunks_exact_mut(per_token).zip(positions) {
         rope_heads(tok, n_heads, head_dim, pos, rope);
     }

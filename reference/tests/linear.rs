@@ -1,9 +1,9 @@
 //! matvec / matmul, f32 and GGUF-typed weights.
 
-use memra_gguf::quant::{dequantize, quantize, QuantError};
 use memra_gguf::GgmlType;
+use memra_gguf::quant::{QuantError, dequantize, quantize};
 use memra_reference::linear::{dequantize_matrix, matmul, matmul_gguf, matvec, matvec_gguf};
-use memra_reference::{rel_err, Rng};
+use memra_reference::{Rng, rel_err};
 
 #[test]
 fn matvec_hand_values_and_row_convention() {
@@ -37,11 +37,23 @@ fn gguf_typed_matmul_equals_f32_matmul_on_dequantized_rows() {
         let deq = dequantize(ty, &bytes, k * n).expect("dequantize");
         assert_eq!(dequantize_matrix(ty, &bytes, k, n).unwrap(), deq, "{ty}");
         let y = matmul_gguf(ty, &bytes, k, n, &x, t).unwrap();
-        assert_eq!(y, matmul(&deq, k, n, &x, t), "{ty}: row-by-row differs from whole-matrix dequantization");
-        assert_eq!(matvec_gguf(ty, &bytes, k, n, &x[..k]).unwrap(), y[..n], "{ty}");
+        assert_eq!(
+            y,
+            matmul(&deq, k, n, &x, t),
+            "{ty}: row-by-row differs from whole-matrix dequantization"
+        );
+        assert_eq!(
+            matvec_gguf(ty, &bytes, k, n, &x[..k]).unwrap(),
+            y[..n],
+            "{ty}"
+        );
         let err = rel_err(&y, &exact);
         eprintln!("{ty}: rel err {err:e}");
-        assert!(err < tol, "{ty}: quantized result is {err:e} from the f32 one (seed {})", rng.seed());
+        assert!(
+            err < tol,
+            "{ty}: quantized result is {err:e} from the f32 one (seed {})",
+            rng.seed()
+        );
     }
 }
 
@@ -50,7 +62,17 @@ fn gguf_typed_matmul_reports_bad_sizes() {
     let bytes = vec![0u8; 34 * 3];
     let x = vec![0.0f32; 32];
     let err = matvec_gguf(GgmlType::Q8_0, &bytes, 32, 2, &x).unwrap_err();
-    assert!(matches!(err, QuantError::SizeMismatch { expected_bytes: 68, actual_bytes: 102, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            QuantError::SizeMismatch {
+                expected_bytes: 68,
+                actual_bytes: 102,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     let err = matvec_gguf(GgmlType::Q8_0, &bytes[..34], 16, 1, &x[..16]).unwrap_err();
     assert!(matches!(err, QuantError::NotWholeBlocks { .. }), "{err:?}");
     assert!(matvec_gguf(GgmlType::Q8_0, &bytes[..68], 32, 2, &x).is_ok());

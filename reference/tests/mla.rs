@@ -2,12 +2,13 @@
 
 mod common;
 
-use common::{small_glm5_config, OwnedMla};
+use common::{OwnedMla, small_glm5_config};
 use memra_reference::attention::Mask;
 use memra_reference::mla::{
-    mla_attention_absorbed, mla_attention_naive, mla_block, MlaAttnInputs, MlaCache, MlaDims, MlaMode,
+    MlaAttnInputs, MlaCache, MlaDims, MlaMode, mla_attention_absorbed, mla_attention_naive,
+    mla_block,
 };
-use memra_reference::{rel_err, Rng};
+use memra_reference::{Rng, rel_err};
 
 /// The acceptance tolerance: ‖absorbed − naive‖ / ‖naive‖.
 const TOL: f64 = 1e-5;
@@ -25,7 +26,13 @@ impl CoreCase {
     /// absorption matrices scaled so that scale·q·k is O(1): the softmax is neither flat nor
     /// one-hot.
     fn random(rng: &mut Rng, t_q: usize, t_kv: usize) -> Self {
-        let MlaDims { n_head, kv_lora, nope, rope, v } = MlaDims::GLM5;
+        let MlaDims {
+            n_head,
+            kv_lora,
+            nope,
+            rope,
+            v,
+        } = MlaDims::GLM5;
         CoreCase {
             q: rng.normal_vec(t_q * n_head * (nope + rope), 1.0),
             c: rng.normal_vec(t_kv * kv_lora, 1.0),
@@ -47,7 +54,12 @@ impl CoreCase {
     }
 }
 
-fn check_absorbed_matches_naive(name: &str, t_q: usize, t_kv: usize, scale: f32) -> (Vec<f32>, CoreCase) {
+fn check_absorbed_matches_naive(
+    name: &str,
+    t_q: usize,
+    t_kv: usize,
+    scale: f32,
+) -> (Vec<f32>, CoreCase) {
     let mut rng = Rng::from_env_or_time(name);
     let case = CoreCase::random(&mut rng, t_q, t_kv);
     let q_pos: Vec<usize> = (t_kv - t_q..t_kv).collect();
@@ -58,19 +70,31 @@ fn check_absorbed_matches_naive(name: &str, t_q: usize, t_kv: usize, scale: f32)
     eprintln!("{name}: t_q {t_q}, t_kv {t_kv}, scale {scale}: rel err {err:e}");
     assert_eq!(naive.len(), t_q * 64 * 256);
     assert!(naive.iter().any(|&v| v != 0.0), "naive output is all zeros");
-    assert!(err <= TOL, "{name}: rel err {err:e} > {TOL:e} (seed {})", rng.seed());
+    assert!(
+        err <= TOL,
+        "{name}: rel err {err:e} > {TOL:e} (seed {})",
+        rng.seed()
+    );
     (naive, case)
 }
 
 #[test]
 fn absorbed_matches_naive_prefill() {
-    let (naive, case) = check_absorbed_matches_naive("absorbed_matches_naive_prefill", 16, 16, 1.0 / 16.0);
+    let (naive, case) =
+        check_absorbed_matches_naive("absorbed_matches_naive_prefill", 16, 16, 1.0 / 16.0);
     // Chunk t_q = 5 appended to a cache of 11 sees the same keys as prefill rows 11..16.
     let q_pos: Vec<usize> = (11..16).collect();
     let chunk_q = &case.q[11 * 64 * 256..];
-    let inp = MlaAttnInputs { q: chunk_q, ..case.inputs() };
+    let inp = MlaAttnInputs {
+        q: chunk_q,
+        ..case.inputs()
+    };
     let chunk = mla_attention_naive(&inp, &Mask::causal(&q_pos), 1.0 / 16.0);
-    assert_eq!(chunk, naive[11 * 64 * 256..], "chunk rows differ from the prefill rows");
+    assert_eq!(
+        chunk,
+        naive[11 * 64 * 256..],
+        "chunk rows differ from the prefill rows"
+    );
 }
 
 #[test]
@@ -97,7 +121,8 @@ fn attention_is_not_uniform_at_these_scales() {
 
 #[test]
 fn mla_block_absorbed_matches_naive_and_chunks_match_prefill() {
-    let mut rng = Rng::from_env_or_time("mla_block_absorbed_matches_naive_and_chunks_match_prefill");
+    let mut rng =
+        Rng::from_env_or_time("mla_block_absorbed_matches_naive_and_chunks_match_prefill");
     let cfg = small_glm5_config(8);
     let owned = OwnedMla::random(&mut rng, &cfg);
     let w = owned.view();
@@ -111,7 +136,11 @@ fn mla_block_absorbed_matches_naive_and_chunks_match_prefill() {
     assert_eq!(cache_abs.len(), t);
     let err = rel_err(&absorbed, &naive);
     eprintln!("block prefill rel err {err:e}");
-    assert!(err <= TOL, "block prefill rel err {err:e} (seed {})", rng.seed());
+    assert!(
+        err <= TOL,
+        "block prefill rel err {err:e} (seed {})",
+        rng.seed()
+    );
 
     // Prefill 11 then a chunk of 5 reproduces rows 11..16 of the 16-token prefill exactly.
     let n = cfg.n_embd;
@@ -124,7 +153,19 @@ fn mla_block_absorbed_matches_naive_and_chunks_match_prefill() {
     // Token-by-token decode too, in naive mode.
     let mut cache = MlaCache::new(cfg.dims);
     for ti in 0..t {
-        let row = mla_block(&w, &cfg, &x[ti * n..][..n], &mut cache, None, MlaMode::Naive);
-        assert_eq!(row, naive[ti * n..][..n], "decode token {ti} (seed {})", rng.seed());
+        let row = mla_block(
+            &w,
+            &cfg,
+            &x[ti * n..][..n],
+            &mut cache,
+            None,
+            MlaMode::Naive,
+        );
+        assert_eq!(
+            row,
+            naive[ti * n..][..n],
+            "decode token {ti} (seed {})",
+            rng.seed()
+        );
     }
 }

@@ -1,10 +1,10 @@
 //! Random MLA / indexer weights shared by the MLA and DSA tests.
 #![allow(dead_code)]
 
+use memra_reference::Rng;
 use memra_reference::dsa::{IndexerConfig, IndexerDims, IndexerWeights};
 use memra_reference::mla::{MlaConfig, MlaDims, MlaWeights};
 use memra_reference::rope::{Rope, RopeMode};
-use memra_reference::Rng;
 
 /// Owned MLA block weights, each matrix N(0, 1/in_features) so activations stay O(1).
 pub struct OwnedMla {
@@ -24,7 +24,13 @@ pub fn mat(rng: &mut Rng, k: usize, n: usize) -> Vec<f32> {
 
 impl OwnedMla {
     pub fn random(rng: &mut Rng, cfg: &MlaConfig) -> Self {
-        let MlaDims { n_head, kv_lora, nope, rope, v } = cfg.dims;
+        let MlaDims {
+            n_head,
+            kv_lora,
+            nope,
+            rope,
+            v,
+        } = cfg.dims;
         OwnedMla {
             attn_q_a: mat(rng, cfg.n_embd, cfg.q_lora),
             attn_q_a_norm: rng.uniform_vec(cfg.q_lora, 0.5, 1.5),
@@ -55,7 +61,10 @@ impl OwnedMla {
 /// GLM-5 head dims with fewer heads and a shrunk n_embd / q_lora.
 pub fn small_glm5_config(n_head: usize) -> MlaConfig {
     MlaConfig {
-        dims: MlaDims { n_head, ..MlaDims::GLM5 },
+        dims: MlaDims {
+            n_head,
+            ..MlaDims::GLM5
+        },
         n_embd: 256,
         q_lora: 128,
         eps: 1e-5,
@@ -74,7 +83,9 @@ pub struct OwnedIndexer {
 
 impl OwnedIndexer {
     pub fn random(rng: &mut Rng, cfg: &IndexerConfig) -> Self {
-        let IndexerDims { n_head, head_dim, .. } = cfg.dims;
+        let IndexerDims {
+            n_head, head_dim, ..
+        } = cfg.dims;
         OwnedIndexer {
             attn_q_b: mat(rng, cfg.q_lora, n_head * head_dim),
             attn_k: mat(rng, cfg.n_embd, head_dim),
@@ -97,5 +108,10 @@ impl OwnedIndexer {
 
 /// GLM-5 indexer dims (32×128, rope 64, interleaved) at the shrunk block sizes.
 pub fn small_glm5_indexer(mla: &MlaConfig, top_k: usize) -> IndexerConfig {
-    IndexerConfig { n_embd: mla.n_embd, q_lora: mla.q_lora, top_k, ..IndexerConfig::glm5() }
+    IndexerConfig {
+        n_embd: mla.n_embd,
+        q_lora: mla.q_lora,
+        top_k,
+        ..IndexerConfig::glm5()
+    }
 }
