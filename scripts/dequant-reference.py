@@ -3,7 +3,8 @@
 
 Used by tests/tests/real_gemma3_dequant.rs, which compares the stream with memra's dequantizer
 tensor by tensor without any temporary file. Rows are dequantized in chunks, so memory stays small
-even for the 167M-element token embedding.
+even for the 167M-element token embedding. Time on the gemma3 270M file is mostly GGUFReader's
+parse of the 262k-token vocabulary (~14 s CPU); the dequantization itself takes ~3.5 s.
 
 Stream format (all little-endian):
     b"MEMRADQ1", u64 tensor count

@@ -153,7 +153,7 @@ fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
         s.tensors += 1;
         s.elements += n_elements;
         s.bit_identical += identical;
-        if rel >= s.worst_rel {
+        if rel > s.worst_rel || s.worst_tensor.is_empty() {
             s.worst_rel = rel;
             s.worst_tensor = name;
         }
