@@ -16,12 +16,20 @@ fn load(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
     let dir = golden_dir();
     let read = |ext: &str| {
         let path = dir.join(format!("{ty}.{ext}"));
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run scripts/make-golden-quants.py)", path.display()))
+        std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run scripts/make-golden-quants.py)",
+                path.display()
+            )
+        })
     };
     let raw = read("bin");
     let floats = read("f32");
     assert_eq!(floats.len() % 4, 0, "{ty}.f32 is not a whole number of f32");
-    let reference = floats.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let reference = floats
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     (raw, reference)
 }
 
@@ -32,7 +40,11 @@ fn supported() -> Vec<GgmlType> {
 #[test]
 fn dequantize_matches_gguf_py_golden_vectors() {
     let types = supported();
-    assert_eq!(types.len(), 13, "the golden set covers the 13 supported types: {types:?}");
+    assert_eq!(
+        types.len(),
+        13,
+        "the golden set covers the 13 supported types: {types:?}"
+    );
     for ty in types {
         let (raw, reference) = load(ty);
         assert!(!reference.is_empty(), "{ty}: empty golden file");
@@ -43,9 +55,19 @@ fn dequantize_matches_gguf_py_golden_vectors() {
             .zip(&reference)
             .map(|(a, b)| (a - b).abs())
             .enumerate()
-            .fold((0, 0.0f32), |acc, (i, d)| if d > acc.1 { (i, d) } else { acc });
-        let exact = ours.iter().zip(&reference).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
-        println!("{ty}: {} values, {exact} bit-identical, max |diff| {max_diff:e} (max |ref| {max_ref:e})", ours.len());
+            .fold(
+                (0, 0.0f32),
+                |acc, (i, d)| if d > acc.1 { (i, d) } else { acc },
+            );
+        let exact = ours
+            .iter()
+            .zip(&reference)
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
+        println!(
+            "{ty}: {} values, {exact} bit-identical, max |diff| {max_diff:e} (max |ref| {max_ref:e})",
+            ours.len()
+        );
         assert!(
             max_diff <= 1e-6 * max_ref,
             "{ty}: element {worst}: ours {} vs gguf-py {} (|diff| {max_diff:e} > 1e-6 * {max_ref:e})",
@@ -54,7 +76,10 @@ fn dequantize_matches_gguf_py_golden_vectors() {
         );
         // Stronger than the acceptance criterion: small values must match too, not just large ones.
         for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
-            assert!((a - b).abs() <= 1e-6 * b.abs(), "{ty}: element {i}: ours {a:e} vs gguf-py {b:e}");
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs(),
+                "{ty}: element {i}: ours {a:e} vs gguf-py {b:e}"
+            );
         }
     }
 }
@@ -71,7 +96,10 @@ fn blockwise_and_whole_dequantization_agree() {
             dequantize_row(ty, src, dst).unwrap();
         }
         assert!(
-            whole.iter().zip(&piecewise).all(|(a, b)| a.to_bits() == b.to_bits()),
+            whole
+                .iter()
+                .zip(&piecewise)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{ty}: blockwise dequantization differs from whole"
         );
     }
@@ -107,7 +135,13 @@ fn golden_files_are_gguf_py_output() {
         .arg(&script)
         .arg("--verify")
         .output()
-        .unwrap_or_else(|e| panic!("running {} {}: {e}", python.to_string_lossy(), script.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "running {} {}: {e}",
+                python.to_string_lossy(),
+                script.display()
+            )
+        });
     assert!(
         out.status.success(),
         "{} --verify failed ({}):\n{}{}",

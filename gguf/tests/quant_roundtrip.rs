@@ -17,10 +17,13 @@ struct Rng(u64);
 
 impl Rng {
     fn from_env_or_time(name: &str) -> (Self, u64) {
-        let seed = std::env::var("MEMRA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-            t.map(|d| d.as_nanos() as u64).unwrap_or(1) ^ name.len() as u64
-        });
+        let seed = std::env::var("MEMRA_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                t.map(|d| d.as_nanos() as u64).unwrap_or(1) ^ name.len() as u64
+            });
         eprintln!("[{name}] MEMRA_SEED={seed}");
         (Rng(seed), seed)
     }
@@ -43,7 +46,9 @@ impl Rng {
 
 const QUANT_TYPES: [GgmlType; 10] = {
     use GgmlType::*;
-    [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS]
+    [
+        Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+    ]
 };
 
 /// One f16 rounding step above `v` (relative 2^-10 for normals, 2^-24 absolute for subnormals),
@@ -69,13 +74,28 @@ struct Cell {
 
 fn uniform(step: f32, offset: f32, k_lo: i32, k_hi: i32) -> Cell {
     let (a, b) = (step * k_lo as f32 + offset, step * k_hi as f32 + offset);
-    Cell { lo: a.min(b), hi: a.max(b), half_gap: step.abs() / 2.0 }
+    Cell {
+        lo: a.min(b),
+        hi: a.max(b),
+        half_gap: step.abs() / 2.0,
+    }
 }
 
 fn iq4(scale: f32) -> Cell {
-    let (a, b) = (scale * KVALUES_IQ4NL[0] as f32, scale * KVALUES_IQ4NL[15] as f32);
-    let widest = KVALUES_IQ4NL.windows(2).map(|w| w[1] as i32 - w[0] as i32).max().unwrap_or(0);
-    Cell { lo: a.min(b), hi: a.max(b), half_gap: scale.abs() * widest as f32 / 2.0 }
+    let (a, b) = (
+        scale * KVALUES_IQ4NL[0] as f32,
+        scale * KVALUES_IQ4NL[15] as f32,
+    );
+    let widest = KVALUES_IQ4NL
+        .windows(2)
+        .map(|w| w[1] as i32 - w[0] as i32)
+        .max()
+        .unwrap_or(0);
+    Cell {
+        lo: a.min(b),
+        hi: a.max(b),
+        half_gap: scale.abs() * widest as f32 / 2.0,
+    }
 }
 
 /// Reads element e's representable values from a block's stored scales (ggml-common.h layouts).
@@ -91,13 +111,24 @@ fn cell(ty: GgmlType, b: &[u8], e: usize) -> Cell {
         Q4_K | Q5_K => {
             let (sc, m) = q4k_scale_min(e / 32, &scales_k());
             let levels = if ty == Q4_K { 15 } else { 31 };
-            uniform(f16_at(b, 0) * sc as f32, -(f16_at(b, 2) * m as f32), 0, levels)
+            uniform(
+                f16_at(b, 0) * sc as f32,
+                -(f16_at(b, 2) * m as f32),
+                0,
+                levels,
+            )
         }
-        Q6_K => uniform(f16_at(b, 208) * (b[192 + e / 16] as i8) as f32, 0.0, -32, 31),
+        Q6_K => uniform(
+            f16_at(b, 208) * (b[192 + e / 16] as i8) as f32,
+            0.0,
+            -32,
+            31,
+        ),
         IQ4_NL => iq4(f16_at(b, 0)),
         IQ4_XS => {
             let scales_l = [b[4], b[5], b[6], b[7]];
-            iq4(f16_at(b, 0) * iq4xs_scale(e / 32, u16::from_le_bytes([b[2], b[3]]), &scales_l) as f32)
+            iq4(f16_at(b, 0)
+                * iq4xs_scale(e / 32, u16::from_le_bytes([b[2], b[3]]), &scales_l) as f32)
         }
         _ => unreachable!("{ty} is not a block type"),
     }
@@ -111,7 +142,9 @@ fn check_scales(ty: GgmlType, x: &[f32], b: &[u8]) -> Result<(), String> {
         if got.abs() <= f16_ceil_bound(target) {
             Ok(())
         } else {
-            Err(format!("{what} = {got:e} exceeds target {target:e} (block amax {amax:e})"))
+            Err(format!(
+                "{what} = {got:e} exceeds target {target:e} (block amax {amax:e})"
+            ))
         }
     };
     match ty {
@@ -135,9 +168,23 @@ fn check_scales(ty: GgmlType, x: &[f32], b: &[u8]) -> Result<(), String> {
             let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
             let scales: [u8; 12] = std::array::from_fn(|i| b[4 + i]);
             // Sub-block range always includes 0; the min is −dmin·m.
-            let lo = |j: usize| x[32 * j..32 * j + 32].iter().copied().fold(0.0f32, f32::min);
-            let hi = |j: usize| x[32 * j..32 * j + 32].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            at_most("dmin", dmin, (0..8).map(|j| -lo(j)).fold(0.0, f32::max) / 63.0)?;
+            let lo = |j: usize| {
+                x[32 * j..32 * j + 32]
+                    .iter()
+                    .copied()
+                    .fold(0.0f32, f32::min)
+            };
+            let hi = |j: usize| {
+                x[32 * j..32 * j + 32]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max)
+            };
+            at_most(
+                "dmin",
+                dmin,
+                (0..8).map(|j| -lo(j)).fold(0.0, f32::max) / 63.0,
+            )?;
             // need_j = (hi_j + dmin·m_j) / levels with dmin·m_j < −lo_j + dmin (m_j is a ceil).
             let need = |j: usize| (hi(j) - lo(j) + dmin) / levels;
             at_most("d", d, (0..8).map(need).fold(0.0, f32::max) / 63.0)?;
@@ -145,7 +192,10 @@ fn check_scales(ty: GgmlType, x: &[f32], b: &[u8]) -> Result<(), String> {
                 let (sc, m) = q4k_scale_min(j, &scales);
                 let offset = dmin * m as f32;
                 if offset > -lo(j) + dmin * (1.0 + 1e-6) {
-                    return Err(format!("sub-block {j}: min offset {offset:e} is more than one dmin below {:e}", lo(j)));
+                    return Err(format!(
+                        "sub-block {j}: min offset {offset:e} is more than one dmin below {:e}",
+                        lo(j)
+                    ));
                 }
                 at_most(&format!("sub-block {j} step"), d * sc as f32, need(j) + d)?;
             }
@@ -156,7 +206,11 @@ fn check_scales(ty: GgmlType, x: &[f32], b: &[u8]) -> Result<(), String> {
             let s = |j: usize| absmax(&x[16 * j..16 * j + 16]) / 31.0;
             at_most("d", d, (0..16).map(s).fold(0.0, f32::max) / 127.0)?;
             for j in 0..16 {
-                at_most(&format!("sub-block {j} step"), d * (b[192 + j] as i8) as f32, s(j) + d)?;
+                at_most(
+                    &format!("sub-block {j} step"),
+                    d * (b[192 + j] as i8) as f32,
+                    s(j) + d,
+                )?;
             }
             Ok(())
         }
@@ -181,7 +235,12 @@ fn check_round_trip(ty: GgmlType, x: &[f32], what: &str, seed: u64) {
     let bytes = quantize(ty, x).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let y = dequantize(ty, &bytes, x.len()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let (n, size) = (ty.block_size() as usize, ty.type_size() as usize);
-    for (i, ((xb, yb), b)) in x.chunks(n).zip(y.chunks(n)).zip(bytes.chunks(size)).enumerate() {
+    for (i, ((xb, yb), b)) in x
+        .chunks(n)
+        .zip(y.chunks(n))
+        .zip(bytes.chunks(size))
+        .enumerate()
+    {
         check_scales(ty, xb, b).unwrap_or_else(|e| panic!("{ctx}: block {i}: {e}"));
         for (e, (&xv, &yv)) in xb.iter().zip(yb).enumerate() {
             let c = cell(ty, b, e);
@@ -199,14 +258,33 @@ fn check_round_trip(ty: GgmlType, x: &[f32], what: &str, seed: u64) {
 
 /// Named random vectors of `n` elements exercising different block statistics.
 fn cases(rng: &mut Rng, n: usize) -> Vec<(&'static str, Vec<f32>)> {
-    let mut v = |f: &mut dyn FnMut(&mut Rng, usize) -> f32| (0..n).map(|i| f(rng, i)).collect::<Vec<f32>>();
+    let mut v =
+        |f: &mut dyn FnMut(&mut Rng, usize) -> f32| (0..n).map(|i| f(rng, i)).collect::<Vec<f32>>();
     vec![
         ("normal", v(&mut |r, _| r.normal())),
-        ("wide dynamic range per block", v(&mut |r, i| r.normal() * 10f32.powi((i / 32 % 7) as i32 - 3))),
-        ("all positive with offset", v(&mut |r, _| 5.0 + r.symmetric())),
+        (
+            "wide dynamic range per block",
+            v(&mut |r, i| r.normal() * 10f32.powi((i / 32 % 7) as i32 - 3)),
+        ),
+        (
+            "all positive with offset",
+            v(&mut |r, _| 5.0 + r.symmetric()),
+        ),
         ("all negative", v(&mut |r, _| -0.5 - r.symmetric().abs())),
-        ("sparse spikes", v(&mut |r, _| if r.next_u64() % 17 == 0 { 40.0 * r.symmetric() } else { 0.01 * r.symmetric() })),
-        ("tiny (subnormal f16 scales)", v(&mut |r, _| 1e-6 * r.normal())),
+        (
+            "sparse spikes",
+            v(&mut |r, _| {
+                if r.next_u64() % 17 == 0 {
+                    40.0 * r.symmetric()
+                } else {
+                    0.01 * r.symmetric()
+                }
+            }),
+        ),
+        (
+            "tiny (subnormal f16 scales)",
+            v(&mut |r, _| 1e-6 * r.normal()),
+        ),
         ("zeros", vec![0.0; n]),
         ("constant", vec![-0.375; n]),
     ]
@@ -227,36 +305,66 @@ fn zeros_and_exact_grid_values_are_exact() {
     for ty in QUANT_TYPES {
         let n = ty.block_size() as usize * 2;
         let y = dequantize(ty, &quantize(ty, &vec![0.0; n]).unwrap(), n).unwrap();
-        assert!(y.iter().all(|&v| v == 0.0), "{ty}: zeros do not round-trip: {y:?}");
+        assert!(
+            y.iter().all(|&v| v == 0.0),
+            "{ty}: zeros do not round-trip: {y:?}"
+        );
     }
     // Q8_0 blocks of codes × 1/64 that include ±127/64: the scale is exactly 1/64, so exact.
-    let x: Vec<f32> = (0..32).map(|i| (8 * i - 127) as f32 / 64.0).chain((0..32).map(|i| (127 - 5 * i) as f32 / 64.0)).collect();
-    let y = dequantize(GgmlType::Q8_0, &quantize(GgmlType::Q8_0, &x).unwrap(), x.len()).unwrap();
+    let x: Vec<f32> = (0..32)
+        .map(|i| (8 * i - 127) as f32 / 64.0)
+        .chain((0..32).map(|i| (127 - 5 * i) as f32 / 64.0))
+        .collect();
+    let y = dequantize(
+        GgmlType::Q8_0,
+        &quantize(GgmlType::Q8_0, &x).unwrap(),
+        x.len(),
+    )
+    .unwrap();
     assert_eq!(x, y);
 }
 
 #[test]
 fn plain_float_types_round_trip() {
     let (mut rng, seed) = Rng::from_env_or_time("plain_float_types_round_trip");
-    let x: Vec<f32> = (0..4096).map(|i| rng.normal() * 10f32.powi(i % 11 - 6)).collect(); // |x| < 3.5e4 fits F16
+    let x: Vec<f32> = (0..4096)
+        .map(|i| rng.normal() * 10f32.powi(i % 11 - 6))
+        .collect(); // |x| < 3.5e4 fits F16
     let round = |ty| dequantize(ty, &quantize(ty, &x).unwrap(), x.len()).unwrap();
-    assert_eq!(round(GgmlType::F32), x, "F32 must be lossless (MEMRA_SEED={seed})");
-    for (ty, mantissa_bits, min_step) in [(GgmlType::F16, 10, 2f32.powi(-24)), (GgmlType::BF16, 7, 2f32.powi(-133))] {
+    assert_eq!(
+        round(GgmlType::F32),
+        x,
+        "F32 must be lossless (MEMRA_SEED={seed})"
+    );
+    for (ty, mantissa_bits, min_step) in [
+        (GgmlType::F16, 10, 2f32.powi(-24)),
+        (GgmlType::BF16, 7, 2f32.powi(-133)),
+    ] {
         for (xv, yv) in x.iter().zip(round(ty)) {
             // Round to nearest: half an ulp of the format.
             let half_ulp = (xv.abs() * 2f32.powi(-(mantissa_bits + 1))).max(min_step / 2.0);
-            assert!((xv - yv).abs() <= half_ulp, "{ty}: {xv:e} -> {yv:e} (MEMRA_SEED={seed})");
+            assert!(
+                (xv - yv).abs() <= half_ulp,
+                "{ty}: {xv:e} -> {yv:e} (MEMRA_SEED={seed})"
+            );
         }
     }
-    assert!(quantize(GgmlType::F16, &[70000.0]).is_err(), "F16 overflow must be an error");
-    assert!(quantize(GgmlType::BF16, &[f32::MAX]).is_err(), "BF16 rounding to inf must be an error");
+    assert!(
+        quantize(GgmlType::F16, &[70000.0]).is_err(),
+        "F16 overflow must be an error"
+    );
+    assert!(
+        quantize(GgmlType::BF16, &[f32::MAX]).is_err(),
+        "BF16 rounding to inf must be an error"
+    );
 }
 
 /// Round trips survive a second pass: quantizing dequantized values reproduces them within the
 /// same bounds (a fixed point up to scale rounding).
 #[test]
 fn requantizing_dequantized_values_stays_within_bounds() {
-    let (mut rng, seed) = Rng::from_env_or_time("requantizing_dequantized_values_stays_within_bounds");
+    let (mut rng, seed) =
+        Rng::from_env_or_time("requantizing_dequantized_values_stays_within_bounds");
     for ty in QUANT_TYPES {
         let x: Vec<f32> = (0..1024).map(|_| rng.normal()).collect();
         let y = dequantize(ty, &quantize(ty, &x).unwrap(), x.len()).unwrap();

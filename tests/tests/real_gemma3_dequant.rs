@@ -25,7 +25,9 @@ fn model_path() -> PathBuf {
     }
     let cache = std::env::var_os("MEMRA_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/memra"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/memra")
+        });
     cache.join("models/gemma-3-270m-q4_k_m.gguf")
 }
 
@@ -37,7 +39,9 @@ struct Stream<R> {
 impl<R: Read> Stream<R> {
     fn bytes<const N: usize>(&mut self, what: &str) -> [u8; N] {
         let mut b = [0u8; N];
-        self.inner.read_exact(&mut b).unwrap_or_else(|e| panic!("reference stream: reading {what}: {e}"));
+        self.inner
+            .read_exact(&mut b)
+            .unwrap_or_else(|e| panic!("reference stream: reading {what}: {e}"));
         b
     }
     fn u32(&mut self, what: &str) -> u32 {
@@ -48,7 +52,9 @@ impl<R: Read> Stream<R> {
     }
     fn f32s(&mut self, dst: &mut [f32], raw: &mut Vec<u8>, what: &str) {
         raw.resize(dst.len() * 4, 0);
-        self.inner.read_exact(raw).unwrap_or_else(|e| panic!("reference stream: values of {what}: {e}"));
+        self.inner
+            .read_exact(raw)
+            .unwrap_or_else(|e| panic!("reference stream: values of {what}: {e}"));
         for (v, b) in dst.iter_mut().zip(raw.as_chunks::<4>().0) {
             *v = f32::from_le_bytes(*b);
         }
@@ -80,7 +86,10 @@ impl Drop for KillOnDrop {
 fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
     let model = model_path();
     if !model.is_file() {
-        println!("SKIP: gemma3 model not found at {} (set MEMRA_GEMMA3_GGUF or run scripts/fetch-gemma3-270m)", model.display());
+        println!(
+            "SKIP: gemma3 model not found at {} (set MEMRA_GEMMA3_GGUF or run scripts/fetch-gemma3-270m)",
+            model.display()
+        );
         return;
     }
     let Some(python) = std::env::var_os("MEMRA_PYTHON") else {
@@ -96,16 +105,32 @@ fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap_or_else(|e| panic!("spawning {} {}: {e}", python.to_string_lossy(), script.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "spawning {} {}: {e}",
+                python.to_string_lossy(),
+                script.display()
+            )
+        });
     let mut child = KillOnDrop(child);
     let stdout = child.0.stdout.take().expect("stdout was piped");
-    let mut stream = Stream { inner: BufReader::with_capacity(1 << 20, stdout) };
+    let mut stream = Stream {
+        inner: BufReader::with_capacity(1 << 20, stdout),
+    };
 
     let started = Instant::now();
     let mut ours_time = Duration::ZERO;
-    assert_eq!(&stream.bytes::<8>("magic"), b"MEMRADQ1", "reference stream: bad magic");
+    assert_eq!(
+        &stream.bytes::<8>("magic"),
+        b"MEMRADQ1",
+        "reference stream: bad magic"
+    );
     let n_tensors = stream.u64("tensor count");
-    assert_eq!(n_tensors, file.tensors().len() as u64, "tensor count: gguf-py vs memra reader");
+    assert_eq!(
+        n_tensors,
+        file.tensors().len() as u64,
+        "tensor count: gguf-py vs memra reader"
+    );
 
     let mut per_type: BTreeMap<GgmlType, PerType> = BTreeMap::new();
     let mut failures = Vec::new();
@@ -113,7 +138,10 @@ fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
     for info in file.tensors() {
         let name_len = stream.u32("name length") as usize;
         let mut name = vec![0u8; name_len];
-        stream.inner.read_exact(&mut name).unwrap_or_else(|e| panic!("reference stream: name: {e}"));
+        stream
+            .inner
+            .read_exact(&mut name)
+            .unwrap_or_else(|e| panic!("reference stream: name: {e}"));
         let name = String::from_utf8_lossy(&name).into_owned();
         let ty_id = stream.u32("type id");
         let n_elements = stream.u64("element count");
@@ -125,7 +153,11 @@ fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
         let data = file.tensor_data(info);
         let row_len = info.row_len() as usize;
         let row_bytes = info.row_bytes() as usize;
-        assert_eq!(data.len(), row_bytes * info.n_rows() as usize, "{name}: data size");
+        assert_eq!(
+            data.len(),
+            row_bytes * info.n_rows() as usize,
+            "{name}: data size"
+        );
         let rows_per_chunk = (CHUNK_ELEMENTS / row_len).max(1);
         let (mut max_ref, mut max_diff, mut identical) = (0.0f32, 0.0f32, 0u64);
         for src in data.chunks(rows_per_chunk * row_bytes) {
@@ -139,15 +171,25 @@ fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
             for (a, b) in ours.iter().zip(&reference) {
                 let diff = (a - b).abs();
                 // A NaN on either side that is not the same NaN counts as an infinite difference.
-                let diff = if diff.is_nan() && a.to_bits() != b.to_bits() { f32::INFINITY } else { diff };
+                let diff = if diff.is_nan() && a.to_bits() != b.to_bits() {
+                    f32::INFINITY
+                } else {
+                    diff
+                };
                 max_diff = max_diff.max(diff);
                 max_ref = max_ref.max(b.abs());
                 identical += (a.to_bits() == b.to_bits()) as u64;
             }
         }
-        let rel = if max_ref > 0.0 { max_diff as f64 / max_ref as f64 } else { max_diff as f64 };
+        let rel = if max_ref > 0.0 {
+            max_diff as f64 / max_ref as f64
+        } else {
+            max_diff as f64
+        };
         if max_diff > 1e-6 * max_ref {
-            failures.push(format!("{name} ({ty}): max |diff| {max_diff:e} > 1e-6 * max |ref| {max_ref:e}"));
+            failures.push(format!(
+                "{name} ({ty}): max |diff| {max_diff:e} > 1e-6 * max |ref| {max_ref:e}"
+            ));
         }
         let s = per_type.entry(ty).or_default();
         s.tensors += 1;
@@ -161,17 +203,38 @@ fn gemma3_270m_every_tensor_dequantizes_like_gguf_py() {
     let mut trailing = [0u8; 1];
     let extra = stream.inner.read(&mut trailing).unwrap_or(0);
     assert_eq!(extra, 0, "reference stream has data after the last tensor");
-    let status = child.0.wait().unwrap_or_else(|e| panic!("waiting for {}: {e}", script.display()));
-    assert!(status.success(), "{} exited with {status}", script.display());
+    let status = child
+        .0
+        .wait()
+        .unwrap_or_else(|e| panic!("waiting for {}: {e}", script.display()));
+    assert!(
+        status.success(),
+        "{} exited with {status}",
+        script.display()
+    );
 
     let total: u64 = per_type.values().map(|s| s.elements).sum();
-    println!("{}: {} tensors, {total} elements in {:.1?} (memra dequant {:.1?})", model.display(), n_tensors, started.elapsed(), ours_time);
+    println!(
+        "{}: {} tensors, {total} elements in {:.1?} (memra dequant {:.1?})",
+        model.display(),
+        n_tensors,
+        started.elapsed(),
+        ours_time
+    );
     for (ty, s) in &per_type {
         println!(
             "  {ty:>6}: {:>3} tensors, {:>10} elements, {:>10} bit-identical, worst max|diff|/max|ref| {:e} ({})",
             s.tensors, s.elements, s.bit_identical, s.worst_rel, s.worst_tensor
         );
     }
-    assert!(failures.is_empty(), "{} tensors differ from gguf-py:\n{}", failures.len(), failures.join("\n"));
-    assert_eq!(per_type.values().map(|s| s.tensors).sum::<usize>() as u64, n_tensors);
+    assert!(
+        failures.is_empty(),
+        "{} tensors differ from gguf-py:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(
+        per_type.values().map(|s| s.tensors).sum::<usize>() as u64,
+        n_tensors
+    );
 }

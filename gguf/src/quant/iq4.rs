@@ -11,7 +11,9 @@
 use super::{f16_at, f16_away, f16_ceil, put_f16, signed_absmax};
 
 /// The 16 values a 4-bit IQ4 code stands for (ggml `kvalues_iq4nl`).
-pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// IQ4_NL, 18 bytes: `d: f16` at 0, `qs: [u8; 16]` at 2, Q4_0 nibble order.
 /// Element j = d·kvalues[qs[j] & 0xF], element j + 16 = d·kvalues[qs[j] >> 4].
@@ -57,7 +59,9 @@ pub(super) fn dequantize_iq4_xs(b: &[u8; 136], y: &mut [f32; 256]) {
 /// The code whose value `scale·kvalue` is nearest to x.
 fn nearest_kvalue(x: f32, scale: f32) -> u8 {
     let err = |k: usize| (x - scale * KVALUES_IQ4NL[k] as f32).abs();
-    (0..16).min_by(|&a, &b| err(a).total_cmp(&err(b))).unwrap_or(0) as u8
+    (0..16)
+        .min_by(|&a, &b| err(a).total_cmp(&err(b)))
+        .unwrap_or(0) as u8
 }
 
 pub(super) fn quantize_iq4_nl(x: &[f32; 32], b: &mut [u8; 18]) -> Result<(), usize> {
@@ -78,13 +82,19 @@ pub(super) fn quantize_iq4_xs(x: &[f32; 256], b: &mut [u8; 136]) -> Result<(), u
     for (ib, v) in s.iter_mut().enumerate() {
         *v = signed_absmax(&x[32 * ib..32 * ib + 32]).1 / -127.0;
     }
-    let ibmax = (0..8).max_by(|&a, &c| s[a].abs().total_cmp(&s[c].abs())).unwrap_or(0);
+    let ibmax = (0..8)
+        .max_by(|&a, &c| s[a].abs().total_cmp(&s[c].abs()))
+        .unwrap_or(0);
     let d = f16_ceil(s[ibmax].abs() / 31.0).ok_or(32 * ibmax)?;
     let df = d.to_f32();
     let mut scales_h = 0u16;
     let mut scales_l = [0u8; 4];
     for ib in 0..8 {
-        let l = if df == 0.0 { 0.0 } else { (s[ib].abs() / df).ceil().min(31.0).copysign(s[ib]) };
+        let l = if df == 0.0 {
+            0.0
+        } else {
+            (s[ib].abs() / df).ceil().min(31.0).copysign(s[ib])
+        };
         let ls = (l as i32 + 32) as u8;
         scales_l[ib / 2] |= (ls & 0xF) << (4 * (ib % 2));
         scales_h |= ((ls >> 4) as u16) << (2 * ib);

@@ -141,7 +141,11 @@ fn quantize_k_affine<const LEVELS: i32>(x: &[f32; 256]) -> Result<KAffine, usize
         lo[j] = sub.iter().copied().fold(0.0, f32::min);
         hi[j] = sub.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     }
-    let worst = |v: &[f32; 8], sign: f32| (0..8).max_by(|&a, &b| (sign * v[a]).total_cmp(&(sign * v[b]))).unwrap_or(0);
+    let worst = |v: &[f32; 8], sign: f32| {
+        (0..8)
+            .max_by(|&a, &b| (sign * v[a]).total_cmp(&(sign * v[b])))
+            .unwrap_or(0)
+    };
     let jmin = worst(&lo, -1.0);
     let dmin = f16_ceil(-lo[jmin] / 63.0).ok_or(32 * jmin)?;
     let dminf = dmin.to_f32();
@@ -177,7 +181,11 @@ struct KAffine {
 
 /// ceil(v / unit) clamped to 0..=max; 0 when unit is 0 (then v is 0 too).
 fn ceil_code(v: f32, unit: f32, max: u8) -> u8 {
-    if unit == 0.0 { 0 } else { (v / unit).ceil().clamp(0.0, max as f32) as u8 }
+    if unit == 0.0 {
+        0
+    } else {
+        (v / unit).ceil().clamp(0.0, max as f32) as u8
+    }
 }
 
 pub(super) fn quantize_q4_k(x: &[f32; 256], b: &mut [u8; 144]) -> Result<(), usize> {
@@ -216,7 +224,10 @@ pub(super) fn quantize_q5_k(x: &[f32; 256], b: &mut [u8; 176]) -> Result<(), usi
 pub(super) fn quantize_q6_k(x: &[f32; 256], b: &mut [u8; 210]) -> Result<(), usize> {
     let mut s = [0.0f32; 16];
     for (j, v) in s.iter_mut().enumerate() {
-        *v = x[16 * j..16 * j + 16].iter().fold(0.0f32, |a, v| a.max(v.abs())) / 31.0;
+        *v = x[16 * j..16 * j + 16]
+            .iter()
+            .fold(0.0f32, |a, v| a.max(v.abs()))
+            / 31.0;
     }
     let jmax = (0..16).max_by(|&a, &c| s[a].total_cmp(&s[c])).unwrap_or(0);
     let d = f16_ceil(s[jmax] / 127.0).ok_or(16 * jmax)?;
@@ -235,7 +246,8 @@ pub(super) fn quantize_q6_k(x: &[f32; 256], b: &mut [u8; 210]) -> Result<(), usi
             let e = |k: usize| q[128 * h + l + 32 * k];
             b[64 * h + l] = (e(0) & 0xF) | (e(2) & 0xF) << 4;
             b[64 * h + l + 32] = (e(1) & 0xF) | (e(3) & 0xF) << 4;
-            b[128 + 32 * h + l] = (e(0) >> 4) | (e(1) >> 4) << 2 | (e(2) >> 4) << 4 | (e(3) >> 4) << 6;
+            b[128 + 32 * h + l] =
+                (e(0) >> 4) | (e(1) >> 4) << 2 | (e(2) >> 4) << 4 | (e(3) >> 4) << 6;
         }
     }
     put_f16(b, 208, d);

@@ -129,9 +129,22 @@ pub(super) fn quantize_q5_0(x: &[f32; 32], b: &mut [u8; 22]) -> Result<(), usize
 
 /// Q4_1/Q5_1 shared quantizer: m = f16 ≤ min(x), d = f16 ≥ (max(x) − m) / `levels`,
 /// q = round((x − m) / d) ∈ 0..=levels.
-fn quantize_affine<const LEVELS: i32>(x: &[f32; 32]) -> Result<(half::f16, half::f16, [u8; 32]), usize> {
-    let (imin, min) = x.iter().copied().enumerate().fold((0, f32::INFINITY), |a, (i, v)| if v < a.1 { (i, v) } else { a });
-    let (imax, max) = x.iter().copied().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, v)| if v > a.1 { (i, v) } else { a });
+fn quantize_affine<const LEVELS: i32>(
+    x: &[f32; 32],
+) -> Result<(half::f16, half::f16, [u8; 32]), usize> {
+    let (imin, min) =
+        x.iter().copied().enumerate().fold(
+            (0, f32::INFINITY),
+            |a, (i, v)| if v < a.1 { (i, v) } else { a },
+        );
+    let (imax, max) = x
+        .iter()
+        .copied()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |a, (i, v)| if v > a.1 { (i, v) } else { a },
+        );
     let m = f16_floor(min).ok_or(imin)?;
     let d = f16_ceil((max - m.to_f32()) / LEVELS as f32).ok_or(imax)?;
     let (step, base) = (d.to_f32(), m.to_f32());
@@ -168,5 +181,7 @@ pub(super) fn pack_nibbles(q: &[u8; 32], qs: &mut [u8]) {
 
 /// Bit 4 of code i into bit i.
 fn pack_fifth_bits(q: &[u8; 32]) -> u32 {
-    q.iter().enumerate().fold(0u32, |acc, (i, &v)| acc | (((v >> 4) & 1) as u32) << i)
+    q.iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &v)| acc | (((v >> 4) & 1) as u32) << i)
 }

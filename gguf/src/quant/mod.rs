@@ -29,26 +29,45 @@ pub enum QuantError {
     /// The element count is not a whole number of blocks.
     NotWholeBlocks { ty: GgmlType, n_elements: usize },
     /// The byte slice does not hold exactly the blocks for `n_elements`.
-    SizeMismatch { ty: GgmlType, n_elements: usize, expected_bytes: usize, actual_bytes: usize },
+    SizeMismatch {
+        ty: GgmlType,
+        n_elements: usize,
+        expected_bytes: usize,
+        actual_bytes: usize,
+    },
     /// A quantizer input is NaN/inf, or too large for the format's f16 scale or value field.
-    Unrepresentable { ty: GgmlType, index: usize, value: f32 },
+    Unrepresentable {
+        ty: GgmlType,
+        index: usize,
+        value: f32,
+    },
 }
 
 impl std::fmt::Display for QuantError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            QuantError::Unsupported { ty, op } => write!(f, "{ty}: {op} is not supported on the CPU"),
+            QuantError::Unsupported { ty, op } => {
+                write!(f, "{ty}: {op} is not supported on the CPU")
+            }
             QuantError::NotWholeBlocks { ty, n_elements } => write!(
                 f,
                 "{ty}: {n_elements} elements is not a whole number of {}-element blocks",
                 ty.block_size()
             ),
-            QuantError::SizeMismatch { ty, n_elements, expected_bytes, actual_bytes } => write!(
+            QuantError::SizeMismatch {
+                ty,
+                n_elements,
+                expected_bytes,
+                actual_bytes,
+            } => write!(
                 f,
                 "{ty}: {n_elements} elements need {expected_bytes} bytes, got {actual_bytes}"
             ),
             QuantError::Unrepresentable { ty, index, value } => {
-                write!(f, "{ty}: element {index} ({value}) cannot be quantized (non-finite or out of range)")
+                write!(
+                    f,
+                    "{ty}: element {index} ({value}) cannot be quantized (non-finite or out of range)"
+                )
             }
         }
     }
@@ -101,7 +120,12 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q6_K => for_each_block(src, dst, k::dequantize_q6_k),
         IQ4_NL => for_each_block(src, dst, iq4::dequantize_iq4_nl),
         IQ4_XS => for_each_block(src, dst, iq4::dequantize_iq4_xs),
-        _ => return Err(QuantError::Unsupported { ty, op: "dequantize" }),
+        _ => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "dequantize",
+            });
+        }
     }
     Ok(())
 }
@@ -117,7 +141,11 @@ pub fn dequantize(ty: GgmlType, src: &[u8], n_elements: usize) -> Result<Vec<f32
 pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
     let n_bytes = byte_len(ty, src.len(), "quantize")?;
     if let Some(index) = src.iter().position(|x| !x.is_finite()) {
-        return Err(QuantError::Unrepresentable { ty, index, value: src[index] });
+        return Err(QuantError::Unrepresentable {
+            ty,
+            index,
+            value: src[index],
+        });
     }
     let mut out = vec![0u8; n_bytes];
     use GgmlType::*;
@@ -138,7 +166,11 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
         IQ4_XS => for_each_block_quantize(src, &mut out, iq4::quantize_iq4_xs),
         _ => return Err(QuantError::Unsupported { ty, op: "quantize" }),
     };
-    result.map_err(|index| QuantError::Unrepresentable { ty, index, value: src[index] })?;
+    result.map_err(|index| QuantError::Unrepresentable {
+        ty,
+        index,
+        value: src[index],
+    })?;
     Ok(out)
 }
 
@@ -229,12 +261,24 @@ mod tests {
 
     #[test]
     fn f16_rounding_helpers_bracket_the_value() {
-        for v in [0.1f32, -0.1, 1.0 / 127.0, -3.3e-5, 6.0e-8, 1000.7, -1000.7, 0.0] {
+        for v in [
+            0.1f32,
+            -0.1,
+            1.0 / 127.0,
+            -3.3e-5,
+            6.0e-8,
+            1000.7,
+            -1000.7,
+            0.0,
+        ] {
             let c = f16_ceil(v).unwrap().to_f32();
             let f = f16_floor(v).unwrap().to_f32();
             let a = f16_away(v).unwrap().to_f32();
             assert!(c >= v && f <= v, "{v}: floor {f} ceil {c}");
-            assert!(a.abs() >= v.abs() && (a == 0.0 || a.signum() == v.signum()), "{v}: away {a}");
+            assert!(
+                a.abs() >= v.abs() && (a == 0.0 || a.signum() == v.signum()),
+                "{v}: away {a}"
+            );
             // Tight: one step further in is on the other side of v.
             if c != v {
                 assert!(f16_next_up(f16_floor(v).unwrap()).to_f32() == c, "{v}");
@@ -248,22 +292,56 @@ mod tests {
     fn errors_name_the_type() {
         let mut dst = [0.0f32; 32];
         let e = dequantize_row(GgmlType::Q4_K, &[0; 18], &mut dst).unwrap_err();
-        assert_eq!(e, QuantError::NotWholeBlocks { ty: GgmlType::Q4_K, n_elements: 32 });
+        assert_eq!(
+            e,
+            QuantError::NotWholeBlocks {
+                ty: GgmlType::Q4_K,
+                n_elements: 32
+            }
+        );
         assert!(e.to_string().starts_with("Q4_K: 32 elements"), "{e}");
 
         let e = dequantize_row(GgmlType::Q8_0, &[0; 33], &mut dst).unwrap_err();
-        assert!(e.to_string().contains("Q8_0") && e.to_string().contains("34 bytes"), "{e}");
+        assert!(
+            e.to_string().contains("Q8_0") && e.to_string().contains("34 bytes"),
+            "{e}"
+        );
 
         let e = dequantize_row(GgmlType::Q2_K, &[0; 84], &mut [0.0; 256]).unwrap_err();
-        assert_eq!(e, QuantError::Unsupported { ty: GgmlType::Q2_K, op: "dequantize" });
+        assert_eq!(
+            e,
+            QuantError::Unsupported {
+                ty: GgmlType::Q2_K,
+                op: "dequantize"
+            }
+        );
         assert!(e.to_string().contains("Q2_K"), "{e}");
 
         let e = quantize(GgmlType::Q8_0, &[f32::NAN; 32]).unwrap_err();
-        assert!(matches!(e, QuantError::Unrepresentable { ty: GgmlType::Q8_0, index: 0, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                QuantError::Unrepresentable {
+                    ty: GgmlType::Q8_0,
+                    index: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = quantize(GgmlType::IQ4_XS, &[0.0; 32]).unwrap_err();
         assert!(e.to_string().contains("IQ4_XS"), "{e}");
         let e = quantize(GgmlType::Q4_0, &[1.0e30; 32]).unwrap_err();
-        assert!(matches!(e, QuantError::Unrepresentable { ty: GgmlType::Q4_0, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                QuantError::Unrepresentable {
+                    ty: GgmlType::Q4_0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
