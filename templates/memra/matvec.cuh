@@ -1,0 +1,727 @@
+// memra/matvec.cuh — quantized matrix × few-vectors product for decode (owned by H-gemv).
+//
+//   y[b][n] (+)= Σ_k W[n][k] · x[b][k]      b < batch ≤ BATCH, n < N, k < K
+//
+// W is a GGUF weight, ne = [K, N]: N rows of K elements, quant blocks along K, dequantized
+// inside the kernel; x, y f32; f32 accumulation.
+//
+// Cfg fields (static constexpr):
+//   int   K               row length (input dim); 0 = run time (kernel parameter `k`)
+//   int   N               rows (output dim); 0 = run time (`n`)
+//   QType QTYPE           element / block type of W
+//   int   BATCH           largest batch one launch handles (1..8); the kernel dispatches on the
+//                         run-time `batch` to a body compiled for 1, 2, 4 or 8 rows
+//   int   THREADS         threads per block (multiple of LANES, ≤ 1024)
+//   int   LANES           lanes that share one row group (8, 16 or 32)
+//   int   ROWS_PER_GROUP  rows each lane group computes (1..8)
+//   int   STAGES          cp.async pipeline depth (2..6)
+//   int   ACCUMULATE      0: y = W·x; 1: y += W·x (residual fusion)
+//
+// Kernel parameters, in order:
+//   (const unsigned char* w, const float* x, float* y, int k, int n, int batch, int ldx, int ldy)
+//   w: N·row_bytes(K) bytes, 16-byte aligned; x: [batch][ldx] f32, 16-byte aligned, ldx % 4 == 0;
+//   y: [batch][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
+//
+// Launch geometry (matvec_geometry<Cfg> below; the Rust wrapper mirrors it):
+//   rows per block R = THREADS / LANES · ROWS_PER_GROUP; grid (ceil(N / R)); block (THREADS);
+//   dynamic shared memory STAGES · (R · ROW_SLOT + BATCH · XS_ROW) + 16 bytes, where
+//   KC = LANES · UPL · UE elements per chunk (UE, UPL per QType: qunit::Unit<Q>),
+//   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(CB, 16) + 16, XS_ROW = LANES · UPL · (UE + 4) · 4.
+//   The kernel traps if launched with less dynamic shared memory than that.
+//
+// Design (bandwidth first). W streams through shared memory in chunks of KC elements × R rows:
+// each row's byte range is copied with 16-byte cp.async from the 16-byte-aligned address at or
+// below it (GGUF blocks of 18/22/34/210 bytes are only 2-byte aligned), STAGES deep, so several
+// tens of KB per SM are in flight. The matching x chunk is staged next to it, one padded run of
+// UE + 4 floats per unit so that lanes reading neighbouring units hit distinct banks. A lane
+// owns a "unit" (a contiguous run of UE elements with its own scales) of each of its group's
+// rows: it decodes quant bytes to exact small-integer floats with byte-permute tricks (no
+// int→float conversion unit), dots them with x in f32, applies the group scale (and the min
+// through Σx) once per scale group, and the LANES partial sums of a row meet in a shuffle.
+#pragma once
+#include "memra/common.cuh"
+#include "memra/quant.cuh"
+
+namespace memra {
+
+// ---------------------------------------------------------------------------------------------
+// Async copies (sm_80+) and shared-memory helpers, shared with matmul.cuh.
+namespace async {
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+// Copies `src_bytes` (0..16) bytes to shared memory and zero-fills the rest of the 16.
+__device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int PENDING> __device__ __forceinline__ void wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+}  // namespace async
+
+// ---------------------------------------------------------------------------------------------
+// Quant units: the smallest run of consecutive elements of a row that one lane decodes on its
+// own (contiguous bytes plus its block's scales). Every unit exposes the same interface:
+//
+//   UE       elements per unit; BLOCK / BYTES: elements / bytes of the block a unit lives in
+//            (F32/F16/BF16 use a pseudo-block of one unit); UPB = BLOCK / UE units per block.
+//   ALIGN    alignment every block start has, given a 16-byte aligned tensor (gcd(BYTES, 16)).
+//   UPL      units per lane per chunk (sizes a chunk at ~1-2 KB per row).
+//   GROUPS   scale groups per unit; OCTS = UE / 8 octets.
+//   SCALED   false: oct() gives final values; true: value = s_g · v + m_g (XSUM: m_g ≠ 0).
+//   load(blk, sub, raw)     reads unit `sub` of the block at `blk` into registers.
+//   oct(raw, sub, o, v)     8 values: v[0..4) pair with x[xa(o) ..+4), v[4..8) with x[xb(o) ..+4),
+//                           in scale groups ga(o) / gb(o).
+//   scale(raw, g), minv(raw, g)
+//
+// Quant values come out as exact floats: a byte b is placed in the mantissa of 2^23
+// (0x4B0000bb = 8388608 + b) by one PRMT and the bias removed with one FADD.
+namespace qunit {
+
+__device__ __forceinline__ float byte_float(u32 w, int j, float offset) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (u32)j)) - (8388608.0f + offset);
+}
+
+// NW little-endian words starting at p, which is ALIGN-byte aligned. For ALIGN 2 it reads the
+// aligned words around the range (up to 4 bytes past its end) and funnel-shifts them.
+template <int ALIGN, int NW> __device__ __forceinline__ void load_words(const u8* p, u32 (&w)[NW]) {
+    if constexpr (ALIGN % 16 == 0 && NW % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 4; ++i) {
+            const uint4 t = reinterpret_cast<const uint4*>(p)[i];
+            w[4 * i] = t.x, w[4 * i + 1] = t.y, w[4 * i + 2] = t.z, w[4 * i + 3] = t.w;
+        }
+    } else if constexpr (ALIGN % 8 == 0 && NW % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 2; ++i) {
+            const uint2 t = reinterpret_cast<const uint2*>(p)[i];
+            w[2 * i] = t.x, w[2 * i + 1] = t.y;
+        }
+    } else if constexpr (ALIGN % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = reinterpret_cast<const u32*>(p)[i];
+    } else {
+        static_assert(ALIGN % 2 == 0, "blocks are at least 2-byte aligned");
+        // Pointer arithmetic (not integer masking) keeps the address space visible: LDS, not LD.
+        const u32* a = reinterpret_cast<const u32*>(p - (reinterpret_cast<u64>(p) & 2u));
+        const u32 shift = ((u32)reinterpret_cast<u64>(p) & 2u) * 8u;
+        u32 t[NW + 1];
+#pragma unroll
+        for (int i = 0; i <= NW; ++i) t[i] = a[i];
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(t[i], t[i + 1], shift);
+    }
+}
+
+// 4 bits k of t -> bit 4 of byte k (Q5 high bits next to their nibbles).
+__device__ __forceinline__ u32 spread4_to_bit4(u32 t) { return (t * 0x02040810u) & 0x10101010u; }
+
+// kvalues_iq4nl + 128 as bytes, 4 per word: entry e is byte e % 4 of word e / 4.
+__host__ __device__ constexpr u32 iq4_table_word(int i) {
+    constexpr int kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return (u32)(kv[4 * i] + 128) | ((u32)(kv[4 * i + 1] + 128) << 8) | ((u32)(kv[4 * i + 2] + 128) << 16) |
+           ((u32)(kv[4 * i + 3] + 128) << 24);
+}
+
+// IQ4 octet: the low nibbles of the 4 bytes of w are elements e..e+3 -> v[0..4), the high
+// nibbles elements e+16..e+19 -> v[4..8) (as Q4_0). Table lookup 4 nibbles at a time: the 16
+// low bits of (w >> 16h) are the selector nibbles [lo(b), hi(b), lo(b+1), hi(b+1)].
+__device__ __forceinline__ void iq4_oct(u32 w, float (&v)[8]) {
+    constexpr u32 T0 = iq4_table_word(0), T1 = iq4_table_word(1), T2 = iq4_table_word(2), T3 = iq4_table_word(3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 s = w >> (16 * h);
+        const u32 sel = s & 0x7777u;
+        const u32 lo = __byte_perm(T0, T1, sel), hi = __byte_perm(T2, T3, sel);
+        const u32 r = __byte_perm(lo, hi, 0x3210u | ((s >> 1) & 0x4444u));
+        v[2 * h] = byte_float(r, 0, 128.0f);
+        v[4 + 2 * h] = byte_float(r, 1, 128.0f);
+        v[2 * h + 1] = byte_float(r, 2, 128.0f);
+        v[4 + 2 * h + 1] = byte_float(r, 3, 128.0f);
+    }
+}
+
+// Q4_0-style octet: low nibbles -> v[0..4), high nibbles -> v[4..8), each minus `offset`.
+__device__ __forceinline__ void nibble_oct(u32 lo, u32 hi, float offset, float (&v)[8]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        v[j] = byte_float(lo, j, offset);
+        v[4 + j] = byte_float(hi, j, offset);
+    }
+}
+
+// Q4_K / Q5_K scale and min of sub-block j (ggml get_scale_min_k4) from the scale words
+// s0 = scales[0..4), s1 = scales[4..8), s2 = scales[8..12); j may be a run-time value.
+__device__ __forceinline__ void k4_scale_min_words(u32 s0, u32 s1, u32 s2, int j, float& sc, float& m) {
+    const u32 sh = 8u * (u32)(j & 3);
+    const u32 a = (s0 >> sh) & 0xFFu, b = (s1 >> sh) & 0xFFu, c = (s2 >> sh) & 0xFFu;
+    const u32 sc_i = j < 4 ? (a & 63u) : ((c & 0xFu) | ((a >> 6) << 4));
+    const u32 m_i = j < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4));
+    sc = (float)sc_i;
+    m = (float)m_i;
+}
+
+__device__ __forceinline__ float half_lo(u32 w) { return f16_to_f32((u16)(w & 0xFFFFu)); }
+__device__ __forceinline__ float half_hi(u32 w) { return f16_to_f32((u16)(w >> 16)); }
+
+template <QType Q> struct Unit;
+
+// Defaults for the unit interface; units override what differs.
+struct UnitBase {
+    static constexpr int GROUPS = 1;
+    static constexpr bool SCALED = true, XSUM = false;
+    __host__ __device__ static constexpr int ga(int) { return 0; }
+    __host__ __device__ static constexpr int gb(int) { return 0; }
+};
+
+// Unscaled float types: a unit is 8 consecutive elements; runs x[8o..], x[8o+4..].
+struct FloatUnitBase : UnitBase {
+    static constexpr int UE = 8, BLOCK = 8, UPB = 1, ALIGN = 16;
+    static constexpr bool SCALED = false;
+    __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
+    __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
+};
+
+template <> struct Unit<QType::F32> : FloatUnitBase {
+    static constexpr int BYTES = 32, UPL = 2;
+    struct Raw { u32 w[8]; };
+    __device__ static void load(const u8* blk, int, Raw& r) { load_words<16, 8>(blk, r.w); }
+    __device__ static void oct(const Raw& r, int, int, float (&v)[8]) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(r.w[j]);
+    }
+    __device__ static float scale(const Raw&, int) { return 1.0f; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+template <> struct Unit<QType::F16> : FloatUnitBase {
+    static constexpr int BYTES = 16, UPL = 4;
+    struct Raw { u32 w[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) { load_words<16, 4>(blk, r.w); }
+    __device__ static void oct(const Raw& r, int, int, float (&v)[8]) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[2 * j] = half_lo(r.w[j]), v[2 * j + 1] = half_hi(r.w[j]);
+    }
+    __device__ static float scale(const Raw&, int) { return 1.0f; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+template <> struct Unit<QType::BF16> : FloatUnitBase {
+    static constexpr int BYTES = 16, UPL = 4;
+    struct Raw { u32 w[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) { load_words<16, 4>(blk, r.w); }
+    __device__ static void oct(const Raw& r, int, int, float (&v)[8]) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[2 * j] = __uint_as_float(r.w[j] << 16);
+            v[2 * j + 1] = __uint_as_float(r.w[j] & 0xFFFF0000u);
+        }
+    }
+    __device__ static float scale(const Raw&, int) { return 1.0f; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+// 32-element blocks: a unit is a whole block.
+struct Block32UnitBase : UnitBase {
+    static constexpr int UE = 32, BLOCK = 32, UPB = 1;
+};
+
+// Nibble layouts (Q4_0, Q4_1, Q5_*, IQ4_NL): word o of qs holds elements 4o..4o+3 (low
+// nibbles) and 16+4o.. (high nibbles).
+struct NibbleRuns {
+    __host__ __device__ static constexpr int xa(int o) { return 4 * o; }
+    __host__ __device__ static constexpr int xb(int o) { return 16 + 4 * o; }
+};
+
+// Q8_0 (34 B): d:f16, qs:i8[32].
+template <> struct Unit<QType::Q8_0> : Block32UnitBase {
+    static constexpr int BYTES = 34, ALIGN = 2, UPL = 1;
+    struct Raw { float d; u32 q[8]; };
+    __device__ static void load(const u8* blk, int, Raw& r) {
+        r.d = f16_to_f32(load_u16(blk));
+        load_words<2, 8>(blk + 2, r.q);
+    }
+    __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
+    __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
+        const u32 a = r.q[2 * o] ^ 0x80808080u, b = r.q[2 * o + 1] ^ 0x80808080u;  // i8 -> u8 + 128
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[j] = byte_float(a, j, 128.0f);
+            v[4 + j] = byte_float(b, j, 128.0f);
+        }
+    }
+    __device__ static float scale(const Raw& r, int) { return r.d; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+// Q4_0 (18 B): d:f16, qs[16]; value d·(q − 8).
+template <> struct Unit<QType::Q4_0> : Block32UnitBase, NibbleRuns {
+    using NibbleRuns::xa, NibbleRuns::xb;
+    static constexpr int BYTES = 18, ALIGN = 2, UPL = 2;
+    struct Raw { float d; u32 q[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) {
+        r.d = f16_to_f32(load_u16(blk));
+        load_words<2, 4>(blk + 2, r.q);
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
+        nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 8.0f, v);
+    }
+    __device__ static float scale(const Raw& r, int) { return r.d; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+// IQ4_NL (18 B): d:f16, qs[16]; value d·kvalues[q], Q4_0 nibble order.
+template <> struct Unit<QType::IQ4_NL> : Block32UnitBase, NibbleRuns {
+    using NibbleRuns::xa, NibbleRuns::xb;
+    static constexpr int BYTES = 18, ALIGN = 2, UPL = 2;
+    struct Raw { float d; u32 q[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) {
+        r.d = f16_to_f32(load_u16(blk));
+        load_words<2, 4>(blk + 2, r.q);
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) { iq4_oct(r.q[o], v); }
+    __device__ static float scale(const Raw& r, int) { return r.d; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+// Q4_1 (20 B): d:f16, m:f16, qs[16]; value d·q + m.
+template <> struct Unit<QType::Q4_1> : Block32UnitBase, NibbleRuns {
+    using NibbleRuns::xa, NibbleRuns::xb;
+    static constexpr int BYTES = 20, ALIGN = 4, UPL = 2;
+    static constexpr bool XSUM = true;
+    struct Raw { float d, m; u32 q[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) {
+        u32 w[5];
+        load_words<4, 5>(blk, w);
+        r.d = half_lo(w[0]);
+        r.m = half_hi(w[0]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = w[1 + i];
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
+        nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 0.0f, v);
+    }
+    __device__ static float scale(const Raw& r, int) { return r.d; }
+    __device__ static float minv(const Raw& r, int) { return r.m; }
+};
+
+// Q5_0 (22 B): d:f16, qh:u32, qs[16]; element j's 5th bit is bit j of qh; value d·(q − 16).
+template <> struct Unit<QType::Q5_0> : Block32UnitBase, NibbleRuns {
+    using NibbleRuns::xa, NibbleRuns::xb;
+    static constexpr int BYTES = 22, ALIGN = 2, UPL = 2;
+    struct Raw { float d; u32 qh; u32 q[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) {
+        r.d = f16_to_f32(load_u16(blk));
+        u32 w[5];
+        load_words<2, 5>(blk + 2, w);
+        r.qh = w[0];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = w[1 + i];
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
+        const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (4 * o)) & 0xFu);
+        const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
+        nibble_oct(lo, hi, 16.0f, v);
+    }
+    __device__ static float scale(const Raw& r, int) { return r.d; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+// Q5_1 (24 B): d:f16, m:f16, qh:u32, qs[16]; value d·q + m.
+template <> struct Unit<QType::Q5_1> : Block32UnitBase, NibbleRuns {
+    using NibbleRuns::xa, NibbleRuns::xb;
+    static constexpr int BYTES = 24, ALIGN = 8, UPL = 2;
+    static constexpr bool XSUM = true;
+    struct Raw { float d, m; u32 qh; u32 q[4]; };
+    __device__ static void load(const u8* blk, int, Raw& r) {
+        u32 w[6];
+        load_words<8, 6>(blk, w);
+        r.d = half_lo(w[0]);
+        r.m = half_hi(w[0]);
+        r.qh = w[1];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = w[2 + i];
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
+        const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (4 * o)) & 0xFu);
+        const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
+        nibble_oct(lo, hi, 0.0f, v);
+    }
+    __device__ static float scale(const Raw& r, int) { return r.d; }
+    __device__ static float minv(const Raw& r, int) { return r.m; }
+};
+
+// Q4_K (144 B / 256): d, dmin, scales[12], qs[128]. Unit `sub` (0..3) = elements 64·sub ..+64
+// = sub-blocks 2·sub (low nibbles of qs[32·sub ..+32]) and 2·sub+1 (high nibbles).
+// value = d·sc_j·q − dmin·m_j.
+template <> struct Unit<QType::Q4_K> : UnitBase {
+    static constexpr int UE = 64, BLOCK = 256, BYTES = 144, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2;
+    static constexpr bool XSUM = true;
+    __host__ __device__ static constexpr int xa(int o) { return 4 * o; }
+    __host__ __device__ static constexpr int xb(int o) { return 32 + 4 * o; }
+    __host__ __device__ static constexpr int ga(int) { return 0; }
+    __host__ __device__ static constexpr int gb(int) { return 1; }
+    struct Raw { float s[2], m[2]; u32 q[8]; };
+    __device__ static void load(const u8* blk, int sub, Raw& r) {
+        u32 h[4];
+        load_words<16, 4>(blk, h);
+        load_words<16, 8>(blk + 16 + 32 * sub, r.q);
+        const float d = half_lo(h[0]), dmin = half_hi(h[0]);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            float sc, m;
+            k4_scale_min_words(h[1], h[2], h[3], 2 * sub + t, sc, m);
+            r.s[t] = d * sc;
+            r.m[t] = -dmin * m;
+        }
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
+        nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 0.0f, v);
+    }
+    __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
+    __device__ static float minv(const Raw& r, int g) { return r.m[g]; }
+};
+
+// Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]. As Q4_K; element l of sub-block j
+// adds 16 if bit j of qh[l] is set.
+template <> struct Unit<QType::Q5_K> : UnitBase {
+    static constexpr int UE = 64, BLOCK = 256, BYTES = 176, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2;
+    static constexpr bool XSUM = true;
+    __host__ __device__ static constexpr int xa(int o) { return 4 * o; }
+    __host__ __device__ static constexpr int xb(int o) { return 32 + 4 * o; }
+    __host__ __device__ static constexpr int ga(int) { return 0; }
+    __host__ __device__ static constexpr int gb(int) { return 1; }
+    struct Raw { float s[2], m[2]; u32 q[8], qh[8]; };
+    __device__ static void load(const u8* blk, int sub, Raw& r) {
+        u32 h[4];
+        load_words<16, 4>(blk, h);
+        load_words<16, 8>(blk + 16, r.qh);
+        load_words<16, 8>(blk + 48 + 32 * sub, r.q);
+        const float d = half_lo(h[0]), dmin = half_hi(h[0]);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            float sc, m;
+            k4_scale_min_words(h[1], h[2], h[3], 2 * sub + t, sc, m);
+            r.s[t] = d * sc;
+            r.m[t] = -dmin * m;
+        }
+    }
+    __device__ static void oct(const Raw& r, int sub, int o, float (&v)[8]) {
+        const u32 h = r.qh[o] >> (2 * sub);
+        const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | ((h << 4) & 0x10101010u);
+        const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | ((h << 3) & 0x10101010u);
+        nibble_oct(lo, hi, 0.0f, v);
+    }
+    __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
+    __device__ static float minv(const Raw& r, int g) { return r.m[g]; }
+};
+
+// Q6_K (210 B / 256): ql[128], qh[64], scales:i8[16], d. Unit `sub` = quarter q = sub % 4 of
+// half h = sub / 4: elements 128h + 32q + l (l < 32) use the low (q < 2) or high nibble of
+// ql[64h + 32(q&1) + l], bits 2q..2q+1 of qh[32h + l], and scale sc[8h + 2q + l/16];
+// value d·sc·(q6 − 32).
+template <> struct Unit<QType::Q6_K> : UnitBase {
+    static constexpr int UE = 32, BLOCK = 256, BYTES = 210, UPB = 8, ALIGN = 2, UPL = 2, GROUPS = 2;
+    __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
+    __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
+    __host__ __device__ static constexpr int ga(int o) { return o / 2; }
+    __host__ __device__ static constexpr int gb(int o) { return o / 2; }
+    struct Raw { float s[2]; u32 ql[8], qh[8]; };
+    __device__ static void load(const u8* blk, int sub, Raw& r) {
+        const int h = sub >> 2, q = sub & 3;
+        load_words<2, 8>(blk + 64 * h + 32 * (q & 1), r.ql);
+        load_words<2, 8>(blk + 128 + 32 * h, r.qh);
+        const u32 sc = load_u16(blk + 192 + 8 * h + 2 * q);
+        const float d = f16_to_f32(load_u16(blk + 208));
+        r.s[0] = d * (float)(int)(signed char)(sc & 0xFFu);
+        r.s[1] = d * (float)(int)(signed char)(sc >> 8);
+    }
+    __device__ static void oct(const Raw& r, int sub, int o, float (&v)[8]) {
+        const int q = sub & 3;
+        const u32 lshift = 4u * (u32)(q >> 1), hshift = 2u * (u32)q;
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const u32 w = ((r.ql[2 * o + t] >> lshift) & 0x0F0F0F0Fu) | (((r.qh[2 * o + t] >> hshift) & 0x03030303u) << 4);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[4 * t + j] = byte_float(w, j, 32.0f);
+        }
+    }
+    __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+// IQ4_XS (136 B / 256): d:f16, scales_h:u16, scales_l[4], qs[128]. Unit = sub-block ib (32
+// elements, qs[16ib ..+16] in IQ4_NL order); value d·(ls − 32)·kvalues[q].
+template <> struct Unit<QType::IQ4_XS> : UnitBase, NibbleRuns {
+    using NibbleRuns::xa, NibbleRuns::xb;
+    static constexpr int UE = 32, BLOCK = 256, BYTES = 136, UPB = 8, ALIGN = 8, UPL = 2;
+    struct Raw { float s; u32 q[4]; };
+    __device__ static void load(const u8* blk, int ib, Raw& r) {
+        u32 h[2];
+        load_words<8, 2>(blk, h);
+        load_words<8, 4>(blk + 8 + 16 * ib, r.q);
+        const u32 ls = ((h[1] >> (4 * ib)) & 0xFu) | (((h[0] >> (16 + 2 * ib)) & 3u) << 4);
+        r.s = half_lo(h[0]) * (float)((int)ls - 32);
+    }
+    __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) { iq4_oct(r.q[o], v); }
+    __device__ static float scale(const Raw& r, int) { return r.s; }
+    __device__ static float minv(const Raw&, int) { return 0.0f; }
+};
+
+}  // namespace qunit
+
+// ---------------------------------------------------------------------------------------------
+// Geometry shared by the kernel and (mirrored) the Rust launcher.
+template <class Cfg> struct MatvecGeometry {
+    using U = qunit::Unit<Cfg::QTYPE>;
+    static constexpr int LANES = Cfg::LANES, RPG = Cfg::ROWS_PER_GROUP;
+    static constexpr int GROUPS_PER_BLOCK = Cfg::THREADS / LANES;
+    static constexpr int ROWS = GROUPS_PER_BLOCK * RPG;          // rows per thread block
+    static constexpr int UPC = LANES * U::UPL;                   // units per chunk
+    static constexpr int KC = UPC * U::UE;                       // elements per chunk
+    static constexpr int CB = UPC / U::UPB * U::BYTES;           // bytes of one row's chunk
+    static constexpr int ROW_SLOT = (CB + 15) / 16 * 16 + 16;    // + room for the misalignment
+    static constexpr int SLOT16 = ROW_SLOT / 16;
+    static constexpr int XS_UNIT = U::UE + 4;                    // floats per padded x unit
+    static constexpr int XS_ROW = UPC * XS_UNIT * 4;             // bytes of one x row's chunk
+    static constexpr int W_BYTES = ROWS * ROW_SLOT;
+    static constexpr int STAGE = W_BYTES + Cfg::BATCH * XS_ROW;
+    static constexpr int SMEM = Cfg::STAGES * STAGE + 16;        // + funnel-shift over-read pad
+
+    static_assert(LANES == 8 || LANES == 16 || LANES == 32, "LANES must be 8, 16 or 32");
+    static_assert(Cfg::THREADS % LANES == 0 && Cfg::THREADS % 32 == 0 && Cfg::THREADS <= 1024, "bad THREADS");
+    static_assert(RPG >= 1 && RPG <= 8, "ROWS_PER_GROUP must be 1..8");
+    static_assert(Cfg::BATCH >= 1 && Cfg::BATCH <= 8, "BATCH must be 1..8");
+    static_assert(Cfg::STAGES >= 2 && Cfg::STAGES <= 6, "STAGES must be 2..6");
+    static_assert(UPC % U::UPB == 0, "a chunk must hold whole blocks");
+    static_assert(Cfg::K == 0 || Cfg::K % U::BLOCK == 0, "K must be a multiple of the block size");
+};
+
+namespace matvec_detail {
+
+template <class Cfg, int NB>
+__device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                    const int k, const int n, const int ldx, const int ldy) {
+    using G = MatvecGeometry<Cfg>;
+    using U = qunit::Unit<Cfg::QTYPE>;
+    constexpr int RPG = G::RPG, LANES = G::LANES, UPL = U::UPL, UE = U::UE, OCTS = UE / 8;
+    constexpr int GROUPS = U::GROUPS, STAGES = Cfg::STAGES, THREADS = Cfg::THREADS;
+    const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
+    // Row bytes and whether every row / chunk starts 16-byte aligned (then no offsets at all).
+    const i64 rb = (i64)(K / U::BLOCK) * U::BYTES;
+    constexpr bool ALIGNED = Cfg::K != 0 && ((i64)(Cfg::K / U::BLOCK) * U::BYTES) % 16 == 0 && G::CB % 16 == 0;
+    constexpr bool WHOLE_CHUNKS = Cfg::K != 0 && Cfg::K % G::KC == 0;
+    const int n_chunks = (K + G::KC - 1) / G::KC;
+    const i64 w_total = (i64)N * rb;
+
+    extern __shared__ __align__(16) u8 matvec_smem[];
+
+    const int tid = threadIdx.x, lane = tid % LANES, group = tid / LANES;
+    const int row0 = blockIdx.x * G::ROWS;
+
+    // Chunk c -> stage slot. Each lane group copies its own rows (per-row values computed once,
+    // lanes take consecutive 16-byte pieces); the x chunk is copied by the whole block.
+    auto issue = [&](int c, int slot) {
+        u8* ws = matvec_smem + slot * G::STAGE;
+        const i64 chunk_off = (i64)c * G::CB;
+        const i64 left = rb - chunk_off;
+        const int len = left < G::CB ? (int)left : G::CB;
+#pragma unroll
+        for (int r = 0; r < RPG; ++r) {
+            const int row = row0 + group * RPG + r;
+            if (row < N) {
+                const i64 start = (i64)row * rb + chunk_off;
+                const int off = ALIGNED ? 0 : (int)(start & 15);
+                const u8* src = w + (start - off);
+                const i64 avail = w_total - (start - off);  // > 16·i for every piece i copied
+                u8* dst = ws + (group * RPG + r) * G::ROW_SLOT;
+                const int pieces = (off + len + 15) >> 4;
+                for (int i = lane; i < pieces; i += LANES) {
+                    const i64 rest = avail - 16 * i;
+                    async::cp16(dst + 16 * i, src + 16 * i, rest >= 16 ? 16 : (int)rest);
+                }
+            }
+        }
+        // x chunk: unit u of row b -> padded run of UE + 4 floats.
+        float* xs = reinterpret_cast<float*>(ws + G::W_BYTES);
+        constexpr int PIECES = G::KC / 4;
+        for (int p = tid; p < batch * PIECES; p += THREADS) {
+            const int b = p / PIECES, e = 4 * (p % PIECES);
+            const int kk = c * G::KC + e;
+            if (!WHOLE_CHUNKS && kk >= K) continue;
+            async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, x + (i64)b * ldx + kk, 16);
+        }
+    };
+
+    float acc[RPG][NB];
+#pragma unroll
+    for (int r = 0; r < RPG; ++r)
+#pragma unroll
+        for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+
+    // Misalignment of this group's rows (changes per chunk only through c·CB).
+    int row_off[RPG];
+#pragma unroll
+    for (int r = 0; r < RPG; ++r) row_off[r] = ALIGNED ? 0 : (int)(((i64)(row0 + group * RPG + r) * rb) & 15);
+
+    auto compute = [&](int c, int slot) {
+        const u8* ws = matvec_smem + slot * G::STAGE;
+        const float* xs = reinterpret_cast<const float*>(ws + G::W_BYTES);
+        const int chunk_off = ALIGNED ? 0 : (int)(((i64)c * G::CB) & 15);
+#pragma unroll
+        for (int j = 0; j < UPL; ++j) {
+            const int u = j * LANES + lane;
+            if (!WHOLE_CHUNKS && (c * G::UPC + u) * UE >= K) continue;
+            const int bi = u / U::UPB, sub = u % U::UPB;
+            typename U::Raw raw[RPG];
+#pragma unroll
+            for (int r = 0; r < RPG; ++r) {
+                const int off = ALIGNED ? 0 : (row_off[r] + chunk_off) & 15;
+                U::load(ws + (group * RPG + r) * G::ROW_SLOT + off + bi * U::BYTES, sub, raw[r]);
+            }
+            const float* xu = xs + u * G::XS_UNIT;
+            float part[RPG][NB][GROUPS];
+            float xsum[NB][GROUPS];
+#pragma unroll
+            for (int r = 0; r < RPG; ++r)
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+#pragma unroll
+                    for (int g = 0; g < GROUPS; ++g) part[r][b][g] = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int g = 0; g < GROUPS; ++g) xsum[b][g] = 0.0f;
+#pragma unroll
+            for (int o = 0; o < OCTS; ++o) {
+                float v[RPG][8];
+#pragma unroll
+                for (int r = 0; r < RPG; ++r) U::oct(raw[r], sub, o, v[r]);
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const float4 a4 = load_f4(xu + b * (G::XS_ROW / 4) + U::xa(o));
+                    const float4 b4 = load_f4(xu + b * (G::XS_ROW / 4) + U::xb(o));
+                    if constexpr (U::XSUM) {
+                        xsum[b][U::ga(o)] += (a4.x + a4.y) + (a4.z + a4.w);
+                        xsum[b][U::gb(o)] += (b4.x + b4.y) + (b4.z + b4.w);
+                    }
+#pragma unroll
+                    for (int r = 0; r < RPG; ++r) {
+                        float& pa = part[r][b][U::ga(o)];
+                        pa = fmaf(v[r][0], a4.x, pa);
+                        pa = fmaf(v[r][1], a4.y, pa);
+                        pa = fmaf(v[r][2], a4.z, pa);
+                        pa = fmaf(v[r][3], a4.w, pa);
+                        float& pb = part[r][b][U::gb(o)];
+                        pb = fmaf(v[r][4], b4.x, pb);
+                        pb = fmaf(v[r][5], b4.y, pb);
+                        pb = fmaf(v[r][6], b4.z, pb);
+                        pb = fmaf(v[r][7], b4.w, pb);
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RPG; ++r)
+#pragma unroll
+                for (int g = 0; g < GROUPS; ++g) {
+                    if constexpr (U::SCALED) {
+                        const float s = U::scale(raw[r], g);
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) {
+                            acc[r][b] = fmaf(s, part[r][b][g], acc[r][b]);
+                            if constexpr (U::XSUM) acc[r][b] = fmaf(U::minv(raw[r], g), xsum[b][g], acc[r][b]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) acc[r][b] += part[r][b][g];
+                    }
+                }
+        }
+    };
+
+    // STAGES-deep pipeline: chunk c lives in slot c % STAGES; group g of cp.async = chunk g.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_chunks) issue(s, s);
+        async::commit();
+    }
+    for (int c = 0; c < n_chunks; ++c) {
+        async::wait<STAGES - 2>();
+        __syncthreads();  // chunk c visible to all; everyone is done with chunk c − 1's slot
+        const int next = c + STAGES - 1;
+        if (next < n_chunks) issue(next, next % STAGES);
+        async::commit();
+        compute(c, c % STAGES);
+    }
+
+    // Sum the LANES partial sums of each row; lane (r·NB + b) % LANES stores y[b][row].
+#pragma unroll
+    for (int r = 0; r < RPG; ++r)
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            float v = acc[r][b];
+#pragma unroll
+            for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+            const int row = row0 + group * RPG + r;
+            if (lane == (r * NB + b) % LANES && row < N && b < batch) {
+                float* dst = y + (i64)b * ldy + row;
+                if constexpr (Cfg::ACCUMULATE != 0) {
+                    *dst += v;
+                } else {
+                    *dst = v;
+                }
+            }
+        }
+}
+
+// Dispatch on the run-time batch to a body compiled for NB = the smallest of 1, 2, 4, 8 that
+// is >= batch (bodies for every NB would multiply NVRTC time). Rows batch..NB-1 of the staged x
+// are never written and their sums never stored.
+template <class Cfg, int NB>
+__device__ __forceinline__ void dispatch(int batch, const u8* w, const float* x, float* y, int k, int n, int ldx, int ldy) {
+    constexpr int MAX = Cfg::BATCH;
+    if constexpr (NB >= MAX) {
+        run<Cfg, MAX>(batch, w, x, y, k, n, ldx, ldy);
+    } else {
+        if (batch <= NB) {
+            run<Cfg, NB>(batch, w, x, y, k, n, ldx, ldy);
+        } else {
+            dispatch<Cfg, 2 * NB>(batch, w, x, y, k, n, ldx, ldy);
+        }
+    }
+}
+
+}  // namespace matvec_detail
+
+template <class Cfg>
+__device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                            float* __restrict__ y, int k, int n, int batch, int ldx, int ldy) {
+    if (async::dynamic_smem_bytes() < (u32)MatvecGeometry<Cfg>::SMEM) __trap();
+    if (batch < 1 || batch > Cfg::BATCH) __trap();
+    matvec_detail::dispatch<Cfg, 1>(batch, w, x, y, k, n, ldx, ldy);
+}
+
+}  // namespace memra
+
+#define MEMRA_DEFINE_MATVEC(SYMBOL, CFG)                                                                        \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
+        SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int k, \
+               int n, int batch, int ldx, int ldy) {                                                            \
+        memra::matvec_impl<CFG>(w, x, y, k, n, batch, ldx, ldy);                                                \
+    }
