@@ -1,0 +1,255 @@
+//! Planning: spec `[[kernels]]` + resolved model dims + the family catalogue -> the list of
+//! kernel variants to emit. Specialized variants bake dims; generic variants (every family,
+//! every enum value) leave dims to run time so each specialization has a generic twin.
+
+use std::fmt;
+
+use crate::dims::{ModelDims, TensorInstance};
+use crate::expr::NameValue;
+use crate::families::{Catalogue, Family, FieldKind, FieldType, QTYPES, qtype_token};
+use crate::source::Loc;
+use crate::spec::{ArchSpec, KernelParam, KernelSpec, LM_HEAD, ParamValue, TiedEmbeddings};
+use crate::variant::{KernelVariant, Param, ParamVal};
+
+/// What planning one architecture produced.
+#[derive(Clone, Debug, Default)]
+pub struct ArchPlan {
+    pub variants: Vec<KernelVariant>,
+    /// Entries that planned nothing, and why (pending templates, placeholder sections).
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanError(pub Vec<String>);
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("\n"))
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+/// Plans the specialized variants of one architecture.
+pub fn plan_arch(spec: &ArchSpec, dims: &ModelDims, catalogue: &Catalogue) -> Result<ArchPlan, PlanError> {
+    let mut plan = ArchPlan::default();
+    let mut errors = Vec::new();
+    for k in &spec.kernels {
+        let fam_loc = Loc { key: format!("{}.family", k.loc.key), ..k.loc.clone() };
+        if let Some(why) = &k.pending {
+            plan.notes.push(format!("{}: `{}` planned nothing: pending ({why})", k.loc, k.family));
+            continue;
+        }
+        let Some(family) = catalogue.family(&k.family) else {
+            let known: Vec<_> = catalogue.families.iter().map(|f| f.name.as_str()).collect();
+            errors.push(format!("{fam_loc}: unknown kernel family `{}` (templates/README.md has: {}); mark the entry `pending = \"why\"` if its template is still to be written", k.family, known.join(", ")));
+            continue;
+        };
+        if family.fields.is_empty() {
+            plan.notes.push(format!("{}: `{}` planned nothing: templates/README.md has no Cfg table for it yet", k.loc, k.family));
+            continue;
+        }
+        for p in &k.params {
+            if family.field(&p.key).is_none() {
+                let keys: Vec<_> = family.fields.iter().map(|f| f.key()).collect();
+                errors.push(format!("{}: `{}` has no Cfg field `{}` (fields: {})", p.loc, k.family, p.key, keys.join(", ")));
+            }
+        }
+        for scope in scopes(spec, dims, k, &mut errors) {
+            match bake(spec, dims, k, family, scope) {
+                Ok(v) => push_unique(&mut plan.variants, v),
+                Err(e) => {
+                    if !errors.contains(&e) {
+                        errors.push(e)
+                    }
+                }
+            }
+        }
+    }
+    if errors.is_empty() { Ok(plan) } else { Err(PlanError(errors)) }
+}
+
+/// Adds `v` unless a variant of the same name exists, in which case its archs are merged.
+pub fn push_unique(list: &mut Vec<KernelVariant>, v: KernelVariant) {
+    let name = v.name();
+    match list.iter_mut().find(|x| x.name() == name) {
+        Some(existing) => {
+            for a in v.archs {
+                if !existing.archs.contains(&a) {
+                    existing.archs.push(a);
+                }
+            }
+        }
+        None => list.push(v),
+    }
+}
+
+/// The tensor a per-tensor entry is baked for, if any.
+type Scope<'a> = Option<&'a TensorInstance>;
+
+fn scopes<'a>(spec: &ArchSpec, dims: &'a ModelDims, k: &KernelSpec, errors: &mut Vec<String>) -> Vec<Scope<'a>> {
+    if k.tensors.is_empty() {
+        return vec![None];
+    }
+    let mut out = Vec::new();
+    for (name, loc) in &k.tensors {
+        let name = if name == LM_HEAD { lm_head(spec, dims) } else { name.as_str() };
+        let Some(index) = spec.tensors.iter().position(|t| t.name == name) else {
+            errors.push(format!("{loc}: `{name}` is not in [tensors]"));
+            continue;
+        };
+        out.extend(dims.tensors.iter().filter(|t| t.spec_index == index).map(Some));
+    }
+    out
+}
+
+/// The LM head: `output.weight`, or the embedding when the model ties them.
+fn lm_head<'a>(spec: &ArchSpec, dims: &ModelDims) -> &'a str {
+    match spec.caps.tied_embeddings {
+        TiedEmbeddings::Always => "token_embd.weight",
+        TiedEmbeddings::Never => "output.weight",
+        TiedEmbeddings::Optional if dims.tensor("output.weight").is_some() => "output.weight",
+        TiedEmbeddings::Optional => "token_embd.weight",
+    }
+}
+
+fn bake(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, family: &Family, scope: Scope<'_>) -> Result<KernelVariant, String> {
+    let lookup = |n: &str| -> Option<NameValue> {
+        if let (Some(t), Some(i)) = (scope, n.strip_prefix("ne").and_then(|d| d.parse::<usize>().ok())) {
+            return t.shape.get(i).map(|&d| NameValue::Int(d as i64));
+        }
+        dims.lookup(n)
+    };
+    let at = |p: Option<&KernelParam>| p.map(|p| p.loc.to_string()).unwrap_or_else(|| k.loc.to_string());
+    let for_tensor = scope.map(|t| format!(" (for `{}`)", t.name)).unwrap_or_default();
+    let mut params = Vec::new();
+    for f in &family.fields {
+        let key = f.key();
+        let given = k.params.iter().find(|p| p.key == key);
+        let value = match (f.ty, given.map(|p| &p.value)) {
+            (FieldType::Int, Some(ParamValue::Expr(e))) => {
+                let v = e.eval(&lookup).map_err(|e| format!("{}: {e}{for_tensor}", at(given)))?;
+                if f.kind == FieldKind::Dim && v <= 0 {
+                    return Err(format!("{}: dim `{key}` = `{e}` evaluates to {v}{for_tensor}; dims must be positive (0 means generic)", at(given)));
+                }
+                ParamVal::Int(v)
+            }
+            (FieldType::Int, Some(ParamValue::Bool(b))) if f.kind != FieldKind::Dim => ParamVal::Int(*b as i64),
+            (FieldType::Int, Some(other)) => {
+                let shown = match other {
+                    ParamValue::Sym(s) => format!("`{s}`"),
+                    _ => "a boolean".into(),
+                };
+                return Err(format!("{}: `{key}` of `{}` is an int {}, not {shown}", at(given), k.family, kind_word(f.kind)));
+            }
+            (ty, Some(ParamValue::Sym(s))) => ParamVal::Sym(symbol(ty, s, scope).map_err(|e| format!("{}: `{key}`: {e}", at(given)))?),
+            (ty, Some(_)) => return Err(format!("{}: `{key}` takes one of: {}", at(given), ty.tokens().join(", "))),
+            (ty, None) => match auto_value(spec, ty, scope) {
+                Some(tok) => ParamVal::Sym(tok.map_err(|e| format!("{}: `{key}`: {e}{for_tensor}", k.loc))?),
+                None => match &f.default {
+                    Some(d) if ty == FieldType::Int => ParamVal::Int(d.parse().expect("catalogue normalizes int defaults")),
+                    Some(d) => ParamVal::Sym(d.clone()),
+                    None => return Err(format!("{}: `{}` needs `{key}` ({} {}, no default in templates/README.md)", k.loc, k.family, ty.cpp_type(), kind_word(f.kind))),
+                },
+            },
+        };
+        let default = match (&f.default, f.ty) {
+            (Some(d), FieldType::Int) => d.parse().ok().map(ParamVal::Int),
+            _ => None,
+        };
+        params.push(Param { key, value, kind: f.kind, default });
+    }
+    Ok(KernelVariant { family: family.name.clone(), archs: vec![spec.arch.clone()], params })
+}
+
+fn kind_word(kind: FieldKind) -> &'static str {
+    match kind {
+        FieldKind::Dim => "dim",
+        FieldKind::Enum => "enum",
+        FieldKind::Tune => "tuning constant",
+    }
+}
+
+/// Enum values a spec need not write: RoPE and QK-norm come from the capabilities, a
+/// per-tensor kernel's QType from the tensor.
+fn auto_value(spec: &ArchSpec, ty: FieldType, scope: Scope<'_>) -> Option<Result<String, String>> {
+    match ty {
+        FieldType::RopeMode => Some(Ok(spec.caps.rope.token().to_string())),
+        FieldType::QkNorm => Some(Ok(spec.caps.qk_norm.token().to_string())),
+        FieldType::QType => scope.map(|_| symbol(ty, "type", scope)),
+        _ => None,
+    }
+}
+
+fn symbol(ty: FieldType, s: &str, scope: Scope<'_>) -> Result<String, String> {
+    let token = if s == "type" {
+        let Some(t) = scope else { return Err("`type` needs a `tensors` list".into()) };
+        if !QTYPES.contains(&t.ggml_type) {
+            return Err(format!("tensor `{}` is {}, which memra::QType does not support", t.name, t.ggml_type));
+        }
+        qtype_token(t.ggml_type).to_string()
+    } else {
+        s.to_ascii_lowercase()
+    };
+    if ty.tokens().contains(&token.as_str()) {
+        Ok(token)
+    } else {
+        Err(format!("`{s}` is not a {}; expected one of: {}", ty.cpp_type(), ty.tokens().join(", ")))
+    }
+}
+
+/// Generic variants: every family with a Cfg table, every value of its typed enum fields;
+/// integer enum fields take their default plus every value a specialized variant uses.
+pub fn plan_generic(catalogue: &Catalogue, specialized: &[KernelVariant]) -> (Vec<KernelVariant>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut notes = Vec::new();
+    for fam in &catalogue.families {
+        if fam.fields.is_empty() {
+            notes.push(format!("templates/README.md: `{}` has no Cfg table yet; no generic variants", fam.name));
+            continue;
+        }
+        let mut combos: Vec<Vec<Param>> = vec![Vec::new()];
+        let mut ok = true;
+        for f in fam.fields.iter().filter(|f| f.kind != FieldKind::Dim) {
+            let key = f.key();
+            let mut values: Vec<ParamVal> = match f.ty {
+                FieldType::Int => f.default.iter().filter_map(|d| d.parse().ok()).map(ParamVal::Int).collect(),
+                ty => ty.tokens().into_iter().map(|t| ParamVal::Sym(t.to_string())).collect(),
+            };
+            if f.ty == FieldType::Int && f.kind == FieldKind::Enum {
+                for v in specialized.iter().filter(|v| v.family == fam.name) {
+                    if let Some(x) = v.param(&key) {
+                        if !values.contains(x) {
+                            values.push(x.clone());
+                        }
+                    }
+                }
+                values.sort();
+            }
+            if values.is_empty() {
+                notes.push(format!("templates/README.md: `{}`.{} has no default; no generic variants", fam.name, f.name));
+                ok = false;
+                break;
+            }
+            let default = match (&f.default, f.ty) {
+                (Some(d), FieldType::Int) => d.parse().ok().map(ParamVal::Int),
+                _ => None,
+            };
+            let mut next = Vec::new();
+            for c in &combos {
+                for v in &values {
+                    let mut c = c.clone();
+                    c.push(Param { key: key.clone(), value: v.clone(), kind: f.kind, default: default.clone() });
+                    next.push(c);
+                }
+            }
+            combos = next;
+        }
+        if ok {
+            for params in combos {
+                push_unique(&mut out, KernelVariant { family: fam.name.clone(), archs: Vec::new(), params });
+            }
+        }
+    }
+    (out, notes)
+}
