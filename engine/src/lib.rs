@@ -1,1 +1,3 @@
 //! memra-engine: runtime pieces behind the `memra` binary.
+
+pub mod inspect;

@@ -1,3 +1,43 @@
-fn main() {
-    eprintln!("memra: nothing here yet");
+//! The `memra` command line: one subcommand per task, each implemented in the library
+//! (`memra_engine::<module>::run`) so that this file only parses and dispatches.
+
+use std::error::Error;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use memra_engine::inspect;
+
+/// memra: an LLM inference engine whose CUDA kernels are specialized at build time for one
+/// model architecture.
+#[derive(Parser, Debug)]
+#[command(name = "memra", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Describe a GGUF file: architecture, hparams, tokenizer, tensor table, per-type totals,
+    /// and which memra spec matches it. Works without a GPU.
+    #[command(after_help = "Examples:\n  memra inspect model.gguf\n  memra inspect model.gguf --json | jq .hparams")]
+    Inspect(inspect::InspectArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Inspect(args) => exit_code(inspect::run(&args)),
+    }
+}
+
+/// Prints an error as one line on stderr and turns it into a failing exit status.
+fn exit_code(result: Result<(), Box<dyn Error>>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memra: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
