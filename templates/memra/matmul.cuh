@@ -1,0 +1,274 @@
+// memra/matmul.cuh — quantized matrix product for prefill on tensor cores (owned by H-gemv).
+//
+//   Y[t][n] (+)= Σ_k X[t][k] · W[n][k]      t < T, n < N, k < K
+//
+// W is a GGUF weight (ne = [K, N], quant blocks along K) dequantized tile by tile into bf16 in
+// shared memory; X is f32 in global memory, rounded to bf16 as it is staged; products on tensor
+// cores (mma.sync m16n8k16 bf16 → f32, inline PTX), f32 accumulation, f32 Y.
+//
+// Cfg fields (static constexpr):
+//   int   K           row length of W and X (input dim); 0 = run time (kernel parameter `k`)
+//   int   N           rows of W (output dim); 0 = run time (`n`)
+//   QType QTYPE       element / block type of W
+//   int   BM          tokens per block tile: 64 or 128
+//   int   THREADS     256 (8 warps: 2 along T × 4 along N)
+//   int   ACCUMULATE  0: Y = X·Wᵀ; 1: Y += X·Wᵀ
+//
+// Kernel parameters, in order:
+//   (const unsigned char* w, const float* x, float* y, int t, int k, int n, int ldx, int ldy)
+//   w: N·row_bytes(K) bytes, 16-byte aligned; x: [t][ldx] f32, 16-byte aligned, ldx % 4 == 0;
+//   y: [t][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
+//
+// Launch geometry (matmul_geometry<Cfg> below; the Rust wrapper mirrors it):
+//   grid (ceil(N / 128), ceil(T / BM)), block (THREADS), dynamic shared memory
+//   2 · 128 · RAW_ROW + (BM + 128) · 72 · 2 + 16 bytes, with KR = 256 for 256-element blocks
+//   and 64 otherwise, RAW_ROW = round_up(KR / BLOCK · BYTES, 16) + 16. The kernel traps if
+//   launched with less.
+//
+// Structure: K runs in "super-tiles" of KR elements (whole quant blocks for every type); the raw
+// bytes of the 128 W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
+// addresses, as in matvec), double-buffered one super-tile ahead. Each 64-wide k-tile is then
+// dequantized by all threads (the matvec unit decoders: one thread per 32 elements of a row)
+// into a bf16 [128][64+8] tile; X's k-tile is loaded one tile ahead into registers, rounded and
+// stored as bf16 [BM][64+8]; warps read fragments with ldmatrix and issue mma.sync.
+#pragma once
+#include "memra/matvec.cuh"
+
+namespace memra {
+
+template <class Cfg> struct MatmulGeometry {
+    using U = qunit::Unit<Cfg::QTYPE>;
+    static constexpr int BM = Cfg::BM, BN = 128, BK = 64, PAD = 8, LD = BK + PAD;  // bf16 elements
+    static constexpr int KR = U::BLOCK >= 256 ? 256 : 64;          // elements per raw super-tile
+    static constexpr int SB = KR / U::BLOCK * U::BYTES;            // raw bytes of one row's super-tile
+    static constexpr int RAW_ROW = (SB + 15) / 16 * 16 + 16;
+    static constexpr int RAW_BYTES = BN * RAW_ROW;
+    static constexpr int XS_BYTES = BM * LD * 2, WS_BYTES = BN * LD * 2;
+    static constexpr int SMEM = 2 * RAW_BYTES + XS_BYTES + WS_BYTES + 16;
+    static constexpr int WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N;
+    static constexpr int MT = WM / 16, NT = WN / 8;                // mma tiles per warp
+
+    static_assert(Cfg::THREADS == 256, "matmul uses 8 warps");
+    static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");
+    static_assert(KR % U::BLOCK == 0 && KR % BK == 0, "a super-tile holds whole blocks and k-tiles");
+    static_assert(BN * BK / 32 == Cfg::THREADS, "one thread dequantizes 32 elements of a k-tile");
+    static_assert(Cfg::K == 0 || Cfg::K % U::BLOCK == 0, "K must be a multiple of the block size");
+};
+
+namespace mma {
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(async::smem_addr(smem)));
+}
+
+__device__ __forceinline__ void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace mma
+
+template <class Cfg>
+__device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                            float* __restrict__ y, const int t_rows, const int k, const int n,
+                                            const int ldx, const int ldy) {
+    using G = MatmulGeometry<Cfg>;
+    using U = qunit::Unit<Cfg::QTYPE>;
+    constexpr int BM = G::BM, BN = G::BN, BK = G::BK, LD = G::LD, KR = G::KR, UE = U::UE;
+    constexpr int OCTS = UE / 8;
+    constexpr int TILES_PER_SUPER = KR / BK;
+    const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n), T = t_rows;
+
+    if (async::dynamic_smem_bytes() < (u32)G::SMEM) __trap();
+    extern __shared__ __align__(16) u8 matmul_smem[];
+    u8* raw_buf = matmul_smem;                                               // 2 × RAW_BYTES
+    u16* xs = reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES);         // [BM][LD]
+    u16* ws = reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES + G::XS_BYTES);  // [BN][LD]
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int n0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
+    const i64 rb = (i64)(K / U::BLOCK) * U::BYTES;
+    const i64 w_total = (i64)N * rb;
+    const int n_super = (K + KR - 1) / KR;
+    const int n_ktiles = (K + BK - 1) / BK;
+
+    // Raw copy / dequant role: two threads per W row, each half of a k-tile.
+    const int my_row = tid >> 1, half = tid & 1;
+    const int my_n = n0 + my_row;
+    const i64 my_row_start = (i64)my_n * rb;
+
+    auto issue_raw = [&](int s) {
+        if (my_n >= N) return;
+        const i64 start = my_row_start + (i64)s * G::SB;
+        const int off = (int)(start & 15);
+        const i64 left = rb - (i64)s * G::SB;
+        const int len = left < G::SB ? (int)left : G::SB;
+        const u8* src = w + (start - off);
+        const i64 avail = w_total - (start - off);
+        u8* dst = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW;
+        const int pieces = (off + len + 15) >> 4;
+        for (int i = half; i < pieces; i += 2) {
+            const i64 rest = avail - 16 * i;
+            async::cp16(dst + 16 * i, src + 16 * i, rest >= 16 ? 16 : (int)rest);
+        }
+    };
+
+    // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: this thread's 4
+    // octets are numbers 4·H .. 4·H+3 of the row's 8 octets (ordered unit, octet). It is called
+    // with a literal H in two branches, so after inlining every register index is a constant.
+    auto dequant_half = [&](const int H, int s, int tt) {
+        const u8* rowp = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW +
+                         (int)((my_row_start + (i64)s * G::SB) & 15);
+        u16* dst_row = ws + my_row * LD;
+        constexpr int OCTS_PER_LOAD = OCTS < 4 ? OCTS : 4;
+        typename U::Raw raw;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int q = 4 * H + i;
+            const int u_tile = q / OCTS, o = q % OCTS;
+            const int u = tt * (BK / UE) + u_tile;  // unit inside the super-tile
+            const int bi = u / U::UPB, sub = u % U::UPB;
+            const bool inside = s * KR + u * UE < K;
+            if (i % OCTS_PER_LOAD == 0 && inside) U::load(rowp + bi * U::BYTES, sub, raw);
+            float v[8];
+            if (inside) {
+                U::oct(raw, sub, o, v);
+                if constexpr (U::SCALED) {
+                    const float sa = U::scale(raw, U::ga(o)), ma = U::minv(raw, U::ga(o));
+                    const float sb = U::scale(raw, U::gb(o)), mb = U::minv(raw, U::gb(o));
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        v[j] = fmaf(sa, v[j], ma);
+                        v[4 + j] = fmaf(sb, v[4 + j], mb);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = 0.0f;
+            }
+            u16* da = dst_row + u_tile * UE + U::xa(o);
+            u16* db = dst_row + u_tile * UE + U::xb(o);
+            *reinterpret_cast<uint2*>(da) = make_uint2(mma::pack_bf16x2(v[0], v[1]), mma::pack_bf16x2(v[2], v[3]));
+            *reinterpret_cast<uint2*>(db) = make_uint2(mma::pack_bf16x2(v[4], v[5]), mma::pack_bf16x2(v[6], v[7]));
+        }
+    };
+    auto dequant = [&](int s, int tt) {
+        if (half == 0) {
+            dequant_half(0, s, tt);
+        } else {
+            dequant_half(1, s, tt);
+        }
+    };
+
+    // X k-tile: BM rows × 64 floats; thread reads float4 (row tid/16 + 16j, col 4·(tid%16)).
+    constexpr int XJ = BM * BK / 4 / Cfg::THREADS;
+    float4 xr[XJ];
+    auto load_x = [&](int kt) {
+        const int kk = kt * BK + 4 * (tid % 16);
+#pragma unroll
+        for (int j = 0; j < XJ; ++j) {
+            const int r = tid / 16 + 16 * j;
+            const int t = t0 + r;
+            xr[j] = (t < T && kk < K) ? load_f4(x + (i64)t * ldx + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    auto store_x = [&]() {
+#pragma unroll
+        for (int j = 0; j < XJ; ++j) {
+            const int r = tid / 16 + 16 * j;
+            *reinterpret_cast<uint2*>(xs + r * LD + 4 * (tid % 16)) =
+                make_uint2(mma::pack_bf16x2(xr[j].x, xr[j].y), mma::pack_bf16x2(xr[j].z, xr[j].w));
+        }
+    };
+
+    float acc[G::MT][G::NT][4];
+#pragma unroll
+    for (int i = 0; i < G::MT; ++i)
+#pragma unroll
+        for (int j = 0; j < G::NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    const int wm = warp / G::WARPS_N, wn = warp % G::WARPS_N;
+    // ldmatrix source rows/cols for this lane (see the fragment layouts of mma.m16n8k16).
+    const int a_row = wm * G::WM + (lane % 16), a_col = (lane / 16) * 8;
+    const int b_row = wn * G::WN + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
+
+    auto mma_tile = [&]() {
+#pragma unroll
+        for (int kq = 0; kq < BK; kq += 16) {
+            u32 a[G::MT][4];
+#pragma unroll
+            for (int i = 0; i < G::MT; ++i) mma::ldmatrix_x4(a[i], xs + (a_row + 16 * i) * LD + kq + a_col);
+#pragma unroll
+            for (int jj = 0; jj < G::NT / 2; ++jj) {
+                u32 b[4];
+                mma::ldmatrix_x4(b, ws + (b_row + 16 * jj) * LD + kq + b_col);
+#pragma unroll
+                for (int i = 0; i < G::MT; ++i) {
+                    mma::bf16_16816(acc[i][2 * jj], a[i], b[0], b[1]);
+                    mma::bf16_16816(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                }
+            }
+        }
+    };
+
+    issue_raw(0);
+    async::commit();
+    load_x(0);
+    int kt = 0;
+    for (int s = 0; s < n_super; ++s) {
+        if (s + 1 < n_super) issue_raw(s + 1);
+        async::commit();
+        async::wait<1>();
+        __syncthreads();  // raw super-tile s visible to every thread
+#pragma unroll 1
+        for (int tt = 0; tt < TILES_PER_SUPER && kt < n_ktiles; ++tt, ++kt) {
+            dequant(s, tt);
+            store_x();
+            if (kt + 1 < n_ktiles) load_x(kt + 1);  // in flight during the mma below
+            __syncthreads();
+            mma_tile();
+            __syncthreads();  // xs / ws and the raw slot free again
+        }
+    }
+
+    // Store: acc[i][j] = rows (lane/4, +8) of m-tile i, cols 2·(lane%4) + {0,1} of n-tile j.
+#pragma unroll
+    for (int i = 0; i < G::MT; ++i)
+#pragma unroll
+        for (int j = 0; j < G::NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int t = t0 + wm * G::WM + 16 * i + lane / 4 + (e / 2) * 8;
+                const int nn = n0 + wn * G::WN + 8 * j + 2 * (lane % 4) + (e % 2);
+                if (t < T && nn < N) {
+                    float* dst = y + (i64)t * ldy + nn;
+                    if constexpr (Cfg::ACCUMULATE != 0) {
+                        *dst += acc[i][j][e];
+                    } else {
+                        *dst = acc[i][j][e];
+                    }
+                }
+            }
+}
+
+}  // namespace memra
+
+#define MEMRA_DEFINE_MATMUL(SYMBOL, CFG)                                                                        \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
+        SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int t, \
+               int k, int n, int ldx, int ldy) {                                                                \
+        memra::matmul_impl<CFG>(w, x, y, t, k, n, ldx, ldy);                                                    \
+    }
