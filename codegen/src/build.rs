@@ -103,8 +103,10 @@ pub struct Generated {
     pub files: Vec<(String, String)>,
     /// The dims each architecture was specialized for.
     pub specialized: Vec<ModelDims>,
-    /// Things worth a `cargo:warning` (pending families, placeholders).
+    /// Pending kernel families (informational).
     pub notes: Vec<String>,
+    /// Things worth a `cargo:warning` (families without a Cfg table yet, MEMRA_MODEL notes).
+    pub warnings: Vec<String>,
 }
 
 /// Loads `specs/<arch>.toml`.
@@ -135,9 +137,10 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
     };
     let mut archs = req.archs.clone();
     let mut notes = Vec::new();
+    let mut warnings = Vec::new();
     if let Some((arch, _)) = &model {
         if !archs.contains(arch) {
-            notes.push(format!("{MODEL_ENV} is a `{arch}` model: specializing for it although feature model-{arch} is off"));
+            warnings.push(format!("{MODEL_ENV} is a `{arch}` model: specializing for it although feature model-{arch} is off"));
             archs.push(arch.clone());
         }
     }
@@ -152,13 +155,14 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
         };
         let plan = plan::plan_arch(&spec, &dims, &catalogue).map_err(BuildError::Plan)?;
         notes.extend(plan.notes);
+        warnings.extend(plan.warnings);
         specialized_dims.push(dims);
         for v in plan.variants {
             plan::push_unique(&mut specialized, v);
         }
     }
-    let (generic, generic_notes) = plan::plan_generic(&catalogue, &specialized);
-    notes.extend(generic_notes);
+    let (generic, generic_warnings) = plan::plan_generic(&catalogue, &specialized);
+    warnings.extend(generic_warnings);
 
     let mut variants = specialized;
     variants.extend(generic);
@@ -171,7 +175,7 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
     let headers = template_headers(&req.templates_dir)?;
     let header_refs: Vec<(String, &Path)> = headers.iter().map(|(n, p)| (n.clone(), p.as_path())).collect();
     files.push(("kernels.rs".into(), render::render_registry(&variants, &header_refs, &specialized_dims)));
-    Ok(Generated { variants, files, specialized: specialized_dims, notes })
+    Ok(Generated { variants, files, specialized: specialized_dims, notes, warnings })
 }
 
 /// `templates/memra/*.cuh` as (include name, absolute path), sorted by name.
@@ -209,11 +213,12 @@ pub struct EmitReport {
     pub written: usize,
     pub removed: usize,
     pub notes: Vec<String>,
+    pub warnings: Vec<String>,
 }
 
 /// The build-script entry point: prints the `cargo:rerun-if-*` lines, generates, writes
-/// changed files, removes `.cu` files of variants no longer planned, and prints notes as
-/// `cargo:warning`s.
+/// changed files, removes `.cu` files of variants no longer planned, and prints warnings as
+/// `cargo:warning`s (notes go to the build log).
 pub fn emit(req: &BuildRequest) -> Result<EmitReport, BuildError> {
     println!("cargo:rerun-if-changed={}", req.specs_dir.display());
     println!("cargo:rerun-if-changed={}", req.templates_dir.display());
@@ -224,7 +229,10 @@ pub fn emit(req: &BuildRequest) -> Result<EmitReport, BuildError> {
     let generated = generate(req)?;
     let report = write_generated(&req.out_dir, &generated)?;
     for n in &report.notes {
-        println!("cargo:warning={n}");
+        println!("memra-codegen: {n}");
+    }
+    for w in &report.warnings {
+        println!("cargo:warning={w}");
     }
     Ok(report)
 }
@@ -250,5 +258,5 @@ pub fn write_generated(out_dir: &Path, generated: &Generated) -> Result<EmitRepo
             }
         }
     }
-    Ok(EmitReport { variants: generated.variants.len(), written, removed, notes: generated.notes.clone() })
+    Ok(EmitReport { variants: generated.variants.len(), written, removed, notes: generated.notes.clone(), warnings: generated.warnings.clone() })
 }

@@ -97,9 +97,20 @@ impl std::error::Error for DimsError {}
 
 /// Dims of a named preset of `spec` (`None` = the spec's default preset).
 pub fn from_preset(spec: &ArchSpec, preset: Option<&str>) -> Result<ModelDims, DimsError> {
+    from_preset_with(spec, preset, &[])
+}
+
+/// A preset with some hparams replaced, for micro models in tests (`block_count = 2`,
+/// `n_vocab = 512`). Per-layer type lists are cut to the (smaller) layer count.
+pub fn from_preset_with(spec: &ArchSpec, preset: Option<&str>, overrides: &[(&str, Value)]) -> Result<ModelDims, DimsError> {
     let name = preset.unwrap_or(&spec.default_preset);
     let origin = Origin::Preset(name.to_string());
     let mut problems = Vec::new();
+    for (n, _) in overrides {
+        if spec.hparam(n).is_none() {
+            problems.push(format!("override `{n}` is not an hparam of {}", spec.loc.file.display()));
+        }
+    }
     let Some(preset) = spec.preset(name) else {
         let known: Vec<_> = spec.presets.iter().map(|p| p.name.as_str()).collect();
         problems.push(format!("{}: no preset `{name}` (presets: {})", spec.loc, known.join(", ")));
@@ -107,7 +118,11 @@ pub fn from_preset(spec: &ArchSpec, preset: Option<&str>) -> Result<ModelDims, D
     };
     let mut values: Vec<(String, Value)> = Vec::new();
     for h in &spec.hparams {
-        let given = preset.hparams.iter().find(|(n, _, _)| n == &h.name).map(|(_, v, _)| *v);
+        let given = overrides
+            .iter()
+            .find(|(n, _)| *n == h.name)
+            .map(|(_, v)| *v)
+            .or_else(|| preset.hparams.iter().find(|(n, _, _)| n == &h.name).map(|(_, v, _)| *v));
         let got = match given {
             Some(v) => Ok(v),
             None => default_value(h, &values).unwrap_or_else(|| Err(format!("{}: preset `{name}` lacks `{}`", preset.loc, h.name))),
@@ -128,13 +143,13 @@ pub fn from_preset(spec: &ArchSpec, preset: Option<&str>) -> Result<ModelDims, D
             }
             let choice = preset.types.iter().find(|(f, _, _)| f == &t.field);
             let Some(layers) = layers_of(t, &dims, &mut problems) else { continue };
+            let Some(shape) = eval_shape(t, &dims, &mut problems) else { continue };
             for (pos, layer) in layers.iter().enumerate() {
                 let name = t.gguf_name(layer.unwrap_or(0));
-                let Some(shape) = eval_shape(t, &dims, &mut problems) else { break };
                 let ty = match choice {
                     Some((_, TypeChoice::All(ty), _)) => *ty,
                     Some((_, TypeChoice::PerLayer(list), loc)) => match list.get(pos) {
-                        Some(ty) if list.len() == layers.len() => *ty,
+                        Some(ty) if list.len() == layers.len() || (!overrides.is_empty() && list.len() > layers.len()) => *ty,
                         _ => {
                             problems.push(format!("{loc}: {} types listed but `{}` has {} layer(s)", list.len(), t.name, layers.len()));
                             break;
@@ -152,7 +167,7 @@ pub fn from_preset(spec: &ArchSpec, preset: Option<&str>) -> Result<ModelDims, D
                         ty.block_size()
                     ));
                 }
-                dims.tensors.push(TensorInstance { spec_index: i, layer: *layer, name, shape, ggml_type: ty });
+                dims.tensors.push(TensorInstance { spec_index: i, layer: *layer, name, shape: shape.clone(), ggml_type: ty });
             }
         }
     }

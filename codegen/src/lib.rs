@@ -4,12 +4,14 @@
 //! Pipeline, one module each: [`spec`] (parse + validate `specs/<arch>.toml`, located errors
 //! via [`source`]) -> [`dims`] (preset or GGUF header, with [`expr`] for shapes) -> [`plan`]
 //! (against the [`families`] catalogue of `templates/README.md`, named by [`variant`]) ->
-//! [`render`] -> [`build`] (the build-script entry point `build::emit`).
+//! [`render`] -> [`build`] (the build-script entry point `build::emit`). [`fixture`] writes
+//! GGUF images matching a spec, for tests.
 
 pub mod build;
 pub mod dims;
 pub mod expr;
 pub mod families;
+pub mod fixture;
 pub mod plan;
 pub mod render;
 pub mod source;

@@ -15,8 +15,10 @@ use crate::variant::{KernelVariant, Param, ParamVal};
 #[derive(Clone, Debug, Default)]
 pub struct ArchPlan {
     pub variants: Vec<KernelVariant>,
-    /// Entries that planned nothing, and why (pending templates, placeholder sections).
+    /// Entries marked `pending` (documented needs without a template yet).
     pub notes: Vec<String>,
+    /// Entries whose family has no Cfg table yet in templates/README.md.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -46,7 +48,7 @@ pub fn plan_arch(spec: &ArchSpec, dims: &ModelDims, catalogue: &Catalogue) -> Re
             continue;
         };
         if family.fields.is_empty() {
-            plan.notes.push(format!("{}: `{}` planned nothing: templates/README.md has no Cfg table for it yet", k.loc, k.family));
+            plan.warnings.push(format!("{}: `{}` planned nothing: templates/README.md has no Cfg table for it yet", k.loc, k.family));
             continue;
         }
         for p in &k.params {
