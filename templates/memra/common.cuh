@@ -133,6 +133,7 @@ __device__ __forceinline__ float order_bits_float(u32 k) {
 }
 
 __device__ __forceinline__ u64 make_arg_key(float v, u32 index) {
+    v = v == 0.0f ? 0.0f : v;  // -0 ties with +0 (lower index wins), as in the reference
     return ((u64)float_order_bits(v) << 32) | (u64)(0xffffffffu - index);
 }
 

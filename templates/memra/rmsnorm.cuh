@@ -180,7 +180,7 @@ __device__ __forceinline__ void row_stream(const float* src, const float* delta,
 }
 
 // Per-thread register budget for the row (floats); MODE != 0 holds two rows.
-template <int MODE> constexpr int reg_floats() { return MODE == 0 ? 64 : 32; }
+template <int MODE> __host__ __device__ constexpr int reg_floats() { return MODE == 0 ? 64 : 32; }
 
 // All rows handled by groups of G threads (G = 32: a warp per row; G = THREADS: a block per row).
 template <int MODE, int G, int THREADS, int NC>
@@ -204,8 +204,9 @@ __device__ __forceinline__ void rows(const float* src, const float* delta, const
                 row_stream<MODE, G, THREADS, VW>(s, d, dw, w, ro, o, NC, eps, t);
             }
         } else {
-            // Generic register cache: 32 floats (8192 at 256 threads), 24 per row for two rows.
-            constexpr int VPT = MODE == 0 ? 8 : 6;
+            // Generic register cache: 8 float4 per thread (n <= 8192 at 256 threads). (6 made
+            // ptxas cap add_rmsnorm at 64 registers and spill; 8 does not.)
+            constexpr int VPT = 8;
             if (n % 4 == 0 && n <= 4 * G * VPT) {
                 row_regs<MODE, G, THREADS, 4, VPT, false>(s, d, dw, w, ro, o, n, eps, t);
             } else if (n % 4 == 0) {
