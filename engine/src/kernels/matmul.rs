@@ -1,0 +1,157 @@
+//! matmul: prefill product `Y[t][n] (+)= Σ_k X[t][k]·W[n][k]` with W in its GGUF type, dequantized
+//! tile by tile into bf16 for tensor cores (templates/memra/matmul.cuh). bf16 operands, f32
+//! accumulation: results match an f32 reference to ~1e-3 relative, not to f32 rounding.
+
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+use memra_gguf::GgmlType;
+
+use crate::cuda::{Error, Kernel};
+use crate::kernels::checks;
+use crate::kernels::launch::{KernelArgs, launch};
+use crate::kernels::matvec::{allow_smem, check_weight, qtype, unit_shape};
+
+pub const FAMILY: &str = "matmul";
+/// Weight rows per block tile (fixed by the warp layout).
+pub const BN: u32 = 128;
+pub const THREADS: u32 = 256;
+
+/// Kernel parameters in order: `(const unsigned char* w, const float* x, float* y, int t, int k,
+/// int n, int ldx, int ldy)`.
+#[derive(KernelArgs)]
+#[kernel_args(family = "matmul")]
+pub struct MatmulArgs<'a> {
+    pub w: CudaView<'a, u8>,
+    pub x: CudaView<'a, f32>,
+    pub y: CudaViewMut<'a, f32>,
+    pub t: i32,
+    pub k: i32,
+    pub n: i32,
+    pub ldx: i32,
+    pub ldy: i32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTuning {
+    /// Tokens per block tile: 64 or 128.
+    pub bm: u32,
+    pub accumulate: bool,
+}
+
+impl Default for MatmulTuning {
+    fn default() -> Self {
+        MatmulTuning { bm: 128, accumulate: false }
+    }
+}
+
+pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
+    let v = kernel.variant();
+    let bm = checks::baked_int(v, "bm").unwrap_or(128);
+    if bm != 64 && bm != 128 {
+        return Err(checks::invalid(kernel, format!("bm={bm} is not 64 or 128")));
+    }
+    let threads = checks::baked_int(v, "threads").unwrap_or(THREADS as i64);
+    if threads != THREADS as i64 {
+        return Err(checks::invalid(kernel, format!("threads={threads}: matmul runs 256 threads")));
+    }
+    let accumulate = checks::baked_int(v, "accumulate").unwrap_or(0);
+    if accumulate != 0 && accumulate != 1 {
+        return Err(checks::invalid(kernel, format!("accumulate={accumulate} is not 0 or 1")));
+    }
+    Ok(MatmulTuning { bm: bm as u32, accumulate: accumulate == 1 })
+}
+
+/// Dynamic shared memory, mirroring `MatmulGeometry<Cfg>::SMEM` in matmul.cuh.
+pub fn smem_bytes(ty: GgmlType, t: &MatmulTuning) -> Option<u32> {
+    let u = unit_shape(ty)?;
+    let kr = if u.block_elems >= 256 { 256 } else { 64 };
+    let raw_row = (kr / u.block_elems * u.block_bytes).div_ceil(16) * 16 + 16;
+    let ld = 64 + 8;
+    Some(2 * BN * raw_row + (t.bm + BN) * ld * 2 + 16)
+}
+
+pub fn launch_config(ty: GgmlType, tune: &MatmulTuning, t: usize, n: usize) -> Option<LaunchConfig> {
+    Some(LaunchConfig {
+        grid_dim: (
+            checks::grid_dim(n, BN as usize, i32::MAX as u32),
+            checks::grid_dim(t, tune.bm as usize, checks::GRID_Y_MAX),
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem_bytes(ty, tune)?,
+    })
+}
+
+/// `y[i·ldy + j] (+)= Σ_l x[i·ldx + l]·W[j][l]` for `i < t`, `j < n`, `l < k` (bf16 products).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    kernel: &Kernel,
+    w: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    t: usize,
+    k: usize,
+    n: usize,
+    ldx: usize,
+    ldy: usize,
+) -> Result<(), Error> {
+    let ty = qtype(kernel)?;
+    let tune = tuning(kernel)?;
+    checks::check_dim(kernel, "k", k)?;
+    checks::check_dim(kernel, "n", n)?;
+    check_weight(kernel, ty, w.len(), k, n)?;
+    if t.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
+        return Err(checks::invalid(kernel, format!("t={t} needs more than {} token tiles", checks::GRID_Y_MAX)));
+    }
+    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
+        return Err(checks::invalid(kernel, format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}")));
+    }
+    if t == 0 || n == 0 {
+        return Ok(());
+    }
+    checks::check_len(kernel, "x", x.len(), (t - 1) * ldx + k)?;
+    checks::check_len(kernel, "y", y.len(), (t - 1) * ldy + n)?;
+    checks::check_aligned16(kernel, "w", w)?;
+    checks::check_aligned16(kernel, "x", x)?;
+    let cfg = launch_config(ty, &tune, t, n).expect("qtype checked above");
+    allow_smem(kernel, cfg.shared_mem_bytes)?;
+    let mut args = MatmulArgs {
+        w: w.slice(..),
+        x: x.slice(..),
+        y: y.slice_mut(..),
+        t: checks::to_i32(kernel, "t", t)?,
+        k: checks::to_i32(kernel, "k", k)?,
+        n: checks::to_i32(kernel, "n", n)?,
+        ldx: checks::to_i32(kernel, "ldx", ldx)?,
+        ldy: checks::to_i32(kernel, "ldy", ldy)?,
+    };
+    // SAFETY: w holds n rows of row_bytes(qtype, k), x t rows of ldx ≥ k floats, y t rows of
+    // ldy ≥ n floats (checked); w and x are 16-byte aligned for cp.async / float4 loads; the grid
+    // covers n (128 per block) × t (BM per block) and the dynamic shared memory matches
+    // MatmulGeometry (the kernel traps if it is smaller).
+    unsafe { launch(kernel, cfg, &mut args) }
+}
+
+/// The thin `.cu` codegen emits for a matmul variant (tests and benches build their own shapes).
+pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatmulTuning) -> String {
+    format!(
+        "#include \"memra/matmul.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
+         static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr int BM = {bm};\n    \
+         static constexpr int THREADS = 256;\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
+        q = ty.name(),
+        bm = t.bm,
+        a = t.accumulate as i32
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smem_matches_the_template_formula_by_hand() {
+        // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; BM 128: (128 + 128) · 72 · 2.
+        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 128 * 160 + 256 * 144 + 16));
+        // Q8_0: super-tile 64 = 2 blocks = 68 B → 96.
+        assert_eq!(smem_bytes(GgmlType::Q8_0, &MatmulTuning { bm: 64, accumulate: false }), Some(2 * 128 * 96 + 192 * 144 + 16));
+    }
+}

@@ -1,0 +1,256 @@
+//! matvec: quantized weight × up to 8 f32 vectors for decode, `y[b][n] (+)= Σ_k W[n][k]·x[b][k]`
+//! with W in its GGUF type (ne = [K, N]) (templates/memra/matvec.cuh).
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+use memra_gguf::GgmlType;
+
+use crate::cuda::{Error, Kernel};
+use crate::kernels::checks;
+use crate::kernels::launch::{KernelArgs, launch};
+
+pub const FAMILY: &str = "matvec";
+
+/// Kernel parameters in order: `(const unsigned char* w, const float* x, float* y, int k, int n,
+/// int batch, int ldx, int ldy)`.
+#[derive(KernelArgs)]
+#[kernel_args(family = "matvec")]
+pub struct MatvecArgs<'a> {
+    pub w: CudaView<'a, u8>,
+    pub x: CudaView<'a, f32>,
+    pub y: CudaViewMut<'a, f32>,
+    pub k: i32,
+    pub n: i32,
+    pub batch: i32,
+    pub ldx: i32,
+    pub ldy: i32,
+}
+
+/// The tuning fields of a matvec variant (templates/README.md `## matvec`; absent = default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecTuning {
+    pub batch: u32,
+    pub threads: u32,
+    pub lanes: u32,
+    pub rows_per_group: u32,
+    pub stages: u32,
+    pub accumulate: bool,
+}
+
+impl Default for MatvecTuning {
+    fn default() -> Self {
+        MatvecTuning { batch: 1, threads: 256, lanes: 32, rows_per_group: 2, stages: 3, accumulate: false }
+    }
+}
+
+/// What `qunit::Unit<Q>` in matvec.cuh says about a type: elements per unit, units per lane per
+/// chunk, and the block (a pseudo-block of one unit for F32/F16/BF16) the unit lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitShape {
+    pub unit_elems: u32,
+    pub units_per_lane: u32,
+    pub block_elems: u32,
+    pub block_bytes: u32,
+}
+
+/// Mirrors the `Unit<Q>` constants of matvec.cuh; `None` for types the kernels do not decode.
+pub fn unit_shape(ty: GgmlType) -> Option<UnitShape> {
+    use GgmlType::*;
+    let (unit_elems, units_per_lane, block_elems, block_bytes) = match ty {
+        F32 => (8, 2, 8, 32),
+        F16 | BF16 => (8, 4, 8, 16),
+        Q8_0 => (32, 1, 32, 34),
+        Q4_0 => (32, 2, 32, 18),
+        IQ4_NL => (32, 2, 32, 18),
+        Q4_1 => (32, 2, 32, 20),
+        Q5_0 => (32, 2, 32, 22),
+        Q5_1 => (32, 2, 32, 24),
+        Q4_K => (64, 1, 256, 144),
+        Q5_K => (64, 1, 256, 176),
+        Q6_K => (32, 2, 256, 210),
+        IQ4_XS => (32, 2, 256, 136),
+        _ => return None,
+    };
+    Some(UnitShape { unit_elems, units_per_lane, block_elems, block_bytes })
+}
+
+/// The element count K must be a multiple of: the quant block (32 or 256), 8 for float types.
+pub fn k_multiple(ty: GgmlType) -> Option<usize> {
+    unit_shape(ty).map(|u| u.block_elems as usize)
+}
+
+/// Launch geometry, mirroring `MatvecGeometry<Cfg>` in matvec.cuh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecGeometry {
+    /// Weight rows per thread block.
+    pub rows_per_block: u32,
+    pub threads: u32,
+    pub smem_bytes: u32,
+}
+
+pub fn geometry(ty: GgmlType, t: &MatvecTuning) -> Option<MatvecGeometry> {
+    let u = unit_shape(ty)?;
+    let rows = t.threads / t.lanes * t.rows_per_group;
+    let upc = t.lanes * u.units_per_lane;
+    let chunk_bytes = upc / (u.block_elems / u.unit_elems) * u.block_bytes;
+    let row_slot = chunk_bytes.div_ceil(16) * 16 + 16;
+    let xs_row = upc * (u.unit_elems + 4) * 4;
+    let stage = rows * row_slot + t.batch * xs_row;
+    Some(MatvecGeometry { rows_per_block: rows, threads: t.threads, smem_bytes: t.stages * stage + 16 })
+}
+
+pub fn launch_config(g: &MatvecGeometry, n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(g.rows_per_block as usize).clamp(1, i32::MAX as usize) as u32, 1, 1),
+        block_dim: (g.threads, 1, 1),
+        shared_mem_bytes: g.smem_bytes,
+    }
+}
+
+fn tune_int(kernel: &Kernel, key: &str, default: u32, ok: impl Fn(i64) -> bool) -> Result<u32, Error> {
+    let v = checks::baked_int(kernel.variant(), key).unwrap_or(default as i64);
+    if !ok(v) {
+        return Err(checks::invalid(kernel, format!("{key}={v} is out of range")));
+    }
+    Ok(v as u32)
+}
+
+/// The variant's tuning (README defaults for fields it does not bake).
+pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
+    let d = MatvecTuning::default();
+    Ok(MatvecTuning {
+        batch: tune_int(kernel, "batch", d.batch, |v| (1..=8).contains(&v))?,
+        threads: tune_int(kernel, "threads", d.threads, |v| v > 0 && v <= 1024 && v % 32 == 0)?,
+        lanes: tune_int(kernel, "lanes", d.lanes, |v| matches!(v, 8 | 16 | 32))?,
+        rows_per_group: tune_int(kernel, "rows_per_group", d.rows_per_group, |v| (1..=8).contains(&v))?,
+        stages: tune_int(kernel, "stages", d.stages, |v| (2..=6).contains(&v))?,
+        accumulate: tune_int(kernel, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
+    })
+}
+
+/// The weight type the variant was built for.
+pub fn qtype(kernel: &Kernel) -> Result<GgmlType, Error> {
+    let token = checks::required_sym(kernel, "qtype")?;
+    GgmlType::from_name(token).ok_or_else(|| checks::invalid(kernel, format!("qtype `{token}` is not a ggml type")))
+}
+
+/// Raises the kernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB).
+pub(crate) fn allow_smem(kernel: &Kernel, bytes: u32) -> Result<(), Error> {
+    kernel
+        .function()
+        .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+        .map_err(|e| Error::driver(format!("cuFuncSetAttribute(max dynamic smem {bytes}) for {}", kernel.name()), e))
+}
+
+/// Checks shared by matvec and matmul: the weight type, K's multiple, and the weight's byte size.
+pub(crate) fn check_weight(kernel: &Kernel, ty: GgmlType, w_len: usize, k: usize, n: usize) -> Result<usize, Error> {
+    let multiple = k_multiple(ty).ok_or_else(|| checks::invalid(kernel, format!("{} weights are not supported", ty.name())))?;
+    if k == 0 || !k.is_multiple_of(multiple) {
+        return Err(checks::invalid(kernel, format!("k={k} is not a positive multiple of {multiple} ({})", ty.name())));
+    }
+    let u = unit_shape(ty).expect("k_multiple implies a unit shape");
+    let row_bytes = k / u.block_elems as usize * u.block_bytes as usize;
+    let need = row_bytes.checked_mul(n).ok_or_else(|| checks::invalid(kernel, "weight size overflows"))?;
+    checks::check_len(kernel, "w (bytes)", w_len, need)?;
+    Ok(row_bytes)
+}
+
+/// `y[b·ldy + j] (+)= Σ_i W[j][i]·x[b·ldx + i]` for `b < batch`, `j < n`, `i < k`.
+/// `w`: `n` rows of the variant's qtype at `k`; all buffers 16-byte aligned except `y`.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec(
+    kernel: &Kernel,
+    w: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    k: usize,
+    n: usize,
+    batch: usize,
+    ldx: usize,
+    ldy: usize,
+) -> Result<(), Error> {
+    let ty = qtype(kernel)?;
+    let tune = tuning(kernel)?;
+    checks::check_dim(kernel, "k", k)?;
+    checks::check_dim(kernel, "n", n)?;
+    check_weight(kernel, ty, w.len(), k, n)?;
+    if batch == 0 || batch > tune.batch as usize {
+        return Err(checks::invalid(kernel, format!("batch={batch} is not in 1..={}", tune.batch)));
+    }
+    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
+        return Err(checks::invalid(kernel, format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}")));
+    }
+    checks::check_len(kernel, "x", x.len(), (batch - 1) * ldx + k)?;
+    checks::check_len(kernel, "y", y.len(), (batch - 1) * ldy + n)?;
+    checks::check_aligned16(kernel, "w", w)?;
+    checks::check_aligned16(kernel, "x", x)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let geo = geometry(ty, &tune).expect("qtype checked above");
+    allow_smem(kernel, geo.smem_bytes)?;
+    let mut args = MatvecArgs {
+        w: w.slice(..),
+        x: x.slice(..),
+        y: y.slice_mut(..),
+        k: checks::to_i32(kernel, "k", k)?,
+        n: checks::to_i32(kernel, "n", n)?,
+        batch: batch as i32,
+        ldx: checks::to_i32(kernel, "ldx", ldx)?,
+        ldy: checks::to_i32(kernel, "ldy", ldy)?,
+    };
+    // SAFETY: w holds n rows of row_bytes(qtype, k) bytes, x batch rows of ldx ≥ k floats, y batch
+    // rows of ldy ≥ n floats (checked above); w and x are 16-byte aligned for cp.async; the grid
+    // covers n rows with the variant's rows per block and the dynamic shared memory matches
+    // MatvecGeometry (the kernel traps if it is smaller).
+    unsafe { launch(kernel, launch_config(&geo, n), &mut args) }
+}
+
+/// The thin `.cu` codegen emits for a matvec variant (tests and benches build their own shapes).
+pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatvecTuning) -> String {
+    format!(
+        "#include \"memra/matvec.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
+         static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr int BATCH = {b};\n    \
+         static constexpr int THREADS = {th};\n    static constexpr int LANES = {l};\n    static constexpr int ROWS_PER_GROUP = {r};\n    \
+         static constexpr int STAGES = {s};\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATVEC({name}, {name}_cfg)\n",
+        q = ty.name(),
+        b = t.batch,
+        th = t.threads,
+        l = t.lanes,
+        r = t.rows_per_group,
+        s = t.stages,
+        a = t.accumulate as i32
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_matches_the_template_formula_by_hand() {
+        // Q4_K, defaults: 8 groups × 2 rows = 16 rows; chunk 32 units of 64 = 8 blocks = 1152 B,
+        // slot 1168; x chunk 32 × 68 × 4 = 8704 B; 3 stages.
+        let g = geometry(GgmlType::Q4_K, &MatvecTuning::default()).unwrap();
+        assert_eq!(g.rows_per_block, 16);
+        assert_eq!(g.smem_bytes, 3 * (16 * 1168 + 8704) + 16);
+        // Q8_0: 32 blocks × 34 = 1088 B → slot 1104; x 32 × 36 × 4 = 4608.
+        let g = geometry(GgmlType::Q8_0, &MatvecTuning { batch: 8, lanes: 8, rows_per_group: 1, ..Default::default() }).unwrap();
+        assert_eq!(g.rows_per_block, 32);
+        // lanes 8: 8 blocks = 272 B → slot 288; x 8 × 36 × 4 = 1152 per row, 8 rows.
+        assert_eq!(g.smem_bytes, 3 * (32 * 288 + 8 * 1152) + 16);
+        assert!(geometry(GgmlType::Q2_K, &MatvecTuning::default()).is_none());
+    }
+
+    #[test]
+    fn every_contract_qtype_has_a_unit() {
+        use GgmlType::*;
+        for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
+            let u = unit_shape(ty).unwrap();
+            assert_eq!(u.block_elems % u.unit_elems, 0, "{ty:?}");
+            if u.block_elems > 8 {
+                assert_eq!((u.block_elems, u.block_bytes as u64), (ty.block_size() as u32, ty.type_size()), "{ty:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! Kernel variants (generated registry), variant selection, typed launches, and one module per
+//! kernel family (`<family>.rs`: argument struct, launch geometry, safe wrapper, GPU tests).
+
+pub mod cli;
+pub mod launch;
+pub mod registry;
+
+// Kernel families (H-dense): argument struct, launch geometry, safe wrapper each.
+pub mod add_rmsnorm;
+pub mod argmax;
+pub mod checks;
+pub mod embed;
+pub mod geglu;
+pub mod qk_norm_rope;
+pub mod rmsnorm;
+pub mod swiglu;
+pub mod topk;
+
+// Matrix families (H-gemv).
+pub mod matmul;
+pub mod matvec;
+
+pub use launch::{ArgKind, KernelArg, KernelArgs, LaunchConfig, launch};
+pub use registry::{KernelVariant, Param, Selection, select};
