@@ -21,7 +21,8 @@
 //   sin/cos in f32 (__sincosf on |r| <= π), so large positions keep full accuracy.
 // Geometry: U = n_head + 2·n_kv units per token (q heads, k heads, v heads), W = THREADS/32;
 //   grid (QK_NORM == Full ? 1 : ceil(U / W), min(n_tokens, 65535)), block THREADS, no dynamic
-//   smem. Tokens and units are visited with grid strides (any grid >= 1 is correct).
+//   smem. Tokens and units are visited with grid strides: any grid >= 1 is correct, except that
+//   QK_NORM == Full needs grid.x == 1 (the whole-vector sums read rows other blocks rewrite).
 #pragma once
 #include "memra/common.cuh"
 
