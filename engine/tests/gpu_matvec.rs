@@ -1,0 +1,325 @@
+//! GPU tests of matvec (decode, batch 1..8) against memra-reference: every QType, specialized
+//! variants at real model shapes and their generic twins, awkward sizes (odd block counts, N = 1,
+//! 7, 33, 4097, batch 1/3/8, padded strides), y += W·x; fresh random weights quantized with
+//! `memra_gguf::quant::quantize` and fresh inputs (seed printed, replay with `MEMRA_SEED=<seed>`),
+//! output NaN-poisoned before every launch; f32 path: ≤ 1e-4 relative L2.
+//! `gpu_matvec_bandwidth` prints timings (median of 30, CUDA events) against the weight bytes.
+//!
+//! Run on a GPU machine: `cargo test --release -p memra-engine --test gpu_matvec -- --ignored --nocapture`.
+
+mod dense_common;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use dense_common::{V, headers, variant};
+use memra_engine::cuda::module::load_modules;
+use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use memra_engine::kernels::matvec;
+use memra_engine::kernels::registry::KernelVariant;
+use memra_gguf::{GgmlType, quant};
+use memra_reference::{Rng, linear, rel_err};
+
+const F32_TOL: f64 = 1e-4;
+
+const QTYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn load(gpu: &Gpu, v: &'static KernelVariant) -> Kernel {
+    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch()).pop().expect("one result").unwrap_or_else(|e| panic!("{e}"));
+    let mut kernels = load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
+    kernels.remove(v.name).expect("loaded kernel")
+}
+
+fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
+    s.clone_htod(host).expect("upload")
+}
+
+fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(s: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
+    s.clone_dtoh(dev).expect("download")
+}
+
+fn token(ty: GgmlType) -> &'static str {
+    Box::leak(ty.name().to_ascii_lowercase().into_boxed_str())
+}
+
+/// Random weights of type `ty`: N(0, 1) values quantized by memra-gguf (the test input is the
+/// quantized bytes; the oracle dequantizes the same bytes).
+fn random_weight(ty: GgmlType, k: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let w = rng.normal_vec(k * n, 1.0);
+    quant::quantize(ty, &w).unwrap_or_else(|e| panic!("quantize {ty:?} {k}x{n}: {e}"))
+}
+
+/// The matvec variant: specialized when `dims` is Some((k, n)), generic otherwise.
+fn mv_variant(ty: GgmlType, dims: Option<(usize, usize)>, tune: &[(&'static str, i64)]) -> &'static KernelVariant {
+    let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty)))];
+    if let Some((k, n)) = dims {
+        p.push(("k", V::I(k as i64)));
+        p.push(("n", V::I(n as i64)));
+    }
+    p.extend(tune.iter().map(|(key, v)| (*key, V::I(*v))));
+    variant("matvec", &p)
+}
+
+struct Case {
+    k: usize,
+    n: usize,
+    batch: usize,
+    ldx: usize,
+    ldy: usize,
+    accumulate: bool,
+}
+
+impl Case {
+    fn plain(k: usize, n: usize, batch: usize) -> Case {
+        Case { k, n, batch, ldx: k, ldy: n, accumulate: false }
+    }
+}
+
+/// One launch against the reference; `w` may be shared between calls (same shape and type).
+fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut Rng) {
+    let s = gpu.stream();
+    let Case { k, n, batch, ldx, ldy, accumulate } = *c;
+    let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
+    let x_packed: Vec<f32> = (0..batch).flat_map(|b| x[b * ldx..b * ldx + k].iter().copied()).collect();
+    let want_packed = linear::matmul_gguf(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
+    let y_len = (batch - 1) * ldy + n;
+    // Accumulate: y starts random and the oracle adds to it; otherwise y starts NaN.
+    let y0: Vec<f32> = if accumulate { rng.normal_vec(y_len, 1.0) } else { vec![f32::NAN; y_len] };
+    let dw = up(s, w);
+    let dx = up(s, &x);
+    let mut dy = up(s, &y0);
+    matvec::matvec(kernel, &dw.slice(..), &dx.slice(..), &mut dy.slice_mut(..), k, n, batch, ldx, ldy).unwrap_or_else(|e| panic!("{e}"));
+    let got = down(s, &dy);
+    let mut got_rows = Vec::with_capacity(batch * n);
+    let mut want_rows = Vec::with_capacity(batch * n);
+    for b in 0..batch {
+        for j in 0..n {
+            got_rows.push(got[b * ldy + j]);
+            let base = if accumulate { y0[b * ldy + j] } else { 0.0 };
+            want_rows.push(base + want_packed[b * n + j]);
+        }
+        // Padding between rows of y must be left alone.
+        if b + 1 < batch {
+            for j in n..ldy {
+                let (g, o) = (got[b * ldy + j], y0[b * ldy + j]);
+                assert!(g.to_bits() == o.to_bits(), "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})", kernel.name(), rng.seed());
+            }
+        }
+    }
+    let err = rel_err(&got_rows, &want_rows);
+    assert!(
+        err <= F32_TOL,
+        "{} {ty:?} k={k} n={n} batch={batch} ldx={ldx} ldy={ldy} acc={accumulate}: relative L2 error {err:e} > {F32_TOL:e} (MEMRA_SEED={}); first values got {:?} want {:?}",
+        kernel.name(),
+        rng.seed(),
+        &got_rows[..got_rows.len().min(4)],
+        &want_rows[..want_rows.len().min(4)]
+    );
+}
+
+/// Specialized variant at (k, n) and the generic one, same weight, both checked.
+fn check_both(gpu: &Gpu, ty: GgmlType, k: usize, n: usize, batch: usize, tune: &[(&'static str, i64)], rng: &mut Rng) {
+    let w = random_weight(ty, k, n, rng);
+    for dims in [Some((k, n)), None] {
+        let kernel = load(gpu, mv_variant(ty, dims, tune));
+        check(gpu, &kernel, ty, &w, &Case::plain(k, n, batch), rng);
+    }
+}
+
+/// A K that is an odd number of blocks (and of chunks) for `ty`.
+fn awkward_k(ty: GgmlType) -> usize {
+    match matvec::k_multiple(ty).expect("supported") {
+        256 => 9 * 256,
+        32 => 9 * 32,
+        m => 37 * m,
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_every_qtype_glm5_q_a_shape() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_every_qtype_glm5_q_a_shape");
+    for ty in QTYPES {
+        check_both(&gpu, ty, 6144, 2048, 1, &[], &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_real_shapes() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_real_shapes");
+    use GgmlType::*;
+    let cases: &[(GgmlType, usize, usize)] = &[
+        (Q8_0, 2048, 16384),  // GLM-5 attn_q_b
+        (Q8_0, 6144, 576),    // GLM-5 attn_kv_a_mqa
+        (Q8_0, 16384, 6144),  // GLM-5 attn_output
+        (Q4_K, 6144, 12288),  // GLM-5 dense ffn_gate/up
+        (Q4_K, 12288, 6144),  // GLM-5 dense ffn_down
+        (BF16, 4096, 12288),  // Qwen3-8B ffn_gate in bf16
+        (Q4_K, 4096, 12288),  // Qwen3-8B ffn_gate in Q4_K
+        (BF16, 6144, 6144),   // the cuBLAS comparison shape
+        (F32, 6144, 256),     // router (ffn_gate_inp) in f32
+        (Q5_0, 640, 1024),    // gemma3-270M attn_q
+        (Q5_0, 640, 2048),    // gemma3-270M ffn_gate/up
+        (Q8_0, 640, 1024),    // gemma3-270M attn_q in Q8_0
+        (Q6_K, 2048, 640),    // gemma3-270M ffn_down
+        (Q4_K, 2048, 640),    // gemma3-270M ffn_down in Q4_K
+        (Q4_K, 1024, 640),    // gemma3-270M attn_output
+    ];
+    for &(ty, k, n) in cases {
+        check_both(&gpu, ty, k, n, 1, &[], &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_gemma3_vocab_head_q8_0() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_gemma3_vocab_head_q8_0");
+    check_both(&gpu, GgmlType::Q8_0, 640, 262144, 1, &[], &mut rng);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_awkward_sizes_every_qtype() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_awkward_sizes_every_qtype");
+    for ty in QTYPES {
+        let k = awkward_k(ty);
+        for n in [1, 7, 33, 4097] {
+            check_both(&gpu, ty, k, n, 1, &[], &mut rng);
+        }
+        // One block / one unit per row.
+        let k1 = matvec::k_multiple(ty).unwrap();
+        check_both(&gpu, ty, k1, 33, 1, &[], &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_batches_every_qtype() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_batches_every_qtype");
+    // BATCH 8 with 8 lanes per row (batched decode) and BATCH 4 with the batch-1 layout.
+    let tunes: [&[(&'static str, i64)]; 2] = [&[("batch", 8), ("lanes", 8), ("rows_per_group", 1)], &[("batch", 4), ("lanes", 16)]];
+    for ty in QTYPES {
+        for tune in tunes {
+            let max = tune[0].1 as usize;
+            for (k, n) in [(awkward_k(ty), 33), (2048, 640)] {
+                let w = random_weight(ty, k, n, &mut rng);
+                for dims in [Some((k, n)), None] {
+                    let kernel = load(&gpu, mv_variant(ty, dims, tune));
+                    for batch in [1, 3, max] {
+                        check(&gpu, &kernel, ty, &w, &Case::plain(k, n, batch), &mut rng);
+                    }
+                    // Padded strides.
+                    let c = Case { k, n, batch: max.min(3), ldx: k + 12, ldy: n + 5, accumulate: false };
+                    check(&gpu, &kernel, ty, &w, &c, &mut rng);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_accumulate_adds_to_y() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_accumulate_adds_to_y");
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16] {
+        let (k, n) = (2048, 640);
+        let w = random_weight(ty, k, n, &mut rng);
+        for dims in [Some((k, n)), None] {
+            let kernel = load(&gpu, mv_variant(ty, dims, &[("accumulate", 1), ("batch", 2)]));
+            for batch in [1, 2] {
+                check(&gpu, &kernel, ty, &w, &Case { k, n, batch, ldx: k, ldy: n, accumulate: true }, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_refuses_bad_arguments() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let ty = GgmlType::Q8_0;
+    let kernel = load(&gpu, mv_variant(ty, Some((640, 64)), &[]));
+    let w = up(s, &vec![0u8; 64 * 680]);
+    let x = up(s, &vec![0.0f32; 1024]);
+    let mut y = up(s, &vec![0.0f32; 1024]);
+    let run = |k, n, batch, ldx, ldy, y: &mut CudaSlice<f32>| {
+        matvec::matvec(&kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), k, n, batch, ldx, ldy).map_err(|e| e.to_string())
+    };
+    assert!(run(640, 64, 1, 640, 64, &mut y).is_ok());
+    assert!(run(320, 64, 1, 640, 64, &mut y).unwrap_err().contains("specialized for k=640"));
+    assert!(run(640, 64, 2, 640, 64, &mut y).unwrap_err().contains("batch=2"));
+    assert!(run(640, 64, 1, 642, 64, &mut y).unwrap_err().contains("ldx=642"));
+    let generic = load(&gpu, mv_variant(ty, None, &[]));
+    let e = matvec::matvec(&generic, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), 100, 4, 1, 100, 4).unwrap_err().to_string();
+    assert!(e.contains("k=100"), "{e}");
+    let e = matvec::matvec(&generic, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), 640, 65, 1, 640, 65).unwrap_err().to_string();
+    assert!(e.contains("w (bytes)"), "{e}");
+    let e = matvec::matvec(&generic, &w.slice(4..), &x.slice(..), &mut y.slice_mut(..), 32, 1, 1, 32, 1).unwrap_err().to_string();
+    assert!(e.contains("16-byte aligned"), "{e}");
+}
+
+/// Timings, not a pass/fail check: median of 30 launches (CUDA events) for the decode shapes of
+/// the goals, specialized and generic, with GB/s of weight + x + y bytes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_bandwidth() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_bandwidth");
+    use GgmlType::*;
+    let cases: &[(GgmlType, usize, usize)] =
+        &[(Q8_0, 2048, 16384), (Q4_K, 6144, 12288), (Q8_0, 4096, 12288), (Q4_K, 4096, 12288), (BF16, 4096, 12288), (BF16, 6144, 6144), (Q8_0, 6144, 2048), (Q8_0, 640, 262144), (Q6_K, 6144, 12288), (IQ4_XS, 6144, 12288)];
+    eprintln!("{:<52} {:>10} {:>10} {:>9}", "variant (batch 1)", "MB", "us", "GB/s");
+    for &(ty, k, n) in cases {
+        // Several weight copies so that back-to-back launches do not hit in L2.
+        let copies = (256 << 20) / (ty.row_bytes(k as u64).unwrap() as usize * n) + 1;
+        let w_host = random_weight(ty, k, n, &mut rng);
+        let ws: Vec<CudaSlice<u8>> = (0..copies.min(8)).map(|_| up(s, &w_host)).collect();
+        let x = up(s, &rng.normal_vec(k, 1.0));
+        let mut y = up(s, &vec![0.0f32; n]);
+        let bytes = w_host.len() + 4 * (k + n);
+        for dims in [Some((k, n)), None] {
+            let kernel = load(&gpu, mv_variant(ty, dims, &[]));
+            let mut times = Vec::new();
+            for i in 0..40 {
+                let w = &ws[i % ws.len()];
+                let start = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+                matvec::matvec(&kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), k, n, 1, k, n).unwrap();
+                let end = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+                end.synchronize().unwrap();
+                if i >= 10 {
+                    times.push(start.elapsed_ms(&end).unwrap() as f64 * 1e3);
+                }
+            }
+            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let us = times[times.len() / 2];
+            eprintln!("{:<52} {:>10.1} {:>10.1} {:>9.0}", kernel.name(), bytes as f64 / 1e6, us, bytes as f64 / us / 1e3);
+        }
+    }
+}
