@@ -90,7 +90,7 @@ __device__ __forceinline__ void run(const float* __restrict__ logits, void* scra
         const float* x = logits + (i64)row * n_vocab;
         const int base = blockIdx.x * CHUNK;
         u64 items[ITEMS];
-        const bool vec = NV != 0 ? NV % 4 == 0 : n_vocab % 4 == 0;
+        const bool vec = (NV != 0 ? NV % 4 == 0 : n_vocab % 4 == 0) && (unsigned long long)logits % 16 == 0;
         if (vec) {
 #pragma unroll
             for (int j = 0; j < ITEMS / 4; ++j) {
