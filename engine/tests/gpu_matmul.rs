@@ -232,8 +232,8 @@ fn gpu_matmul_throughput() {
         let w = up(s, &random_weight(ty, k, n, &mut rng));
         let x = up(s, &rng.normal_vec(t * k, 1.0));
         let mut y = up(s, &vec![0.0f32; t * n]);
-        for dims in [Some((k, n)), None] {
-            let kernel = load(&gpu, mm_variant(ty, dims, &[]));
+        for (dims, bm) in [(Some((k, n)), 128), (Some((k, n)), 64), (None, 128)] {
+            let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", bm)]));
             let mut times = Vec::new();
             for i in 0..25 {
                 let start = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();

@@ -19,18 +19,22 @@
 //   w: N·row_bytes(K) bytes, 16-byte aligned; x: [t][ldx] f32, 16-byte aligned, ldx % 4 == 0;
 //   y: [t][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
 //
+// __launch_bounds__(256, 1): one block per SM (≈ 250 registers: 64 accumulators per thread plus
+// the dequant and X prefetch registers), no spills.
+//
 // Launch geometry (matmul_geometry<Cfg> below; the Rust wrapper mirrors it):
 //   grid (ceil(N / 128), ceil(T / BM)), block (THREADS), dynamic shared memory
-//   2 · 128 · RAW_ROW + (BM + 128) · 72 · 2 + 16 bytes, with KR = 256 for 256-element blocks
-//   and 64 otherwise, RAW_ROW = round_up(KR / BLOCK · BYTES, 16) + 16. The kernel traps if
+//   2 · 128 · RAW_ROW + 2 · (BM + 128) · 72 · 2 + 16 bytes, with KR = 64 (F32), 128 (F16, BF16)
+//   or 256 (quant types), RAW_ROW = round_up(KR / BLOCK · BYTES, 16) + 16. The kernel traps if
 //   launched with less.
 //
 // Structure: K runs in "super-tiles" of KR elements (whole quant blocks for every type); the raw
 // bytes of the 128 W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
-// addresses, as in matvec), double-buffered one super-tile ahead. Each 64-wide k-tile is then
-// dequantized by all threads (the matvec unit decoders: one thread per 32 elements of a row)
-// into a bf16 [128][64+8] tile; X's k-tile is loaded one tile ahead into registers, rounded and
-// stored as bf16 [BM][64+8]; warps read fragments with ldmatrix and issue mma.sync.
+// addresses, as in matvec), one super-tile ahead. Each 64-wide k-tile is dequantized by all
+// threads (the matvec unit decoders: one thread per 32 elements of a row) into a bf16
+// [128][64+8] tile; X's k-tile is loaded one tile ahead into registers, rounded and stored as
+// bf16 [BM][64+8]. The bf16 tiles are double-buffered: warps run ldmatrix + mma.sync on tile
+// kt while producing tile kt + 1, one barrier per k-tile.
 #pragma once
 #include "memra/matvec.cuh"
 
@@ -39,12 +43,14 @@ namespace memra {
 template <class Cfg> struct MatmulGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
     static constexpr int BM = Cfg::BM, BN = 128, BK = 64, PAD = 8, LD = BK + PAD;  // bf16 elements
-    static constexpr int KR = U::BLOCK >= 256 ? 256 : 64;          // elements per raw super-tile
+    // Elements per raw super-tile: whole blocks, and long enough (256) that the next one's copy
+    // has 4 k-tiles of mma time to land; F32 rows would not fit twice at 256.
+    static constexpr int KR = Cfg::QTYPE == QType::F32 ? 64 : (Cfg::QTYPE == QType::F16 || Cfg::QTYPE == QType::BF16) ? 128 : 256;
     static constexpr int SB = KR / U::BLOCK * U::BYTES;            // raw bytes of one row's super-tile
     static constexpr int RAW_ROW = (SB + 15) / 16 * 16 + 16;
     static constexpr int RAW_BYTES = BN * RAW_ROW;
     static constexpr int XS_BYTES = BM * LD * 2, WS_BYTES = BN * LD * 2;
-    static constexpr int SMEM = 2 * RAW_BYTES + XS_BYTES + WS_BYTES + 16;
+    static constexpr int SMEM = 2 * RAW_BYTES + 2 * (XS_BYTES + WS_BYTES) + 16;  // raw and bf16 tiles double-buffered
     static constexpr int WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N;
     static constexpr int MT = WM / 16, NT = WN / 8;                // mma tiles per warp
 
@@ -92,9 +98,10 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 
     if (async::dynamic_smem_bytes() < (u32)G::SMEM) __trap();
     extern __shared__ __align__(16) u8 matmul_smem[];
-    u8* raw_buf = matmul_smem;                                               // 2 × RAW_BYTES
-    u16* xs = reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES);         // [BM][LD]
-    u16* ws = reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES + G::XS_BYTES);  // [BN][LD]
+    u8* raw_buf = matmul_smem;  // 2 × RAW_BYTES, super-tile s in slot s & 1
+    // bf16 tiles for k-tile kt in buffer kt & 1: xs [BM][LD], then ws [BN][LD].
+    auto xs_buf = [&](int b) { return reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES + b * (G::XS_BYTES + G::WS_BYTES)); };
+    auto ws_buf = [&](int b) { return reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES + b * (G::XS_BYTES + G::WS_BYTES) + G::XS_BYTES); };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int n0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
@@ -127,7 +134,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: this thread's 4
     // octets are numbers 4·H .. 4·H+3 of the row's 8 octets (ordered unit, octet). It is called
     // with a literal H in two branches, so after inlining every register index is a constant.
-    auto dequant_half = [&](const int H, int s, int tt) {
+    auto dequant_half = [&](const int H, int s, int tt, u16* ws) {
         const u8* rowp = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW +
                          (int)((my_row_start + (i64)s * G::SB) & 15);
         u16* dst_row = ws + my_row * LD;
@@ -163,11 +170,11 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             *reinterpret_cast<uint2*>(db) = make_uint2(mma::pack_bf16x2(v[4], v[5]), mma::pack_bf16x2(v[6], v[7]));
         }
     };
-    auto dequant = [&](int s, int tt) {
+    auto dequant = [&](int s, int tt, u16* ws) {
         if (half == 0) {
-            dequant_half(0, s, tt);
+            dequant_half(0, s, tt, ws);
         } else {
-            dequant_half(1, s, tt);
+            dequant_half(1, s, tt, ws);
         }
     };
 
@@ -183,7 +190,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             xr[j] = (t < T && kk < K) ? load_f4(x + (i64)t * ldx + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
-    auto store_x = [&]() {
+    auto store_x = [&](u16* xs) {
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {
             const int r = tid / 16 + 16 * j;
@@ -205,7 +212,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     const int a_row = wm * G::WM + (lane % 16), a_col = (lane / 16) * 8;
     const int b_row = wn * G::WN + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
 
-    auto mma_tile = [&]() {
+    auto mma_tile = [&](const u16* xs, const u16* ws) {
 #pragma unroll
         for (int kq = 0; kq < BK; kq += 16) {
             u32 a[G::MT][4];
@@ -224,24 +231,33 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
 
+    // Produce k-tile kp (dequantized W, rounded X) into buffer kp & 1. The raw rows a thread pair
+    // dequantizes are the rows that pair copied, so a super-tile only needs the pair's own
+    // cp.async wait plus __syncwarp, and the next super-tile's copy starts right after it.
+    auto produce = [&](int kp) {
+        const int sp = kp / TILES_PER_SUPER, tt = kp % TILES_PER_SUPER;
+        if (tt == 0) {
+            async::wait<0>();
+            __syncwarp();  // the partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free
+            if (sp + 1 < n_super) issue_raw(sp + 1);
+            async::commit();
+        }
+        dequant(sp, tt, ws_buf(kp & 1));
+        store_x(xs_buf(kp & 1));
+        if (kp + 1 < n_ktiles) load_x(kp + 1);  // in flight during the next mma tile
+    };
+
     issue_raw(0);
     async::commit();
     load_x(0);
-    int kt = 0;
-    for (int s = 0; s < n_super; ++s) {
-        if (s + 1 < n_super) issue_raw(s + 1);
-        async::commit();
-        async::wait<1>();
-        __syncthreads();  // raw super-tile s visible to every thread
+    produce(0);
+    __syncthreads();
+    // One barrier per k-tile: consume buffer kt & 1 while producing kt + 1 into the other.
 #pragma unroll 1
-        for (int tt = 0; tt < TILES_PER_SUPER && kt < n_ktiles; ++tt, ++kt) {
-            dequant(s, tt);
-            store_x();
-            if (kt + 1 < n_ktiles) load_x(kt + 1);  // in flight during the mma below
-            __syncthreads();
-            mma_tile();
-            __syncthreads();  // xs / ws and the raw slot free again
-        }
+    for (int kt = 0; kt < n_ktiles; ++kt) {
+        mma_tile(xs_buf(kt & 1), ws_buf(kt & 1));
+        if (kt + 1 < n_ktiles) produce(kt + 1);
+        __syncthreads();
     }
 
     // Store: acc[i][j] = rows (lane/4, +8) of m-tile i, cols 2·(lane%4) + {0,1} of n-tile j.
@@ -267,7 +283,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 }  // namespace memra
 
 #define MEMRA_DEFINE_MATMUL(SYMBOL, CFG)                                                                        \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int t, \
                int k, int n, int ldx, int ldy) {                                                                \
         memra::matmul_impl<CFG>(w, x, y, t, k, n, ldx, ldy);                                                    \

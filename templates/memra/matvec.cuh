@@ -28,6 +28,8 @@
 //   KC = LANES · UPL · UE elements per chunk (UE, UPL per QType: qunit::Unit<Q>),
 //   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(CB, 16) + 16, XS_ROW = LANES · UPL · (UE + 4) · 4.
 //   The kernel traps if launched with less dynamic shared memory than that.
+//   __launch_bounds__(THREADS, MIN_BLOCKS): MIN_BLOCKS = the blocks per SM that the shared memory
+//   allows (≤ 3) for BATCH ≤ 2, else 1 (ptxas's own register target spilled batch-8 bodies).
 //
 // Design (bandwidth first). W streams through shared memory in chunks of KC elements × R rows:
 // each row's byte range is copied with 16-byte cp.async from the 16-byte-aligned address at or
@@ -503,6 +505,11 @@ template <class Cfg> struct MatvecGeometry {
     static constexpr int W_BYTES = ROWS * ROW_SLOT;
     static constexpr int STAGE = W_BYTES + Cfg::BATCH * XS_ROW;
     static constexpr int SMEM = Cfg::STAGES * STAGE + 16;        // + funnel-shift over-read pad
+    // Blocks per SM that shared memory allows (227 KiB, 1 KiB reserved per block), at most 3:
+    // the register budget ptxas is given (__launch_bounds__ min blocks). Batches of 4+ are
+    // FMA-bound and get the whole register file (1) rather than spill.
+    static constexpr int SMEM_BLOCKS = 232448 / (SMEM + 1024);
+    static constexpr int MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS));
 
     static_assert(LANES == 8 || LANES == 16 || LANES == 32, "LANES must be 8, 16 or 32");
     static_assert(Cfg::THREADS % LANES == 0 && Cfg::THREADS % 32 == 0 && Cfg::THREADS <= 1024, "bad THREADS");
@@ -720,7 +727,7 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
 }  // namespace memra
 
 #define MEMRA_DEFINE_MATVEC(SYMBOL, CFG)                                                                        \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, memra::MatvecGeometry<CFG>::MIN_BLOCKS)           \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int k, \
                int n, int batch, int ldx, int ldy) {                                                            \
         memra::matvec_impl<CFG>(w, x, y, k, n, batch, ldx, ldy);                                                \

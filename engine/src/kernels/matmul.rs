@@ -63,10 +63,14 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
 /// Dynamic shared memory, mirroring `MatmulGeometry<Cfg>::SMEM` in matmul.cuh.
 pub fn smem_bytes(ty: GgmlType, t: &MatmulTuning) -> Option<u32> {
     let u = unit_shape(ty)?;
-    let kr = if u.block_elems >= 256 { 256 } else { 64 };
+    let kr = match ty {
+        GgmlType::F32 => 64,
+        GgmlType::F16 | GgmlType::BF16 => 128,
+        _ => 256,
+    };
     let raw_row = (kr / u.block_elems * u.block_bytes).div_ceil(16) * 16 + 16;
     let ld = 64 + 8;
-    Some(2 * BN * raw_row + (t.bm + BN) * ld * 2 + 16)
+    Some(2 * BN * raw_row + 2 * (t.bm + BN) * ld * 2 + 16)
 }
 
 pub fn launch_config(ty: GgmlType, tune: &MatmulTuning, t: usize, n: usize) -> Option<LaunchConfig> {
@@ -149,9 +153,12 @@ mod tests {
 
     #[test]
     fn smem_matches_the_template_formula_by_hand() {
-        // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; BM 128: (128 + 128) · 72 · 2.
-        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 128 * 160 + 256 * 144 + 16));
-        // Q8_0: super-tile 64 = 2 blocks = 68 B → 96.
-        assert_eq!(smem_bytes(GgmlType::Q8_0, &MatmulTuning { bm: 64, accumulate: false }), Some(2 * 128 * 96 + 192 * 144 + 16));
+        // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; BM 128: 2 · (128 + 128) · 72 · 2.
+        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 128 * 160 + 2 * 256 * 144 + 16));
+        // Q8_0: super-tile 256 = 8 blocks = 272 B → 288.
+        assert_eq!(smem_bytes(GgmlType::Q8_0, &MatmulTuning { bm: 64, accumulate: false }), Some(2 * 128 * 288 + 2 * 192 * 144 + 16));
+        // F32: super-tile 64 = 256 B → 272; BF16: 128 = 256 B → 272.
+        assert_eq!(smem_bytes(GgmlType::F32, &MatmulTuning::default()), Some(2 * 128 * 272 + 2 * 256 * 144 + 16));
+        assert_eq!(smem_bytes(GgmlType::BF16, &MatmulTuning::default()), Some(2 * 128 * 272 + 2 * 256 * 144 + 16));
     }
 }
