@@ -1,3 +1,8 @@
 //! memra-engine: runtime pieces behind the `memra` binary.
 
+// Lets `#[derive(KernelArgs)]` name `::memra_engine::…` inside this crate as well as outside.
+extern crate self as memra_engine;
+
+pub mod cuda;
 pub mod inspect;
+pub mod kernels;

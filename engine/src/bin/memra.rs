@@ -22,12 +22,17 @@ enum Command {
     /// and which memra spec matches it. Works without a GPU.
     #[command(after_help = "Examples:\n  memra inspect model.gguf\n  memra inspect model.gguf --json | jq .hparams")]
     Inspect(inspect::InspectArgs),
+    /// List this build's kernel variants; compile them with NVRTC (cache-aware) for the GPU or
+    /// for `--sm` without one; report registers and spills.
+    #[command(after_help = "Examples:\n  memra kernels\n  memra kernels --compile --sm 90 --report\n  memra kernels --clear-cache")]
+    Kernels(memra_engine::kernels::cli::KernelsCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Inspect(args) => exit_code(inspect::run(&args)),
+        Command::Kernels(args) => memra_engine::kernels::cli::run(&args),
     }
 }
 

@@ -1,0 +1,224 @@
+//! `memra kernels`: list this build's kernel variants; compile them (cache-aware) for the GPU's
+//! architecture or for `--sm` without a GPU; report ptxas registers and spills.
+
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+
+use crate::cuda::cache::KernelCache;
+use crate::cuda::module::{CompiledVariant, compile_variants};
+use crate::cuda::nvrtc::HeaderSet;
+use crate::cuda::{Error, SmArch, device, library};
+use crate::kernels::registry::{self, KernelVariant};
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KernelsCommand {
+    /// Only variants specialized for this model architecture (e.g. glm-dsa), or `generic`.
+    #[arg(long, value_name = "ARCH")]
+    pub arch: Option<String>,
+    /// Only this kernel family (e.g. rmsnorm).
+    #[arg(long, value_name = "FAMILY")]
+    pub family: Option<String>,
+    /// Compile the listed variants with NVRTC (cache-aware), with per-variant time and cache hit/miss.
+    #[arg(long)]
+    pub compile: bool,
+    /// Target GPU architecture (90, sm_90); without it the GPU's own (needs a GPU). NVRTC only.
+    #[arg(long, value_name = "SM")]
+    pub sm: Option<String>,
+    /// Add registers and spills from ptxas -v (implies --compile).
+    #[arg(long)]
+    pub report: bool,
+    /// Remove the compiled-kernel cache (all memra versions and archs) first.
+    #[arg(long)]
+    pub clear_cache: bool,
+    /// Machine-readable output on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(cmd: &KernelsCommand) -> ExitCode {
+    match run_inner(cmd) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
+    let cache = KernelCache::from_env();
+    if cmd.clear_cache {
+        match cache.clear()? {
+            Some(dir) => eprintln!("memra: removed kernel cache {}", dir.display()),
+            None => eprintln!("memra: kernel cache is already empty"),
+        }
+        if !cmd.compile && !cmd.report {
+            return Ok(true);
+        }
+    }
+    let variants: Vec<&'static KernelVariant> = registry::variants()
+        .iter()
+        .filter(|v| match cmd.arch.as_deref() {
+            None => true,
+            Some("generic") => v.is_generic(),
+            Some(a) => v.arch == Some(a),
+        })
+        .filter(|v| cmd.family.as_deref().is_none_or(|f| v.family == f))
+        .collect();
+    if !(cmd.compile || cmd.report) {
+        print_list(&variants, cmd.json);
+        return Ok(true);
+    }
+
+    let arch = match &cmd.sm {
+        Some(text) => SmArch::parse(text).ok_or_else(|| Error::Selection {
+            detail: format!("--sm {text}: expected a compute capability such as 90 or sm_90"),
+        })?,
+        None => device::device_arch(0).map_err(|e| Error::Selection {
+            detail: format!("no GPU to take the architecture from ({e}); pass --sm 90 to compile with NVRTC only"),
+        })?,
+    };
+    let nvrtc = library::nvrtc()?;
+    let supported = crate::cuda::nvrtc::supported_archs()?;
+    if !supported.contains(&arch.0) {
+        return Err(Error::Selection { detail: format!("NVRTC {}.{} cannot target {arch} (it supports {supported:?})", nvrtc.version.0, nvrtc.version.1) });
+    }
+    let cache_dir = cache.config().dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "memory only".into());
+    eprintln!(
+        "memra: NVRTC {}.{} from {}; target {arch}; cache {cache_dir}{}",
+        nvrtc.version.0,
+        nvrtc.version.1,
+        nvrtc.lib.describe(),
+        if cache.config().allow_compile { "" } else { " (MEMRA_NO_NVRTC=1: no compiling)" }
+    );
+    let headers = HeaderSet::registry();
+    let results = compile_variants(&cache, &variants, &headers, arch);
+    let failures = results.iter().filter(|r| r.is_err()).count();
+    if cmd.json {
+        let rows: Vec<Value> = variants.iter().zip(&results).map(|(v, r)| json_row(v, Some(r), arch)).collect();
+        println!("{}", serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default());
+    } else {
+        print_compiled(&variants, &results, cmd.report);
+    }
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
+        eprintln!("error: {e}");
+    }
+    if failures > 0 {
+        eprintln!("memra: {failures} of {} kernels failed to compile for {arch}", variants.len());
+    }
+    Ok(failures == 0)
+}
+
+fn arch_label(v: &KernelVariant) -> &'static str {
+    v.arch.unwrap_or("generic")
+}
+
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let last = cells.len() - 1;
+        let text: Vec<String> =
+            cells.iter().enumerate().map(|(i, c)| if i == last { c.clone() } else { format!("{c:<w$}", w = widths[i]) }).collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+fn print_list(variants: &[&'static KernelVariant], as_json: bool) {
+    if as_json {
+        let rows: Vec<Value> = variants.iter().map(|v| json_row(v, None, SmArch(0))).collect();
+        println!("{}", serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default());
+        return;
+    }
+    let rows: Vec<Vec<String>> =
+        variants.iter().map(|v| vec![v.name.to_string(), v.family.to_string(), arch_label(v).to_string(), v.params_text()]).collect();
+    print_table(&["variant", "family", "arch", "params"], &rows);
+    let generic = variants.iter().filter(|v| v.is_generic()).count();
+    println!("{} variants ({} specialized, {generic} generic)", variants.len(), variants.len() - generic);
+}
+
+fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<CompiledVariant, Error>], report: bool) {
+    let mut header = vec!["variant", "family", "arch", "cache", "ms"];
+    if report {
+        header.extend(["regs", "spill st/ld", "stack"]);
+    }
+    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+    let rows: Vec<Vec<String>> = variants
+        .iter()
+        .zip(results)
+        .map(|(v, r)| {
+            let mut row = vec![v.name.to_string(), v.family.to_string(), arch_label(v).to_string()];
+            match r {
+                Ok(c) => {
+                    row.push(c.outcome.label().to_string());
+                    row.push(format!("{:.1}", c.seconds * 1e3));
+                    if report {
+                        let p = c.cubin.report();
+                        row.push(opt(p.registers.map(u64::from)));
+                        row.push(format!("{}/{}", opt(p.spill_stores), opt(p.spill_loads)));
+                        row.push(opt(p.stack_frame));
+                    }
+                }
+                Err(_) => row.extend(["FAILED".to_string(), "-".to_string()]),
+            }
+            row
+        })
+        .collect();
+    print_table(&header, &rows);
+    let ok: Vec<&CompiledVariant> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let hits = ok.iter().filter(|c| c.outcome.is_hit()).count();
+    let mut summary = format!("{} variants: {hits} cache hits, {} compiled", variants.len(), ok.len() - hits);
+    if report {
+        let spilling: Vec<&str> = ok.iter().filter(|c| c.cubin.report().spills()).map(|c| c.variant.name).collect();
+        let max_regs = ok.iter().filter_map(|c| c.cubin.report().registers).max();
+        summary.push_str(&format!("; max registers {}", opt(max_regs.map(u64::from))));
+        if spilling.is_empty() {
+            summary.push_str("; no spills");
+        } else {
+            summary.push_str(&format!("; spilling: {}", spilling.join(", ")));
+        }
+    }
+    println!("{summary}");
+}
+
+fn json_row(v: &KernelVariant, result: Option<&Result<CompiledVariant, Error>>, arch: SmArch) -> Value {
+    let params: serde_json::Map<String, Value> = v
+        .params
+        .iter()
+        .map(|(k, p)| {
+            let value = match p {
+                registry::Param::Int(i) => json!(i),
+                registry::Param::Sym(s) => json!(s),
+            };
+            (k.to_string(), value)
+        })
+        .collect();
+    let mut row = json!({ "name": v.name, "family": v.family, "arch": v.arch, "params": params });
+    if let Some(result) = result {
+        row["sm"] = json!(arch.to_string());
+        match result {
+            Ok(c) => {
+                let p = c.cubin.report();
+                row["cache"] = json!(if c.outcome.is_hit() { "hit" } else { "miss" });
+                row["ms"] = json!(c.seconds * 1e3);
+                row["cubin_bytes"] = json!(c.cubin.bytes.len());
+                row["registers"] = json!(p.registers);
+                row["spill_stores"] = json!(p.spill_stores);
+                row["spill_loads"] = json!(p.spill_loads);
+                row["stack_frame"] = json!(p.stack_frame);
+            }
+            Err(e) => row["error"] = json!(e.to_string()),
+        }
+    }
+    row
+}
