@@ -473,20 +473,42 @@ fn parse_doc(src: &mut SourceFile, span: std::ops::Range<usize>, doc: &toml::de:
     };
     top.finish(src, &["arch", "hparams", "derived", "capabilities", "tensors", "presets", "kernels"]);
 
+    // Cross-references are checked even when [arch] or [capabilities] are broken, so one
+    // pass reports as much as possible; the spec is returned only when everything parsed.
+    let complete = arch.is_some() && caps.is_some() && default_preset.is_some();
     let spec = ArchSpec {
-        arch: arch?,
-        default_preset: default_preset.as_ref()?.get_ref().clone(),
+        arch: arch.unwrap_or_default(),
+        default_preset: default_preset.as_ref().map(|p| p.get_ref().clone()).unwrap_or_default(),
         sources,
         hparams,
         derived,
-        caps: caps?,
+        caps: caps.clone().unwrap_or_else(Capabilities::placeholder),
         tensors,
         presets,
         kernels,
         loc: arch_loc,
     };
-    check(src, &spec, default_preset.as_ref()?);
-    Some(spec)
+    check(src, &spec, default_preset.as_ref(), caps.is_some());
+    complete.then_some(spec)
+}
+
+impl Capabilities {
+    /// Stands in while checking a spec whose [capabilities] did not parse.
+    fn placeholder() -> Capabilities {
+        Capabilities {
+            attention: Attention::Gqa,
+            qk_norm: QkNorm::None,
+            rope: Rope::Neox,
+            ffn: Ffn::Swiglu,
+            shared_expert: false,
+            norm: NormPlacement::Pre,
+            router: Router::None,
+            sliding_window: None,
+            tied_embeddings: TiedEmbeddings::Optional,
+            embedding_scale: EmbeddingScale::None,
+            dense_layers: None,
+        }
+    }
 }
 
 fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
@@ -926,7 +948,7 @@ fn parse_kernels(src: &mut SourceFile, path: &str, items: &[Spanned<DeValue<'_>>
 /// Cross-references: names used in expressions exist and are integers, tensors named by
 /// hparams and kernels exist, presets cover every required hparam, capabilities have the
 /// hparams they rely on.
-fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: &Spanned<String>) {
+fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<String>>, caps_ok: bool) {
     let int_names: Vec<&str> = spec
         .hparams
         .iter()
@@ -997,13 +1019,13 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: &Spanned<String>
             }
         }
     }
-    for (name, why) in required_names(&spec.caps) {
+    for (name, why) in if caps_ok { required_names(&spec.caps) } else { Vec::new() } {
         match kind_of(name) {
             Some(_) => {}
             None => src.push(spec.loc.error(format!("hparam `{name}` is required ({why}); define it in [hparams] or [derived]"))),
         }
     }
-    if let Some(sw) = &spec.caps.sliding_window {
+    if let Some(sw) = spec.caps.sliding_window.as_ref().filter(|_| caps_ok) {
         if kind_of(&sw.window) != Some("u32") {
             src.push(spec.loc.error(format!("capabilities.sliding_window.window names `{}`, which is not a u32 hparam", sw.window)));
         }
@@ -1036,6 +1058,7 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: &Spanned<String>
         src.push(spec.loc.error("[tensors] must list `token_embd.weight`"));
     }
     match spec.caps.tied_embeddings {
+        _ if !caps_ok => {}
         TiedEmbeddings::Always => {
             if spec.tensor("output.weight").is_some() {
                 src.push(spec.loc.error("tied_embeddings = \"always\" but [tensors] lists `output.weight`"));
@@ -1050,8 +1073,10 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: &Spanned<String>
         },
     }
 
-    if spec.preset(default_preset.get_ref()).is_none() {
-        src.error(&default_preset.span(), "arch.preset", format!("no [presets.{}] in this file", default_preset.get_ref()));
+    if let Some(p) = default_preset {
+        if spec.preset(p.get_ref()).is_none() {
+            src.error(&p.span(), "arch.preset", format!("no [presets.{}] in this file", p.get_ref()));
+        }
     }
     for p in &spec.presets {
         for (name, value, loc) in &p.hparams {

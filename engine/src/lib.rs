@@ -6,3 +6,4 @@ extern crate self as memra_engine;
 pub mod cuda;
 pub mod inspect;
 pub mod kernels;
+pub mod models;

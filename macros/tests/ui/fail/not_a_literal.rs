@@ -1,0 +1,3 @@
+memra_macros::arch!(gemma3);
+
+fn main() {}

@@ -1,0 +1,3 @@
+memra_macros::arch!("GLM_DSA");
+
+fn main() {}

@@ -1,0 +1,3 @@
+memra_macros::arch!("llama");
+
+fn main() {}
