@@ -5,5 +5,8 @@ extern crate self as memra_engine;
 
 pub mod cuda;
 pub mod inspect;
+pub mod run;
+pub mod sampling;
+pub mod tokenizer;
 pub mod kernels;
 pub mod models;

@@ -22,6 +22,7 @@ pub mod compare;
 pub mod dsa;
 pub mod linear;
 pub mod mla;
+pub mod models;
 pub mod moe;
 pub mod norm;
 pub mod rng;

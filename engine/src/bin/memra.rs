@@ -22,6 +22,10 @@ enum Command {
     /// and which memra spec matches it. Works without a GPU.
     #[command(after_help = "Examples:\n  memra inspect model.gguf\n  memra inspect model.gguf --json | jq .hparams")]
     Inspect(inspect::InspectArgs),
+    /// Generate text from a prompt, streaming it as tokens are produced. Only the CPU reference
+    /// forward exists so far (`--cpu`, gemma3); the GPU path is not built yet.
+    #[command(after_help = "Examples:\n  memra run model.gguf -p \"Water boils at\" -n 16 --cpu --temp 0\n  memra run model.gguf -p \"Once upon a time\" --cpu --temp 0.8 --top-k 40 --top-p 0.95 --seed 1")]
+    Run(memra_engine::run::RunArgs),
     /// List this build's kernel variants; compile them with NVRTC (cache-aware) for the GPU or
     /// for `--sm` without one; report registers and spills.
     #[command(after_help = "Examples:\n  memra kernels\n  memra kernels --compile --sm 90 --report\n  memra kernels --clear-cache")]
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Inspect(args) => exit_code(inspect::run(&args)),
+        Command::Run(args) => exit_code(memra_engine::run::run(&args)),
         Command::Kernels(args) => memra_engine::kernels::cli::run(&args),
     }
 }
