@@ -52,7 +52,8 @@ pub fn compile_variants(
         }
     }
     if !misses.is_empty() {
-        let progress = Progress::start(misses.len(), arch);
+        // Under MEMRA_NO_NVRTC=1 the misses fail at once; no progress line for compiles that never happen.
+        let progress = Progress::start(misses.len(), arch, cache.config().allow_compile);
         let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = misses
             .par_iter()
             .map(|&i| {
@@ -83,12 +84,14 @@ struct Progress {
     done: AtomicUsize,
     arch: SmArch,
     tty: bool,
+    shown: bool,
     start: Instant,
 }
 
 impl Progress {
-    fn start(total: usize, arch: SmArch) -> Progress {
-        let p = Progress { total, done: AtomicUsize::new(0), arch, tty: std::io::stderr().is_terminal(), start: Instant::now() };
+    fn start(total: usize, arch: SmArch, shown: bool) -> Progress {
+        let tty = std::io::stderr().is_terminal();
+        let p = Progress { total, done: AtomicUsize::new(0), arch, tty, shown, start: Instant::now() };
         p.draw(0, false);
         p
     }
@@ -105,6 +108,9 @@ impl Progress {
     }
 
     fn draw(&self, done: usize, last: bool) {
+        if !self.shown {
+            return;
+        }
         let mut err = std::io::stderr().lock();
         let s = if self.total == 1 { "" } else { "s" };
         let line = format!("compiling {} kernel{s} for {} … {done}/{}", self.total, self.arch, self.total);
