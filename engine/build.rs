@@ -10,7 +10,8 @@ use memra_codegen::build::{BuildRequest, emit};
 
 fn main() -> ExitCode {
     println!("cargo:rerun-if-changed=build.rs");
-    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR for build scripts");
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("cargo sets CARGO_MANIFEST_DIR for build scripts");
     let Some(workspace_root) = Path::new(&manifest_dir).parent() else {
         eprintln!("memra build: engine/ has no parent directory; specs/ and templates/ live there");
         return ExitCode::FAILURE;

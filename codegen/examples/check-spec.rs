@@ -4,14 +4,17 @@ use std::path::Path;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("codegen/ has a parent");
-    let catalogue = match memra_codegen::families::Catalogue::load(&root.join("templates/README.md")) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("codegen/ has a parent");
+    let catalogue =
+        match memra_codegen::families::Catalogue::load(&root.join("templates/README.md")) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
     let mut ok = true;
     for arg in std::env::args().skip(1) {
         match memra_codegen::ArchSpec::load(Path::new(&arg)) {
@@ -37,5 +40,9 @@ fn main() -> ExitCode {
             },
         }
     }
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -35,20 +35,36 @@ impl BuildRequest {
     /// The request a build script makes: dirs relative to `manifest_dir`'s parent (the
     /// workspace root), archs from `CARGO_FEATURE_MODEL_*`, model from `MEMRA_MODEL`.
     pub fn from_cargo_env(workspace_root: &Path) -> Result<BuildRequest, BuildError> {
-        let out_dir = std::env::var_os("OUT_DIR").ok_or_else(|| BuildError::Env("OUT_DIR is not set (not running under cargo?)".into()))?;
+        let out_dir = std::env::var_os("OUT_DIR").ok_or_else(|| {
+            BuildError::Env("OUT_DIR is not set (not running under cargo?)".into())
+        })?;
         let specs_dir = workspace_root.join("specs");
         let archs = enabled_archs(&specs_dir, |var| std::env::var_os(var).is_some())?;
-        let model = std::env::var_os(MODEL_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
-        Ok(BuildRequest { specs_dir, templates_dir: workspace_root.join("templates"), out_dir: PathBuf::from(out_dir), archs, model })
+        let model = std::env::var_os(MODEL_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        Ok(BuildRequest {
+            specs_dir,
+            templates_dir: workspace_root.join("templates"),
+            out_dir: PathBuf::from(out_dir),
+            archs,
+            model,
+        })
     }
 }
 
 /// The archs whose `model-<arch>` feature is on, found by listing `specs/*.toml` (so a new
 /// spec needs no change here). `feature_on` answers for `CARGO_FEATURE_MODEL_<ARCH>`.
-pub fn enabled_archs(specs_dir: &Path, feature_on: impl Fn(&str) -> bool) -> Result<Vec<String>, BuildError> {
+pub fn enabled_archs(
+    specs_dir: &Path,
+    feature_on: impl Fn(&str) -> bool,
+) -> Result<Vec<String>, BuildError> {
     let mut archs = Vec::new();
     for arch in spec_archs(specs_dir)? {
-        let var = format!("CARGO_FEATURE_MODEL_{}", arch.to_ascii_uppercase().replace('-', "_"));
+        let var = format!(
+            "CARGO_FEATURE_MODEL_{}",
+            arch.to_ascii_uppercase().replace('-', "_")
+        );
         if feature_on(&var) {
             archs.push(arch);
         }
@@ -58,10 +74,16 @@ pub fn enabled_archs(specs_dir: &Path, feature_on: impl Fn(&str) -> bool) -> Res
 
 /// Every `<arch>` with a `specs/<arch>.toml`, sorted.
 pub fn spec_archs(specs_dir: &Path) -> Result<Vec<String>, BuildError> {
-    let entries = fs::read_dir(specs_dir).map_err(|e| BuildError::Io(format!("{}: {e}", specs_dir.display())))?;
+    let entries = fs::read_dir(specs_dir)
+        .map_err(|e| BuildError::Io(format!("{}: {e}", specs_dir.display())))?;
     let mut archs: Vec<String> = entries
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".toml")).map(str::to_string))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".toml"))
+                .map(str::to_string)
+        })
         .collect();
     archs.sort();
     Ok(archs)
@@ -114,11 +136,20 @@ pub fn load_spec(specs_dir: &Path, arch: &str) -> Result<ArchSpec, BuildError> {
     let path = specs_dir.join(format!("{arch}.toml"));
     if !path.is_file() {
         let known = spec_archs(specs_dir).unwrap_or_default();
-        return Err(BuildError::Io(format!("{}: no such spec (specs: {})", path.display(), known.join(", "))));
+        return Err(BuildError::Io(format!(
+            "{}: no such spec (specs: {})",
+            path.display(),
+            known.join(", ")
+        )));
     }
     let spec = ArchSpec::load(&path).map_err(BuildError::Spec)?;
     if spec.arch != arch {
-        return Err(BuildError::Io(format!("{}: [arch] name is `{}`; the file must be named {}.toml", path.display(), spec.arch, spec.arch)));
+        return Err(BuildError::Io(format!(
+            "{}: [arch] name is `{}`; the file must be named {}.toml",
+            path.display(),
+            spec.arch,
+            spec.arch
+        )));
     }
     Ok(spec)
 }
@@ -126,11 +157,15 @@ pub fn load_spec(specs_dir: &Path, arch: &str) -> Result<ArchSpec, BuildError> {
 /// Resolves dims for each requested arch and renders every file, without touching disk
 /// beyond reading specs, templates and the model header.
 pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
-    let catalogue = Catalogue::load(&req.templates_dir.join("README.md")).map_err(BuildError::Catalogue)?;
+    let catalogue =
+        Catalogue::load(&req.templates_dir.join("README.md")).map_err(BuildError::Catalogue)?;
     let model = match &req.model {
         Some(path) => {
             let file = GgufFile::open(path).map_err(|e| BuildError::Model(e.to_string()))?;
-            let arch = file.architecture().map_err(|e| BuildError::Model(e.to_string()))?.to_string();
+            let arch = file
+                .architecture()
+                .map_err(|e| BuildError::Model(e.to_string()))?
+                .to_string();
             Some((arch, file))
         }
         None => None,
@@ -138,19 +173,20 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
     let mut archs = req.archs.clone();
     let mut notes = Vec::new();
     let mut warnings = Vec::new();
-    if let Some((arch, _)) = &model {
-        if !archs.contains(arch) {
+    if let Some((arch, _)) = &model
+        && !archs.contains(arch) {
             warnings.push(format!("{MODEL_ENV} is a `{arch}` model: specializing for it although feature model-{arch} is off"));
             archs.push(arch.clone());
         }
-    }
 
     let mut specialized = Vec::new();
     let mut specialized_dims = Vec::new();
     for arch in &archs {
         let spec = load_spec(&req.specs_dir, arch)?;
         let dims: ModelDims = match &model {
-            Some((a, file)) if a == arch => dims::from_gguf(&spec, file).map_err(BuildError::Dims)?,
+            Some((a, file)) if a == arch => {
+                dims::from_gguf(&spec, file).map_err(BuildError::Dims)?
+            }
             _ => dims::from_preset(&spec, None).map_err(BuildError::Dims)?,
         };
         let plan = plan::plan_arch(&spec, &dims, &catalogue).map_err(BuildError::Plan)?;
@@ -168,25 +204,42 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
     variants.extend(generic);
     let mut files = Vec::new();
     for v in &variants {
-        let family = catalogue.family(&v.family).ok_or_else(|| BuildError::Io(format!("internal: family `{}` vanished", v.family)))?;
-        let text = render::render_cuda(v, family).map_err(|e| BuildError::Io(format!("internal: {e}")))?;
+        let family = catalogue
+            .family(&v.family)
+            .ok_or_else(|| BuildError::Io(format!("internal: family `{}` vanished", v.family)))?;
+        let text =
+            render::render_cuda(v, family).map_err(|e| BuildError::Io(format!("internal: {e}")))?;
         files.push((format!("kernels/{}.cu", v.name()), text));
     }
     let headers = template_headers(&req.templates_dir)?;
-    let header_refs: Vec<(String, &Path)> = headers.iter().map(|(n, p)| (n.clone(), p.as_path())).collect();
-    files.push(("kernels.rs".into(), render::render_registry(&variants, &header_refs, &specialized_dims)));
-    Ok(Generated { variants, files, specialized: specialized_dims, notes, warnings })
+    let header_refs: Vec<(String, &Path)> = headers
+        .iter()
+        .map(|(n, p)| (n.clone(), p.as_path()))
+        .collect();
+    files.push((
+        "kernels.rs".into(),
+        render::render_registry(&variants, &header_refs, &specialized_dims),
+    ));
+    Ok(Generated {
+        variants,
+        files,
+        specialized: specialized_dims,
+        notes,
+        warnings,
+    })
 }
 
 /// `templates/memra/*.cuh` as (include name, absolute path), sorted by name.
 pub fn template_headers(templates_dir: &Path) -> Result<Vec<(String, PathBuf)>, BuildError> {
     let dir = templates_dir.join("memra");
-    let entries = fs::read_dir(&dir).map_err(|e| BuildError::Io(format!("{}: {e}", dir.display())))?;
+    let entries =
+        fs::read_dir(&dir).map_err(|e| BuildError::Io(format!("{}: {e}", dir.display())))?;
     let mut out = Vec::new();
     for e in entries.filter_map(|e| e.ok()) {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.ends_with(".cuh") {
-            let abs = fs::canonicalize(e.path()).map_err(|err| BuildError::Io(format!("{}: {err}", e.path().display())))?;
+            let abs = fs::canonicalize(e.path())
+                .map_err(|err| BuildError::Io(format!("{}: {err}", e.path().display())))?;
             out.push((format!("memra/{name}"), abs));
         }
     }
@@ -196,7 +249,10 @@ pub fn template_headers(templates_dir: &Path) -> Result<Vec<(String, PathBuf)>, 
 
 /// Writes `contents` unless the file already holds exactly that. Returns whether it wrote.
 pub fn write_if_different(path: &Path, contents: &str) -> io::Result<bool> {
-    if fs::read(path).map(|old| old == contents.as_bytes()).unwrap_or(false) {
+    if fs::read(path)
+        .map(|old| old == contents.as_bytes())
+        .unwrap_or(false)
+    {
         return Ok(false);
     }
     if let Some(dir) = path.parent() {
@@ -258,5 +314,11 @@ pub fn write_generated(out_dir: &Path, generated: &Generated) -> Result<EmitRepo
             }
         }
     }
-    Ok(EmitReport { variants: generated.variants.len(), written, removed, notes: generated.notes.clone(), warnings: generated.warnings.clone() })
+    Ok(EmitReport {
+        variants: generated.variants.len(),
+        written,
+        removed,
+        notes: generated.notes.clone(),
+        warnings: generated.warnings.clone(),
+    })
 }

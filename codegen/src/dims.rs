@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use memra_gguf::{GgmlType, Gguf};
 
 use crate::expr::NameValue;
-use crate::spec::{ArchSpec, HParam, HParamDefault, HParamSource, HParamType, LayerRange, TensorSpec, TypeChoice, Value};
+use crate::spec::{
+    ArchSpec, HParam, HParamDefault, HParamSource, HParamType, LayerRange, TensorSpec, TypeChoice,
+    Value,
+};
 
 /// Where the dims came from.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,19 +105,33 @@ pub fn from_preset(spec: &ArchSpec, preset: Option<&str>) -> Result<ModelDims, D
 
 /// A preset with some hparams replaced, for micro models in tests (`block_count = 2`,
 /// `n_vocab = 512`). Per-layer type lists are cut to the (smaller) layer count.
-pub fn from_preset_with(spec: &ArchSpec, preset: Option<&str>, overrides: &[(&str, Value)]) -> Result<ModelDims, DimsError> {
+pub fn from_preset_with(
+    spec: &ArchSpec,
+    preset: Option<&str>,
+    overrides: &[(&str, Value)],
+) -> Result<ModelDims, DimsError> {
     let name = preset.unwrap_or(&spec.default_preset);
     let origin = Origin::Preset(name.to_string());
     let mut problems = Vec::new();
     for (n, _) in overrides {
         if spec.hparam(n).is_none() {
-            problems.push(format!("override `{n}` is not an hparam of {}", spec.loc.file.display()));
+            problems.push(format!(
+                "override `{n}` is not an hparam of {}",
+                spec.loc.file.display()
+            ));
         }
     }
     let Some(preset) = spec.preset(name) else {
         let known: Vec<_> = spec.presets.iter().map(|p| p.name.as_str()).collect();
-        problems.push(format!("{}: no preset `{name}` (presets: {})", spec.loc, known.join(", ")));
-        return Err(DimsError { origin: origin.to_string(), problems });
+        problems.push(format!(
+            "{}: no preset `{name}` (presets: {})",
+            spec.loc,
+            known.join(", ")
+        ));
+        return Err(DimsError {
+            origin: origin.to_string(),
+            problems,
+        });
     };
     let mut values: Vec<(String, Value)> = Vec::new();
     for h in &spec.hparams {
@@ -122,17 +139,33 @@ pub fn from_preset_with(spec: &ArchSpec, preset: Option<&str>, overrides: &[(&st
             .iter()
             .find(|(n, _)| *n == h.name)
             .map(|(_, v)| *v)
-            .or_else(|| preset.hparams.iter().find(|(n, _, _)| n == &h.name).map(|(_, v, _)| *v));
+            .or_else(|| {
+                preset
+                    .hparams
+                    .iter()
+                    .find(|(n, _, _)| n == &h.name)
+                    .map(|(_, v, _)| *v)
+            });
         let got = match given {
             Some(v) => Ok(v),
-            None => default_value(h, &values).unwrap_or_else(|| Err(format!("{}: preset `{name}` lacks `{}`", preset.loc, h.name))),
+            None => default_value(h, &values).unwrap_or_else(|| {
+                Err(format!(
+                    "{}: preset `{name}` lacks `{}`",
+                    preset.loc, h.name
+                ))
+            }),
         };
         match got {
             Ok(v) => values.push((h.name.clone(), normalize(h.ty, v))),
             Err(p) => problems.push(p),
         }
     }
-    let mut dims = ModelDims { arch: spec.arch.clone(), origin, values, tensors: Vec::new() };
+    let mut dims = ModelDims {
+        arch: spec.arch.clone(),
+        origin,
+        values,
+        tensors: Vec::new(),
+    };
     if problems.is_empty() {
         derive(spec, &mut dims, &mut problems);
     }
@@ -142,16 +175,30 @@ pub fn from_preset_with(spec: &ArchSpec, preset: Option<&str>, overrides: &[(&st
                 continue;
             }
             let choice = preset.types.iter().find(|(f, _, _)| f == &t.field);
-            let Some(layers) = layers_of(t, &dims, &mut problems) else { continue };
-            let Some(shape) = eval_shape(t, &dims, &mut problems) else { continue };
+            let Some(layers) = layers_of(t, &dims, &mut problems) else {
+                continue;
+            };
+            let Some(shape) = eval_shape(t, &dims, &mut problems) else {
+                continue;
+            };
             for (pos, layer) in layers.iter().enumerate() {
                 let name = t.gguf_name(layer.unwrap_or(0));
                 let ty = match choice {
                     Some((_, TypeChoice::All(ty), _)) => *ty,
                     Some((_, TypeChoice::PerLayer(list), loc)) => match list.get(pos) {
-                        Some(ty) if list.len() == layers.len() || (!overrides.is_empty() && list.len() > layers.len()) => *ty,
+                        Some(ty)
+                            if list.len() == layers.len()
+                                || (!overrides.is_empty() && list.len() > layers.len()) =>
+                        {
+                            *ty
+                        }
                         _ => {
-                            problems.push(format!("{loc}: {} types listed but `{}` has {} layer(s)", list.len(), t.name, layers.len()));
+                            problems.push(format!(
+                                "{loc}: {} types listed but `{}` has {} layer(s)",
+                                list.len(),
+                                t.name,
+                                layers.len()
+                            ));
                             break;
                         }
                     },
@@ -167,11 +214,24 @@ pub fn from_preset_with(spec: &ArchSpec, preset: Option<&str>, overrides: &[(&st
                         ty.block_size()
                     ));
                 }
-                dims.tensors.push(TensorInstance { spec_index: i, layer: *layer, name, shape: shape.clone(), ggml_type: ty });
+                dims.tensors.push(TensorInstance {
+                    spec_index: i,
+                    layer: *layer,
+                    name,
+                    shape: shape.clone(),
+                    ggml_type: ty,
+                });
             }
         }
     }
-    if problems.is_empty() { Ok(dims) } else { Err(DimsError { origin: dims.origin.to_string(), problems }) }
+    if problems.is_empty() {
+        Ok(dims)
+    } else {
+        Err(DimsError {
+            origin: dims.origin.to_string(),
+            problems,
+        })
+    }
 }
 
 /// Dims read from a GGUF header: hparams from metadata (defaults applied), tensors from the
@@ -184,11 +244,18 @@ pub fn from_gguf<B: AsRef<[u8]>>(spec: &ArchSpec, file: &Gguf<B>) -> Result<Mode
     let mut problems = Vec::new();
     match file.architecture() {
         Ok(a) if a == spec.arch => {}
-        Ok(a) => problems.push(format!("general.architecture is `{a}`, but {} describes `{}`", spec.loc.file.display(), spec.arch)),
+        Ok(a) => problems.push(format!(
+            "general.architecture is `{a}`, but {} describes `{}`",
+            spec.loc.file.display(),
+            spec.arch
+        )),
         Err(e) => problems.push(e.to_string()),
     }
     if !problems.is_empty() {
-        return Err(DimsError { origin: origin.to_string(), problems });
+        return Err(DimsError {
+            origin: origin.to_string(),
+            problems,
+        });
     }
     let mut values = Vec::new();
     for h in &spec.hparams {
@@ -196,23 +263,45 @@ pub fn from_gguf<B: AsRef<[u8]>>(spec: &ArchSpec, file: &Gguf<B>) -> Result<Mode
             HParamSource::Key(suffix) => {
                 let key = format!("{}.{suffix}", spec.arch);
                 match file.get(&key) {
-                    None => default_value(h, &values).unwrap_or_else(|| Err(format!("metadata key '{key}' is missing (hparam `{}`, {})", h.name, h.loc))),
+                    None => default_value(h, &values).unwrap_or_else(|| {
+                        Err(format!(
+                            "metadata key '{key}' is missing (hparam `{}`, {})",
+                            h.name, h.loc
+                        ))
+                    }),
                     Some(v) => {
                         let conv = match h.ty {
-                            HParamType::U32 => v.as_integer().filter(|i| (0..=u32::MAX as i128).contains(i)).map(|i| Value::Int(i as i64)),
+                            HParamType::U32 => v
+                                .as_integer()
+                                .filter(|i| (0..=u32::MAX as i128).contains(i))
+                                .map(|i| Value::Int(i as i64)),
                             HParamType::F32 => v.as_f64().map(Value::Float),
                             HParamType::Bool => v.as_bool().map(Value::Bool),
                         };
-                        conv.ok_or_else(|| format!("metadata key '{key}' = {v} ({}) is not a {} (hparam `{}`, {})", v.type_description(), h.ty.name(), h.name, h.loc))
+                        conv.ok_or_else(|| {
+                            format!(
+                                "metadata key '{key}' = {v} ({}) is not a {} (hparam `{}`, {})",
+                                v.type_description(),
+                                h.ty.name(),
+                                h.name,
+                                h.loc
+                            )
+                        })
                     }
                 }
             }
             HParamSource::TensorDim { tensor, dim } => match file.tensor(tensor) {
                 Some(t) => match t.dims.get(*dim) {
                     Some(&d) if d <= u32::MAX as u64 => Ok(Value::Int(d as i64)),
-                    _ => Err(format!("tensor '{tensor}' has dims {:?}; hparam `{}` needs ne{dim} ({})", t.dims, h.name, h.loc)),
+                    _ => Err(format!(
+                        "tensor '{tensor}' has dims {:?}; hparam `{}` needs ne{dim} ({})",
+                        t.dims, h.name, h.loc
+                    )),
                 },
-                None => Err(format!("tensor '{tensor}' is missing (hparam `{}` reads its ne{dim}, {})", h.name, h.loc)),
+                None => Err(format!(
+                    "tensor '{tensor}' is missing (hparam `{}` reads its ne{dim}, {})",
+                    h.name, h.loc
+                )),
             },
         };
         match got {
@@ -220,28 +309,54 @@ pub fn from_gguf<B: AsRef<[u8]>>(spec: &ArchSpec, file: &Gguf<B>) -> Result<Mode
             Err(p) => problems.push(p),
         }
     }
-    let mut dims = ModelDims { arch: spec.arch.clone(), origin, values, tensors: Vec::new() };
+    let mut dims = ModelDims {
+        arch: spec.arch.clone(),
+        origin,
+        values,
+        tensors: Vec::new(),
+    };
     if problems.is_empty() {
         derive(spec, &mut dims, &mut problems);
     }
     if problems.is_empty() {
         for (i, t) in spec.tensors.iter().enumerate() {
-            let Some(layers) = layers_of(t, &dims, &mut problems) else { continue };
-            let Some(shape) = eval_shape(t, &dims, &mut problems) else { continue };
+            let Some(layers) = layers_of(t, &dims, &mut problems) else {
+                continue;
+            };
+            let Some(shape) = eval_shape(t, &dims, &mut problems) else {
+                continue;
+            };
             for layer in layers {
                 let name = t.gguf_name(layer.unwrap_or(0));
                 match file.tensor(&name) {
                     None if t.optional => {}
                     None => problems.push(format!("tensor '{name}' is missing ({})", t.loc)),
-                    Some(info) if info.dims != shape => {
-                        problems.push(format!("tensor '{name}' has shape {:?}, expected {:?} = [{}] ({})", info.dims, shape, shape_text(t), t.loc))
-                    }
-                    Some(info) => dims.tensors.push(TensorInstance { spec_index: i, layer, name, shape: shape.clone(), ggml_type: info.ggml_type }),
+                    Some(info) if info.dims != shape => problems.push(format!(
+                        "tensor '{name}' has shape {:?}, expected {:?} = [{}] ({})",
+                        info.dims,
+                        shape,
+                        shape_text(t),
+                        t.loc
+                    )),
+                    Some(info) => dims.tensors.push(TensorInstance {
+                        spec_index: i,
+                        layer,
+                        name,
+                        shape: shape.clone(),
+                        ggml_type: info.ggml_type,
+                    }),
                 }
             }
         }
     }
-    if problems.is_empty() { Ok(dims) } else { Err(DimsError { origin: dims.origin.to_string(), problems }) }
+    if problems.is_empty() {
+        Ok(dims)
+    } else {
+        Err(DimsError {
+            origin: dims.origin.to_string(),
+            problems,
+        })
+    }
 }
 
 /// The default of `h` given the hparams resolved so far; `None` if it has none.
@@ -256,7 +371,11 @@ fn default_value(h: &HParam, earlier: &[(String, Value)]) -> Option<Result<Value
                     Value::Bool(_) => NameValue::NotInteger("bool"),
                 })
             };
-            Some(e.eval(&lookup).map(Value::Int).map_err(|err| format!("{}: default of `{}`: {err}", h.loc, h.name)))
+            Some(
+                e.eval(&lookup)
+                    .map(Value::Int)
+                    .map_err(|err| format!("{}: default of `{}`: {err}", h.loc, h.name)),
+            )
         }
     }
 }
@@ -274,7 +393,10 @@ fn derive(spec: &ArchSpec, dims: &mut ModelDims, problems: &mut Vec<String>) {
     for d in &spec.derived {
         match d.expr.eval(&|n| dims.lookup(n)) {
             Ok(v) if v >= 0 => dims.values.push((d.name.clone(), Value::Int(v))),
-            Ok(v) => problems.push(format!("{}: {} = `{}` evaluates to {v}, which is negative", d.loc, d.name, d.expr)),
+            Ok(v) => problems.push(format!(
+                "{}: {} = `{}` evaluates to {v}, which is negative",
+                d.loc, d.name, d.expr
+            )),
             Err(e) => problems.push(format!("{}: {e}", d.loc)),
         }
     }
@@ -282,23 +404,36 @@ fn derive(spec: &ArchSpec, dims: &mut ModelDims, problems: &mut Vec<String>) {
 
 /// Evaluates a layer range to its indices.
 pub fn eval_range(r: &LayerRange, dims: &ModelDims) -> Result<std::ops::Range<usize>, String> {
-    let a = r.start.eval(&|n| dims.lookup(n)).map_err(|e| e.to_string())?;
+    let a = r
+        .start
+        .eval(&|n| dims.lookup(n))
+        .map_err(|e| e.to_string())?;
     let b = r.end.eval(&|n| dims.lookup(n)).map_err(|e| e.to_string())?;
     if a < 0 || b < a {
-        return Err(format!("layer range `{}` evaluates to {a}..{b}, which is not a valid range", r.text));
+        return Err(format!(
+            "layer range `{}` evaluates to {a}..{b}, which is not a valid range",
+            r.text
+        ));
     }
     Ok(a as usize..b as usize)
 }
 
 /// `[None]` for a global tensor, `[Some(i), ...]` for a per-layer one.
-fn layers_of(t: &TensorSpec, dims: &ModelDims, problems: &mut Vec<String>) -> Option<Vec<Option<usize>>> {
+fn layers_of(
+    t: &TensorSpec,
+    dims: &ModelDims,
+    problems: &mut Vec<String>,
+) -> Option<Vec<Option<usize>>> {
     match &t.layers {
         None => Some(vec![None]),
         Some(r) => match eval_range(r, dims) {
             Ok(range) => {
                 let n_layer = dims.int("n_layer").unwrap_or(0) as usize;
                 if range.end > n_layer {
-                    problems.push(format!("{}: layer range `{}` = {range:?} goes past n_layer = {n_layer}", t.loc, r.text));
+                    problems.push(format!(
+                        "{}: layer range `{}` = {range:?} goes past n_layer = {n_layer}",
+                        t.loc, r.text
+                    ));
                     return None;
                 }
                 Some(range.map(Some).collect())
@@ -317,7 +452,10 @@ fn eval_shape(t: &TensorSpec, dims: &ModelDims, problems: &mut Vec<String>) -> O
         match e.eval(&|n| dims.lookup(n)) {
             Ok(v) if v > 0 => out.push(v as u64),
             Ok(v) => {
-                problems.push(format!("{}: expression `{e}` of `{}` evaluates to {v}; dimensions must be positive", t.loc, t.name));
+                problems.push(format!(
+                    "{}: expression `{e}` of `{}` evaluates to {v}; dimensions must be positive",
+                    t.loc, t.name
+                ));
                 return None;
             }
             Err(err) => {
@@ -330,5 +468,9 @@ fn eval_shape(t: &TensorSpec, dims: &ModelDims, problems: &mut Vec<String>) -> O
 }
 
 fn shape_text(t: &TensorSpec) -> String {
-    t.shape.iter().map(|e| e.text().to_string()).collect::<Vec<_>>().join(", ")
+    t.shape
+        .iter()
+        .map(|e| e.text().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -68,22 +68,37 @@ pub enum NameValue {
 impl Expr {
     /// Parses `text`.
     pub fn parse(text: &str) -> Result<Expr, ExprError> {
-        let err = |message: String| ExprError { expr: text.to_string(), message };
+        let err = |message: String| ExprError {
+            expr: text.to_string(),
+            message,
+        };
         let tokens = tokenize(text).map_err(err)?;
         if tokens.is_empty() {
             return Err(err("is empty".into()));
         }
-        let mut parser = Parser { tokens: &tokens, pos: 0 };
+        let mut parser = Parser {
+            tokens: &tokens,
+            pos: 0,
+        };
         let node = parser.expr().map_err(err)?;
         if let Some(tok) = parser.tokens.get(parser.pos) {
-            return Err(err(format!("unexpected {} after a complete expression", tok.describe())));
+            return Err(err(format!(
+                "unexpected {} after a complete expression",
+                tok.describe()
+            )));
         }
-        Ok(Expr { text: text.trim().to_string(), node })
+        Ok(Expr {
+            text: text.trim().to_string(),
+            node,
+        })
     }
 
     /// An expression that is just an integer (for shapes written as TOML integers).
     pub fn int(value: i64) -> Expr {
-        Expr { text: value.to_string(), node: Node::Int(value) }
+        Expr {
+            text: value.to_string(),
+            node: Node::Int(value),
+        }
     }
 
     pub fn text(&self) -> &str {
@@ -126,7 +141,10 @@ impl Expr {
 
     /// Evaluates with checked i64 arithmetic; `lookup` returns `None` for unknown names.
     pub fn eval(&self, lookup: &dyn Fn(&str) -> Option<NameValue>) -> Result<i64, ExprError> {
-        eval_node(&self.node, lookup).map_err(|message| ExprError { expr: self.text.clone(), message })
+        eval_node(&self.node, lookup).map_err(|message| ExprError {
+            expr: self.text.clone(),
+            message,
+        })
     }
 }
 
@@ -141,14 +159,15 @@ fn eval_node(node: &Node, lookup: &dyn Fn(&str) -> Option<NameValue>) -> Result<
         Node::Int(v) => Ok(*v),
         Node::Name(name) => match lookup(name) {
             Some(NameValue::Int(v)) => Ok(v),
-            Some(NameValue::NotInteger(ty)) => {
-                Err(format!("`{name}` is a {ty} hparam; only integers can appear in expressions"))
-            }
+            Some(NameValue::NotInteger(ty)) => Err(format!(
+                "`{name}` is a {ty} hparam; only integers can appear in expressions"
+            )),
             None => Err(format!("unknown name `{name}`")),
         },
         Node::Neg(inner) => {
             let v = eval_node(inner, lookup)?;
-            v.checked_neg().ok_or_else(|| format!("-({v}) overflows i64"))
+            v.checked_neg()
+                .ok_or_else(|| format!("-({v}) overflows i64"))
         }
         Node::Bin(a, op, b) => {
             let (a, b) = (eval_node(a, lookup)?, eval_node(b, lookup)?);
@@ -223,9 +242,14 @@ fn tokenize(text: &str) -> Result<Vec<Token>, String> {
                     i += 1;
                 }
                 let digits: String = text[start..i].chars().filter(|&c| c != '_').collect();
-                let value = digits.parse::<i64>().map_err(|_| format!("integer `{}` does not fit in i64", &text[start..i]))?;
+                let value = digits
+                    .parse::<i64>()
+                    .map_err(|_| format!("integer `{}` does not fit in i64", &text[start..i]))?;
                 if i < bytes.len() && (bytes[i].is_ascii_alphabetic()) {
-                    return Err(format!("`{}` is neither an integer nor a name", &text[start..=i]));
+                    return Err(format!(
+                        "`{}` is neither an integer nor a name",
+                        &text[start..=i]
+                    ));
                 }
                 out.push(Token::Int(value));
             }
@@ -334,8 +358,16 @@ mod tests {
         assert_eq!(eval("head_dim - rope_dim").unwrap(), 192);
         assert_eq!(eval("2 + 3 * 4").unwrap(), 14);
         assert_eq!(eval("(2 + 3) * 4").unwrap(), 20);
-        assert_eq!(eval("100 - 10 - 1").unwrap(), 89, "subtraction is left-associative");
-        assert_eq!(eval("64 / 4 / 2").unwrap(), 8, "division is left-associative");
+        assert_eq!(
+            eval("100 - 10 - 1").unwrap(),
+            89,
+            "subtraction is left-associative"
+        );
+        assert_eq!(
+            eval("64 / 4 / 2").unwrap(),
+            8,
+            "division is left-associative"
+        );
         assert_eq!(eval("-rope_dim + head_dim").unwrap(), 192);
         assert_eq!(eval("  n_embd/n_head ").unwrap(), 96);
         assert_eq!(eval("1_000 * 2").unwrap(), 2000);
@@ -361,7 +393,10 @@ mod tests {
         for (text, want) in cases {
             let err = eval(text).unwrap_err();
             let msg = err.to_string();
-            assert!(msg.contains(&format!("`{text}`")), "{msg:?} should quote {text:?}");
+            assert!(
+                msg.contains(&format!("`{text}`")),
+                "{msg:?} should quote {text:?}"
+            );
             assert!(msg.contains(want), "{msg:?} should contain {want:?}");
         }
     }

@@ -76,8 +76,14 @@ impl FieldType {
                 let t = QTYPES.iter().find(|t| qtype_token(**t) == token)?;
                 format!("memra::QType::{}", t.name())
             }
-            FieldType::RopeMode => format!("memra::RopeMode::{}", camel(token, &["none", "interleaved", "neox"])?),
-            FieldType::QkNorm => format!("memra::QkNorm::{}", camel(token, &["none", "per_head", "full"])?),
+            FieldType::RopeMode => format!(
+                "memra::RopeMode::{}",
+                camel(token, &["none", "interleaved", "neox"])?
+            ),
+            FieldType::QkNorm => format!(
+                "memra::QkNorm::{}",
+                camel(token, &["none", "per_head", "full"])?
+            ),
             FieldType::CacheType => match token {
                 "f32" => "memra::CacheType::F32".into(),
                 "bf16" => "memra::CacheType::BF16".into(),
@@ -99,7 +105,9 @@ impl FieldType {
 }
 
 fn camel(token: &str, allowed: &[&str]) -> Option<String> {
-    allowed.contains(&token).then(|| crate::spec::type_prefix(token))
+    allowed
+        .contains(&token)
+        .then(|| crate::spec::type_prefix(token))
 }
 
 /// The one dtype token table (`q4_k`, `iq4_nl`, `bf16`).
@@ -179,7 +187,8 @@ impl std::error::Error for CatalogueError {}
 
 impl Catalogue {
     pub fn load(path: &Path) -> Result<Catalogue, CatalogueError> {
-        let text = std::fs::read_to_string(path).map_err(|e| CatalogueError(format!("{}: cannot read: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CatalogueError(format!("{}: cannot read: {e}", path.display())))?;
         Self::parse(path, &text)
     }
 
@@ -195,54 +204,113 @@ impl Catalogue {
             let err = |m: String| CatalogueError(format!("{}:{}: {m}", path.display(), n + 1));
             if let Some(title) = line.strip_prefix("## ") {
                 let name = title.split_whitespace().next().unwrap_or("").to_string();
-                if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
-                    return Err(err(format!("family heading `{title}` is not a snake_case family name")));
+                if name.is_empty()
+                    || !name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                {
+                    return Err(err(format!(
+                        "family heading `{title}` is not a snake_case family name"
+                    )));
                 }
-                families.push(Family { name, fields: Vec::new() });
+                families.push(Family {
+                    name,
+                    fields: Vec::new(),
+                });
                 columns = None;
                 continue;
             }
-            let Some(family) = families.last_mut() else { continue };
+            let Some(family) = families.last_mut() else {
+                continue;
+            };
             let trimmed = line.trim();
             if !trimmed.starts_with('|') {
                 columns = None;
                 continue;
             }
-            let cells: Vec<String> = trimmed.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect();
-            if cells.iter().all(|c| c.chars().all(|ch| ch == '-' || ch == ':')) {
+            let cells: Vec<String> = trimmed
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect();
+            if cells
+                .iter()
+                .all(|c| c.chars().all(|ch| ch == '-' || ch == ':'))
+            {
                 continue;
             }
             let Some(cols) = &columns else {
                 if cells.first().map(String::as_str) == Some("field") {
                     for want in ["field", "type", "kind", "default"] {
                         if !cells.iter().any(|c| c == want) {
-                            return Err(err(format!("Cfg table of `{}` lacks a `{want}` column", family.name)));
+                            return Err(err(format!(
+                                "Cfg table of `{}` lacks a `{want}` column",
+                                family.name
+                            )));
                         }
                     }
                     columns = Some(cells);
                 }
                 continue;
             };
-            let cell = |name: &str| cols.iter().position(|c| c == name).and_then(|i| cells.get(i)).map(String::as_str).unwrap_or("");
+            let cell = |name: &str| {
+                cols.iter()
+                    .position(|c| c == name)
+                    .and_then(|i| cells.get(i))
+                    .map(String::as_str)
+                    .unwrap_or("")
+            };
             let field = cell("field").trim_matches('`').to_string();
-            if field.is_empty() || !field.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
-                return Err(err(format!("`{}`: field `{field}` is not an UPPER_CASE Cfg member", family.name)));
+            if field.is_empty()
+                || !field
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(err(format!(
+                    "`{}`: field `{field}` is not an UPPER_CASE Cfg member",
+                    family.name
+                )));
             }
-            let ty = FieldType::parse(cell("type")).ok_or_else(|| err(format!("`{}`.{field}: unknown type `{}`", family.name, cell("type"))))?;
+            let ty = FieldType::parse(cell("type")).ok_or_else(|| {
+                err(format!(
+                    "`{}`.{field}: unknown type `{}`",
+                    family.name,
+                    cell("type")
+                ))
+            })?;
             let kind = match cell("kind") {
                 "dim" => FieldKind::Dim,
                 "enum" => FieldKind::Enum,
                 "tune" => FieldKind::Tune,
-                other => return Err(err(format!("`{}`.{field}: unknown kind `{other}` (dim, enum or tune)", family.name))),
+                other => {
+                    return Err(err(format!(
+                        "`{}`.{field}: unknown kind `{other}` (dim, enum or tune)",
+                        family.name
+                    )));
+                }
             };
             let default = match cell("default").trim_matches('`') {
                 "" | "—" | "-" => None,
-                d => Some(normalize_default(ty, d).ok_or_else(|| err(format!("`{}`.{field}: default `{d}` is not a {}", family.name, ty.cpp_type())))?),
+                d => Some(normalize_default(ty, d).ok_or_else(|| {
+                    err(format!(
+                        "`{}`.{field}: default `{d}` is not a {}",
+                        family.name,
+                        ty.cpp_type()
+                    ))
+                })?),
             };
             if kind == FieldKind::Dim && (ty != FieldType::Int || default.is_some()) {
-                return Err(err(format!("`{}`.{field}: a dim is an int with no default", family.name)));
+                return Err(err(format!(
+                    "`{}`.{field}: a dim is an int with no default",
+                    family.name
+                )));
             }
-            family.fields.push(Field { name: field, ty, kind, default });
+            family.fields.push(Field {
+                name: field,
+                ty,
+                kind,
+                default,
+            });
         }
         Ok(Catalogue { families })
     }
@@ -254,7 +322,10 @@ fn normalize_default(ty: FieldType, d: &str) -> Option<String> {
         FieldType::Int => d.parse::<i64>().ok().map(|v| v.to_string()),
         _ => {
             let last = d.rsplit("::").next().unwrap_or(d);
-            ty.tokens().into_iter().find(|t| t.eq_ignore_ascii_case(last) || crate::spec::type_prefix(t) == last).map(str::to_string)
+            ty.tokens()
+                .into_iter()
+                .find(|t| t.eq_ignore_ascii_case(last) || crate::spec::type_prefix(t) == last)
+                .map(str::to_string)
         }
     }
 }
@@ -271,31 +342,67 @@ mod tests {
         let names: Vec<_> = c.families.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["rmsnorm", "qk_norm_rope", "matvec"]);
         let r = c.family("rmsnorm").unwrap();
-        assert_eq!(r.fields[0], Field { name: "N".into(), ty: FieldType::Int, kind: FieldKind::Dim, default: None });
+        assert_eq!(
+            r.fields[0],
+            Field {
+                name: "N".into(),
+                ty: FieldType::Int,
+                kind: FieldKind::Dim,
+                default: None
+            }
+        );
         assert_eq!(r.fields[1].default.as_deref(), Some("256"));
         let q = c.family("qk_norm_rope").unwrap();
-        assert_eq!(q.fields.iter().map(|f| f.key()).collect::<Vec<_>>(), ["head_dim", "rope_mode", "cache_t"]);
+        assert_eq!(
+            q.fields.iter().map(|f| f.key()).collect::<Vec<_>>(),
+            ["head_dim", "rope_mode", "cache_t"]
+        );
         assert_eq!(q.field("cache_t").unwrap().default.as_deref(), Some("bf16"));
-        assert!(c.family("matvec").unwrap().fields.is_empty(), "a placeholder section has no fields");
+        assert!(
+            c.family("matvec").unwrap().fields.is_empty(),
+            "a placeholder section has no fields"
+        );
     }
 
     #[test]
     fn bad_rows_are_reported_with_line_numbers() {
         let bad = README.replace("| THREADS | int | tune |", "| THREADS | int | knob |");
-        let e = Catalogue::parse(Path::new("templates/README.md"), &bad).unwrap_err().to_string();
+        let e = Catalogue::parse(Path::new("templates/README.md"), &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("templates/README.md:12:"), "{e}");
         assert!(e.contains("unknown kind `knob`"), "{e}");
         let bad = README.replace("| N | int | dim | — |", "| N | float | dim | — |");
-        assert!(Catalogue::parse(Path::new("r"), &bad).unwrap_err().0.contains("unknown type `float`"));
+        assert!(
+            Catalogue::parse(Path::new("r"), &bad)
+                .unwrap_err()
+                .0
+                .contains("unknown type `float`")
+        );
     }
 
     #[test]
     fn enum_tokens_render_as_cpp_enumerators() {
-        assert_eq!(FieldType::QType.cpp("q4_k").as_deref(), Some("memra::QType::Q4_K"));
-        assert_eq!(FieldType::QType.cpp("iq4_nl").as_deref(), Some("memra::QType::IQ4_NL"));
-        assert_eq!(FieldType::RopeMode.cpp("neox").as_deref(), Some("memra::RopeMode::Neox"));
-        assert_eq!(FieldType::QkNorm.cpp("per_head").as_deref(), Some("memra::QkNorm::PerHead"));
-        assert_eq!(FieldType::CacheType.cpp("bf16").as_deref(), Some("memra::CacheType::BF16"));
+        assert_eq!(
+            FieldType::QType.cpp("q4_k").as_deref(),
+            Some("memra::QType::Q4_K")
+        );
+        assert_eq!(
+            FieldType::QType.cpp("iq4_nl").as_deref(),
+            Some("memra::QType::IQ4_NL")
+        );
+        assert_eq!(
+            FieldType::RopeMode.cpp("neox").as_deref(),
+            Some("memra::RopeMode::Neox")
+        );
+        assert_eq!(
+            FieldType::QkNorm.cpp("per_head").as_deref(),
+            Some("memra::QkNorm::PerHead")
+        );
+        assert_eq!(
+            FieldType::CacheType.cpp("bf16").as_deref(),
+            Some("memra::CacheType::BF16")
+        );
         assert_eq!(FieldType::QType.cpp("q2_k"), None);
         assert_eq!(FieldType::QType.tokens().len(), 13);
     }

@@ -24,7 +24,9 @@ pub fn writer_for(spec: &ArchSpec, dims: &ModelDims, fill: Fill) -> Result<GgufW
     let mut w = GgufWriter::new();
     w.add_meta("general.architecture", spec.arch.as_str());
     for h in &spec.hparams {
-        let (HParamSource::Key(suffix), Some(v)) = (&h.from, dims.value(&h.name)) else { continue };
+        let (HParamSource::Key(suffix), Some(v)) = (&h.from, dims.value(&h.name)) else {
+            continue;
+        };
         let key = format!("{}.{suffix}", spec.arch);
         let value: MetaValue = match (h.ty, v) {
             (HParamType::U32, Value::Int(i)) => MetaValue::U32(i as u32),
@@ -38,12 +40,26 @@ pub fn writer_for(spec: &ArchSpec, dims: &ModelDims, fill: Fill) -> Result<GgufW
         match fill {
             Fill::Zeros => {
                 let rows: u64 = t.shape[1..].iter().product();
-                let row = t.ggml_type.row_bytes(t.shape[0]).ok_or_else(|| format!("tensor '{}': ne0 {} is not a whole number of {} blocks", t.name, t.shape[0], t.ggml_type))?;
-                w.add_tensor_bytes(t.name.clone(), &t.shape, t.ggml_type, vec![0u8; (row * rows) as usize]).map_err(|e| e.to_string())?;
+                let row = t.ggml_type.row_bytes(t.shape[0]).ok_or_else(|| {
+                    format!(
+                        "tensor '{}': ne0 {} is not a whole number of {} blocks",
+                        t.name, t.shape[0], t.ggml_type
+                    )
+                })?;
+                w.add_tensor_bytes(
+                    t.name.clone(),
+                    &t.shape,
+                    t.ggml_type,
+                    vec![0u8; (row * rows) as usize],
+                )
+                .map_err(|e| e.to_string())?;
             }
             Fill::Random(seed) => {
                 let n: u64 = t.shape.iter().product();
-                let mut state = seed ^ t.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+                let mut state = seed
+                    ^ t.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+                    });
                 let values: Vec<f32> = (0..n)
                     .map(|_| {
                         state ^= state << 13;
@@ -52,7 +68,8 @@ pub fn writer_for(spec: &ArchSpec, dims: &ModelDims, fill: Fill) -> Result<GgufW
                         (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
                     })
                     .collect();
-                w.add_tensor_f32(t.name.clone(), &t.shape, t.ggml_type, &values).map_err(|e| e.to_string())?;
+                w.add_tensor_f32(t.name.clone(), &t.shape, t.ggml_type, &values)
+                    .map_err(|e| e.to_string())?;
             }
         }
     }

@@ -33,13 +33,23 @@ impl fmt::Display for PlanError {
 impl std::error::Error for PlanError {}
 
 /// Plans the specialized variants of one architecture.
-pub fn plan_arch(spec: &ArchSpec, dims: &ModelDims, catalogue: &Catalogue) -> Result<ArchPlan, PlanError> {
+pub fn plan_arch(
+    spec: &ArchSpec,
+    dims: &ModelDims,
+    catalogue: &Catalogue,
+) -> Result<ArchPlan, PlanError> {
     let mut plan = ArchPlan::default();
     let mut errors = Vec::new();
     for k in &spec.kernels {
-        let fam_loc = Loc { key: format!("{}.family", k.loc.key), ..k.loc.clone() };
+        let fam_loc = Loc {
+            key: format!("{}.family", k.loc.key),
+            ..k.loc.clone()
+        };
         if let Some(why) = &k.pending {
-            plan.notes.push(format!("{}: `{}` planned nothing: pending ({why})", k.loc, k.family));
+            plan.notes.push(format!(
+                "{}: `{}` planned nothing: pending ({why})",
+                k.loc, k.family
+            ));
             continue;
         }
         let Some(family) = catalogue.family(&k.family) else {
@@ -48,13 +58,22 @@ pub fn plan_arch(spec: &ArchSpec, dims: &ModelDims, catalogue: &Catalogue) -> Re
             continue;
         };
         if family.fields.is_empty() {
-            plan.warnings.push(format!("{}: `{}` planned nothing: templates/README.md has no Cfg table for it yet", k.loc, k.family));
+            plan.warnings.push(format!(
+                "{}: `{}` planned nothing: templates/README.md has no Cfg table for it yet",
+                k.loc, k.family
+            ));
             continue;
         }
         for p in &k.params {
             if family.field(&p.key).is_none() {
                 let keys: Vec<_> = family.fields.iter().map(|f| f.key()).collect();
-                errors.push(format!("{}: `{}` has no Cfg field `{}` (fields: {})", p.loc, k.family, p.key, keys.join(", ")));
+                errors.push(format!(
+                    "{}: `{}` has no Cfg field `{}` (fields: {})",
+                    p.loc,
+                    k.family,
+                    p.key,
+                    keys.join(", ")
+                ));
             }
         }
         for scope in scopes(spec, dims, k, &mut errors) {
@@ -68,7 +87,11 @@ pub fn plan_arch(spec: &ArchSpec, dims: &ModelDims, catalogue: &Catalogue) -> Re
             }
         }
     }
-    if errors.is_empty() { Ok(plan) } else { Err(PlanError(errors)) }
+    if errors.is_empty() {
+        Ok(plan)
+    } else {
+        Err(PlanError(errors))
+    }
 }
 
 /// Adds `v` unless a variant of the same name exists, in which case its archs are merged.
@@ -89,18 +112,32 @@ pub fn push_unique(list: &mut Vec<KernelVariant>, v: KernelVariant) {
 /// The tensor a per-tensor entry is baked for, if any.
 type Scope<'a> = Option<&'a TensorInstance>;
 
-fn scopes<'a>(spec: &ArchSpec, dims: &'a ModelDims, k: &KernelSpec, errors: &mut Vec<String>) -> Vec<Scope<'a>> {
+fn scopes<'a>(
+    spec: &ArchSpec,
+    dims: &'a ModelDims,
+    k: &KernelSpec,
+    errors: &mut Vec<String>,
+) -> Vec<Scope<'a>> {
     if k.tensors.is_empty() {
         return vec![None];
     }
     let mut out = Vec::new();
     for (name, loc) in &k.tensors {
-        let name = if name == LM_HEAD { lm_head(spec, dims) } else { name.as_str() };
+        let name = if name == LM_HEAD {
+            lm_head(spec, dims)
+        } else {
+            name.as_str()
+        };
         let Some(index) = spec.tensors.iter().position(|t| t.name == name) else {
             errors.push(format!("{loc}: `{name}` is not in [tensors]"));
             continue;
         };
-        out.extend(dims.tensors.iter().filter(|t| t.spec_index == index).map(Some));
+        out.extend(
+            dims.tensors
+                .iter()
+                .filter(|t| t.spec_index == index)
+                .map(Some),
+        );
     }
     out
 }
@@ -115,43 +152,89 @@ fn lm_head<'a>(spec: &ArchSpec, dims: &ModelDims) -> &'a str {
     }
 }
 
-fn bake(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, family: &Family, scope: Scope<'_>) -> Result<KernelVariant, String> {
+fn bake(
+    spec: &ArchSpec,
+    dims: &ModelDims,
+    k: &KernelSpec,
+    family: &Family,
+    scope: Scope<'_>,
+) -> Result<KernelVariant, String> {
     let lookup = |n: &str| -> Option<NameValue> {
-        if let (Some(t), Some(i)) = (scope, n.strip_prefix("ne").and_then(|d| d.parse::<usize>().ok())) {
+        if let (Some(t), Some(i)) = (
+            scope,
+            n.strip_prefix("ne").and_then(|d| d.parse::<usize>().ok()),
+        ) {
             return t.shape.get(i).map(|&d| NameValue::Int(d as i64));
         }
         dims.lookup(n)
     };
-    let at = |p: Option<&KernelParam>| p.map(|p| p.loc.to_string()).unwrap_or_else(|| k.loc.to_string());
-    let for_tensor = scope.map(|t| format!(" (for `{}`)", t.name)).unwrap_or_default();
+    let at = |p: Option<&KernelParam>| {
+        p.map(|p| p.loc.to_string())
+            .unwrap_or_else(|| k.loc.to_string())
+    };
+    let for_tensor = scope
+        .map(|t| format!(" (for `{}`)", t.name))
+        .unwrap_or_default();
     let mut params = Vec::new();
     for f in &family.fields {
         let key = f.key();
         let given = k.params.iter().find(|p| p.key == key);
         let value = match (f.ty, given.map(|p| &p.value)) {
             (FieldType::Int, Some(ParamValue::Expr(e))) => {
-                let v = e.eval(&lookup).map_err(|e| format!("{}: {e}{for_tensor}", at(given)))?;
+                let v = e
+                    .eval(&lookup)
+                    .map_err(|e| format!("{}: {e}{for_tensor}", at(given)))?;
                 if f.kind == FieldKind::Dim && v <= 0 {
-                    return Err(format!("{}: dim `{key}` = `{e}` evaluates to {v}{for_tensor}; dims must be positive (0 means generic)", at(given)));
+                    return Err(format!(
+                        "{}: dim `{key}` = `{e}` evaluates to {v}{for_tensor}; dims must be positive (0 means generic)",
+                        at(given)
+                    ));
                 }
                 ParamVal::Int(v)
             }
-            (FieldType::Int, Some(ParamValue::Bool(b))) if f.kind != FieldKind::Dim => ParamVal::Int(*b as i64),
+            (FieldType::Int, Some(ParamValue::Bool(b))) if f.kind != FieldKind::Dim => {
+                ParamVal::Int(*b as i64)
+            }
             (FieldType::Int, Some(other)) => {
                 let shown = match other {
                     ParamValue::Sym(s) => format!("`{s}`"),
                     _ => "a boolean".into(),
                 };
-                return Err(format!("{}: `{key}` of `{}` is an int {}, not {shown}", at(given), k.family, kind_word(f.kind)));
+                return Err(format!(
+                    "{}: `{key}` of `{}` is an int {}, not {shown}",
+                    at(given),
+                    k.family,
+                    kind_word(f.kind)
+                ));
             }
-            (ty, Some(ParamValue::Sym(s))) => ParamVal::Sym(symbol(ty, s, scope).map_err(|e| format!("{}: `{key}`: {e}", at(given)))?),
-            (ty, Some(_)) => return Err(format!("{}: `{key}` takes one of: {}", at(given), ty.tokens().join(", "))),
+            (ty, Some(ParamValue::Sym(s))) => ParamVal::Sym(
+                symbol(ty, s, scope).map_err(|e| format!("{}: `{key}`: {e}", at(given)))?,
+            ),
+            (ty, Some(_)) => {
+                return Err(format!(
+                    "{}: `{key}` takes one of: {}",
+                    at(given),
+                    ty.tokens().join(", ")
+                ));
+            }
             (ty, None) => match auto_value(spec, ty, scope) {
-                Some(tok) => ParamVal::Sym(tok.map_err(|e| format!("{}: `{key}`: {e}{for_tensor}", k.loc))?),
+                Some(tok) => {
+                    ParamVal::Sym(tok.map_err(|e| format!("{}: `{key}`: {e}{for_tensor}", k.loc))?)
+                }
                 None => match &f.default {
-                    Some(d) if ty == FieldType::Int => ParamVal::Int(d.parse().expect("catalogue normalizes int defaults")),
+                    Some(d) if ty == FieldType::Int => {
+                        ParamVal::Int(d.parse().expect("catalogue normalizes int defaults"))
+                    }
                     Some(d) => ParamVal::Sym(d.clone()),
-                    None => return Err(format!("{}: `{}` needs `{key}` ({} {}, no default in templates/README.md)", k.loc, k.family, ty.cpp_type(), kind_word(f.kind))),
+                    None => {
+                        return Err(format!(
+                            "{}: `{}` needs `{key}` ({} {}, no default in templates/README.md)",
+                            k.loc,
+                            k.family,
+                            ty.cpp_type(),
+                            kind_word(f.kind)
+                        ));
+                    }
                 },
             },
         };
@@ -159,9 +242,18 @@ fn bake(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, family: &Family, scop
             (Some(d), FieldType::Int) => d.parse().ok().map(ParamVal::Int),
             _ => None,
         };
-        params.push(Param { key, value, kind: f.kind, default });
+        params.push(Param {
+            key,
+            value,
+            kind: f.kind,
+            default,
+        });
     }
-    Ok(KernelVariant { family: family.name.clone(), archs: vec![spec.arch.clone()], params })
+    Ok(KernelVariant {
+        family: family.name.clone(),
+        archs: vec![spec.arch.clone()],
+        params,
+    })
 }
 
 fn kind_word(kind: FieldKind) -> &'static str {
@@ -185,9 +277,14 @@ fn auto_value(spec: &ArchSpec, ty: FieldType, scope: Scope<'_>) -> Option<Result
 
 fn symbol(ty: FieldType, s: &str, scope: Scope<'_>) -> Result<String, String> {
     let token = if s == "type" {
-        let Some(t) = scope else { return Err("`type` needs a `tensors` list".into()) };
+        let Some(t) = scope else {
+            return Err("`type` needs a `tensors` list".into());
+        };
         if !QTYPES.contains(&t.ggml_type) {
-            return Err(format!("tensor `{}` is {}, which memra::QType does not support", t.name, t.ggml_type));
+            return Err(format!(
+                "tensor `{}` is {}, which memra::QType does not support",
+                t.name, t.ggml_type
+            ));
         }
         qtype_token(t.ggml_type).to_string()
     } else {
@@ -196,18 +293,28 @@ fn symbol(ty: FieldType, s: &str, scope: Scope<'_>) -> Result<String, String> {
     if ty.tokens().contains(&token.as_str()) {
         Ok(token)
     } else {
-        Err(format!("`{s}` is not a {}; expected one of: {}", ty.cpp_type(), ty.tokens().join(", ")))
+        Err(format!(
+            "`{s}` is not a {}; expected one of: {}",
+            ty.cpp_type(),
+            ty.tokens().join(", ")
+        ))
     }
 }
 
 /// Generic variants: every family with a Cfg table, every value of its typed enum fields;
 /// integer enum fields take their default plus every value a specialized variant uses.
-pub fn plan_generic(catalogue: &Catalogue, specialized: &[KernelVariant]) -> (Vec<KernelVariant>, Vec<String>) {
+pub fn plan_generic(
+    catalogue: &Catalogue,
+    specialized: &[KernelVariant],
+) -> (Vec<KernelVariant>, Vec<String>) {
     let mut out = Vec::new();
     let mut notes = Vec::new();
     for fam in &catalogue.families {
         if fam.fields.is_empty() {
-            notes.push(format!("templates/README.md: `{}` has no Cfg table yet; no generic variants", fam.name));
+            notes.push(format!(
+                "templates/README.md: `{}` has no Cfg table yet; no generic variants",
+                fam.name
+            ));
             continue;
         }
         let mut combos: Vec<Vec<Param>> = vec![Vec::new()];
@@ -215,21 +322,32 @@ pub fn plan_generic(catalogue: &Catalogue, specialized: &[KernelVariant]) -> (Ve
         for f in fam.fields.iter().filter(|f| f.kind != FieldKind::Dim) {
             let key = f.key();
             let mut values: Vec<ParamVal> = match f.ty {
-                FieldType::Int => f.default.iter().filter_map(|d| d.parse().ok()).map(ParamVal::Int).collect(),
-                ty => ty.tokens().into_iter().map(|t| ParamVal::Sym(t.to_string())).collect(),
+                FieldType::Int => f
+                    .default
+                    .iter()
+                    .filter_map(|d| d.parse().ok())
+                    .map(ParamVal::Int)
+                    .collect(),
+                ty => ty
+                    .tokens()
+                    .into_iter()
+                    .map(|t| ParamVal::Sym(t.to_string()))
+                    .collect(),
             };
             if f.ty == FieldType::Int && f.kind == FieldKind::Enum {
                 for v in specialized.iter().filter(|v| v.family == fam.name) {
-                    if let Some(x) = v.param(&key) {
-                        if !values.contains(x) {
+                    if let Some(x) = v.param(&key)
+                        && !values.contains(x) {
                             values.push(x.clone());
                         }
-                    }
                 }
                 values.sort();
             }
             if values.is_empty() {
-                notes.push(format!("templates/README.md: `{}`.{} has no default; no generic variants", fam.name, f.name));
+                notes.push(format!(
+                    "templates/README.md: `{}`.{} has no default; no generic variants",
+                    fam.name, f.name
+                ));
                 ok = false;
                 break;
             }
@@ -241,7 +359,12 @@ pub fn plan_generic(catalogue: &Catalogue, specialized: &[KernelVariant]) -> (Ve
             for c in &combos {
                 for v in &values {
                     let mut c = c.clone();
-                    c.push(Param { key: key.clone(), value: v.clone(), kind: f.kind, default: default.clone() });
+                    c.push(Param {
+                        key: key.clone(),
+                        value: v.clone(),
+                        kind: f.kind,
+                        default: default.clone(),
+                    });
                     next.push(c);
                 }
             }
@@ -249,7 +372,14 @@ pub fn plan_generic(catalogue: &Catalogue, specialized: &[KernelVariant]) -> (Ve
         }
         if ok {
             for params in combos {
-                push_unique(&mut out, KernelVariant { family: fam.name.clone(), archs: Vec::new(), params });
+                push_unique(
+                    &mut out,
+                    KernelVariant {
+                        family: fam.name.clone(),
+                        archs: Vec::new(),
+                        params,
+                    },
+                );
             }
         }
     }

@@ -22,7 +22,10 @@ pub struct Loc {
 impl Loc {
     /// Builds an error at this location.
     pub fn error(&self, message: impl Into<String>) -> SpecError {
-        SpecError { loc: self.clone(), message: message.into() }
+        SpecError {
+            loc: self.clone(),
+            message: message.into(),
+        }
     }
 }
 
@@ -80,7 +83,11 @@ impl SourceFile {
     pub fn new(path: &Path, text: &str) -> Self {
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        SourceFile { file: Arc::new(path.to_path_buf()), line_starts, errors: Vec::new() }
+        SourceFile {
+            file: Arc::new(path.to_path_buf()),
+            line_starts,
+            errors: Vec::new(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -88,9 +95,17 @@ impl SourceFile {
     }
 
     pub fn loc(&self, span: &Range<usize>, key: &str) -> Loc {
-        let line = self.line_starts.partition_point(|&s| s <= span.start).max(1);
+        let line = self
+            .line_starts
+            .partition_point(|&s| s <= span.start)
+            .max(1);
         let col = span.start - self.line_starts[line - 1] + 1;
-        Loc { file: self.file.clone(), line, col, key: key.to_string() }
+        Loc {
+            file: self.file.clone(),
+            line,
+            col,
+            key: key.to_string(),
+        }
     }
 
     pub fn push(&mut self, err: SpecError) {
@@ -123,6 +138,8 @@ impl SourceFile {
     }
 }
 
+pub type SpannedValue<'i> = Spanned<DeValue<'i>>;
+
 /// A borrowed TOML value with its key path and span.
 #[derive(Clone, Copy)]
 pub struct Item<'a, 'i> {
@@ -141,15 +158,27 @@ pub struct Table<'a, 'i> {
 
 impl<'a, 'i> Table<'a, 'i> {
     pub fn new(path: &str, span: Range<usize>, table: &'a DeTable<'i>) -> Self {
-        let mut entries: Vec<_> = table.iter().map(|(k, v)| (k.get_ref().to_string(), k.span(), v)).collect();
+        let mut entries: Vec<_> = table
+            .iter()
+            .map(|(k, v)| (k.get_ref().to_string(), k.span(), v))
+            .collect();
         // DeTable is ordered by key; the spans give back the order the author wrote.
         entries.sort_by_key(|(_, span, _)| span.start);
         let used = vec![false; entries.len()];
-        Table { path: path.to_string(), span, entries, used }
+        Table {
+            path: path.to_string(),
+            span,
+            entries,
+            used,
+        }
     }
 
     pub fn child_path(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_string() } else { format!("{}.{}", self.path, quote_key(key)) }
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{}", self.path, quote_key(key))
+        }
     }
 
     /// Looks up `key` and marks it used.
@@ -162,7 +191,10 @@ impl<'a, 'i> Table<'a, 'i> {
     /// All entries, marking them used (for tables whose keys are names chosen by the author).
     pub fn all(&mut self) -> Vec<(String, String, Range<usize>, &'a Spanned<DeValue<'i>>)> {
         self.used.iter_mut().for_each(|u| *u = true);
-        self.entries.iter().map(|(k, ks, v)| (k.clone(), self.child_path(k), ks.clone(), *v)).collect()
+        self.entries
+            .iter()
+            .map(|(k, ks, v)| (k.clone(), self.child_path(k), ks.clone(), *v))
+            .collect()
     }
 
     /// Reports every key that no `get` asked for.
@@ -170,7 +202,11 @@ impl<'a, 'i> Table<'a, 'i> {
         for ((key, span, _), used) in self.entries.iter().zip(&self.used) {
             if !used {
                 let path = self.child_path(key);
-                src.error(span, &path, format!("unknown key; expected one of: {}", allowed.join(", ")));
+                src.error(
+                    span,
+                    &path,
+                    format!("unknown key; expected one of: {}", allowed.join(", ")),
+                );
             }
         }
     }
@@ -180,7 +216,11 @@ impl<'a, 'i> Table<'a, 'i> {
         match v.get_ref() {
             DeValue::String(s) => Some(Spanned::new(v.span(), s.to_string())),
             other => {
-                src.error(&v.span(), &path, format!("expected a string, found {}", other.type_str()));
+                src.error(
+                    &v.span(),
+                    &path,
+                    format!("expected a string, found {}", other.type_str()),
+                );
                 None
             }
         }
@@ -189,7 +229,11 @@ impl<'a, 'i> Table<'a, 'i> {
     pub fn req_str(&mut self, src: &mut SourceFile, key: &str) -> Option<Spanned<String>> {
         let got = self.str(src, key);
         if got.is_none() && !self.entries.iter().any(|(k, _, _)| k == key) {
-            src.error(&self.span.clone(), &self.child_path(key), "missing required key");
+            src.error(
+                &self.span.clone(),
+                &self.child_path(key),
+                "missing required key",
+            );
         }
         got
     }
@@ -199,7 +243,11 @@ impl<'a, 'i> Table<'a, 'i> {
         match v.get_ref() {
             DeValue::Boolean(b) => Some(Spanned::new(v.span(), *b)),
             other => {
-                src.error(&v.span(), &path, format!("expected true or false, found {}", other.type_str()));
+                src.error(
+                    &v.span(),
+                    &path,
+                    format!("expected true or false, found {}", other.type_str()),
+                );
                 None
             }
         }
@@ -210,7 +258,11 @@ impl<'a, 'i> Table<'a, 'i> {
         match as_int(v.get_ref()) {
             Some(i) => Some(Spanned::new(v.span(), i)),
             None => {
-                src.error(&v.span(), &path, format!("expected an integer, found {}", describe(v.get_ref())));
+                src.error(
+                    &v.span(),
+                    &path,
+                    format!("expected an integer, found {}", describe(v.get_ref())),
+                );
                 None
             }
         }
@@ -221,18 +273,30 @@ impl<'a, 'i> Table<'a, 'i> {
         match v.get_ref() {
             DeValue::Table(t) => Some(Table::new(&path, v.span(), t)),
             other => {
-                src.error(&v.span(), &path, format!("expected a table, found {}", other.type_str()));
+                src.error(
+                    &v.span(),
+                    &path,
+                    format!("expected a table, found {}", other.type_str()),
+                );
                 None
             }
         }
     }
 
-    pub fn array(&mut self, src: &mut SourceFile, key: &str) -> Option<(String, Range<usize>, &'a [Spanned<DeValue<'i>>])> {
+    pub fn array(
+        &mut self,
+        src: &mut SourceFile,
+        key: &str,
+    ) -> Option<(String, Range<usize>, &'a [SpannedValue<'i>])> {
         let (path, v) = self.get(key)?;
         match v.get_ref() {
             DeValue::Array(a) => Some((path, v.span(), &a[..])),
             other => {
-                src.error(&v.span(), &path, format!("expected an array, found {}", other.type_str()));
+                src.error(
+                    &v.span(),
+                    &path,
+                    format!("expected an array, found {}", other.type_str()),
+                );
                 None
             }
         }
@@ -269,7 +333,11 @@ pub fn describe(v: &DeValue<'_>) -> String {
 
 /// Quotes a key segment the way TOML would need it (`"blk.{i}.attn_q.weight"`).
 pub fn quote_key(key: &str) -> String {
-    if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         key.to_string()
     } else {
         format!("\"{key}\"")

@@ -204,7 +204,11 @@ impl LayerRange {
         };
         let start = Expr::parse(a).map_err(|e| e.to_string())?;
         let end = Expr::parse(b).map_err(|e| e.to_string())?;
-        Ok(LayerRange { start, end, text: text.to_string() })
+        Ok(LayerRange {
+            start,
+            end,
+            text: text.to_string(),
+        })
     }
 }
 
@@ -296,7 +300,10 @@ pub struct KernelSpec {
 /// Enum tokens accepted as kernel-parameter symbols, besides ggml type names.
 pub fn known_symbol(s: &str) -> bool {
     s == "type"
-        || matches!(s, "none" | "interleaved" | "neox" | "per_head" | "full" | "f32" | "bf16")
+        || matches!(
+            s,
+            "none" | "interleaved" | "neox" | "per_head" | "full" | "f32" | "bf16"
+        )
         || GgmlType::from_name(s).is_some()
 }
 
@@ -309,7 +316,11 @@ fn required_names(caps: &Capabilities) -> Vec<(&'static str, &'static str)> {
         ("rms_eps", "every architecture"),
     ];
     match caps.attention {
-        Attention::Gqa => req.extend([("n_head", "attention = gqa"), ("n_head_kv", "attention = gqa"), ("head_dim", "attention = gqa")]),
+        Attention::Gqa => req.extend([
+            ("n_head", "attention = gqa"),
+            ("n_head_kv", "attention = gqa"),
+            ("head_dim", "attention = gqa"),
+        ]),
         Attention::Mla | Attention::MlaDsa => req.extend([
             ("n_head", "attention = mla"),
             ("kv_lora_rank", "attention = mla"),
@@ -319,7 +330,11 @@ fn required_names(caps: &Capabilities) -> Vec<(&'static str, &'static str)> {
         ]),
     }
     if caps.attention == Attention::MlaDsa {
-        req.extend([("indexer_n_head", "attention = mla_dsa"), ("indexer_head_dim", "attention = mla_dsa"), ("indexer_top_k", "attention = mla_dsa")]);
+        req.extend([
+            ("indexer_n_head", "attention = mla_dsa"),
+            ("indexer_head_dim", "attention = mla_dsa"),
+            ("indexer_top_k", "attention = mla_dsa"),
+        ]);
     }
     if caps.ffn == Ffn::Moe {
         req.extend([("n_expert", "ffn = moe"), ("n_expert_used", "ffn = moe")]);
@@ -327,11 +342,16 @@ fn required_names(caps: &Capabilities) -> Vec<(&'static str, &'static str)> {
     req
 }
 
-const RESERVED: &[&str] = &["ne0", "ne1", "ne2", "ne3", "type", "lm_head", "self", "type_", "loop", "match", "fn", "mod", "use", "impl", "ref", "move", "box", "in", "as", "struct", "enum", "where", "let", "const", "static", "crate", "super", "dyn", "async", "await", "gen"];
+const RESERVED: &[&str] = &[
+    "ne0", "ne1", "ne2", "ne3", "type", "lm_head", "self", "type_", "loop", "match", "fn", "mod",
+    "use", "impl", "ref", "move", "box", "in", "as", "struct", "enum", "where", "let", "const",
+    "static", "crate", "super", "dyn", "async", "await", "gen",
+];
 
 fn is_ident(s: &str) -> bool {
     let mut chars = s.chars();
-    matches!(chars.next(), Some('a'..='z' | '_')) && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    matches!(chars.next(), Some('a'..='z' | '_'))
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 impl ArchSpec {
@@ -339,7 +359,9 @@ impl ArchSpec {
     pub fn load(path: &Path) -> Result<ArchSpec, SpecErrors> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             let src = SourceFile::new(path, "");
-            SpecErrors(vec![src.loc(&(0..0), "").error(format!("cannot read: {e}"))])
+            SpecErrors(vec![
+                src.loc(&(0..0), "").error(format!("cannot read: {e}")),
+            ])
         })?;
         Self::parse(path, &text)
     }
@@ -395,7 +417,9 @@ pub fn type_prefix(arch: &str) -> String {
     arch.split(['-', '_'])
         .map(|w| {
             let mut c = w.chars();
-            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
         })
         .collect()
 }
@@ -408,7 +432,11 @@ pub fn field_name(tensor: &str) -> String {
     s.replace('.', "_")
 }
 
-fn parse_doc(src: &mut SourceFile, span: std::ops::Range<usize>, doc: &toml::de::DeTable<'_>) -> Option<ArchSpec> {
+fn parse_doc(
+    src: &mut SourceFile,
+    span: std::ops::Range<usize>,
+    doc: &toml::de::DeTable<'_>,
+) -> Option<ArchSpec> {
     let mut top = Table::new("", span.clone(), doc);
     let top_loc = src.loc(&(0..0), "");
 
@@ -423,17 +451,36 @@ fn parse_doc(src: &mut SourceFile, span: std::ops::Range<usize>, doc: &toml::de:
                     for (i, it) in items.iter().enumerate() {
                         match it.get_ref() {
                             DeValue::String(s) => sources.push(s.to_string()),
-                            other => src.error(&it.span(), &format!("{path}[{i}]"), format!("expected a string, found {}", describe(other))),
+                            other => src.error(
+                                &it.span(),
+                                &format!("{path}[{i}]"),
+                                format!("expected a string, found {}", describe(other)),
+                            ),
                         }
                     }
                 }
-                None => src.error(&t.span.clone(), "arch.sources", "missing required key (the references this spec restates)"),
+                None => src.error(
+                    &t.span.clone(),
+                    "arch.sources",
+                    "missing required key (the references this spec restates)",
+                ),
             }
-            if let Some(n) = &name {
-                if n.get_ref().is_empty() || !n.get_ref().bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
-                    src.error(&n.span(), "arch.name", format!("`{}` is not a GGUF architecture string (lower case, digits, '-')", n.get_ref()));
+            if let Some(n) = &name
+                && (n.get_ref().is_empty()
+                    || !n
+                        .get_ref()
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+                {
+                    src.error(
+                        &n.span(),
+                        "arch.name",
+                        format!(
+                            "`{}` is not a GGUF architecture string (lower case, digits, '-')",
+                            n.get_ref()
+                        ),
+                    );
                 }
-            }
             let loc = src.loc(&t.span, "arch");
             t.finish(src, &["name", "preset", "sources"]);
             (name.map(|s| s.into_inner()), preset, sources, loc)
@@ -444,26 +491,42 @@ fn parse_doc(src: &mut SourceFile, span: std::ops::Range<usize>, doc: &toml::de:
         }
     };
 
-    let hparams = top.table(src, "hparams").map(|t| parse_hparams(src, t)).unwrap_or_else(|| {
-        src.error(&(0..0), "hparams", "missing required table [hparams]");
-        Vec::new()
-    });
-    let derived = top.table(src, "derived").map(|t| parse_derived(src, t)).unwrap_or_default();
+    let hparams = top
+        .table(src, "hparams")
+        .map(|t| parse_hparams(src, t))
+        .unwrap_or_else(|| {
+            src.error(&(0..0), "hparams", "missing required table [hparams]");
+            Vec::new()
+        });
+    let derived = top
+        .table(src, "derived")
+        .map(|t| parse_derived(src, t))
+        .unwrap_or_default();
     let caps = match top.table(src, "capabilities") {
         Some(t) => parse_caps(src, t),
         None => {
-            src.error(&(0..0), "capabilities", "missing required table [capabilities]");
+            src.error(
+                &(0..0),
+                "capabilities",
+                "missing required table [capabilities]",
+            );
             None
         }
     };
-    let tensors = top.table(src, "tensors").map(|t| parse_tensors(src, t)).unwrap_or_else(|| {
-        src.error(&(0..0), "tensors", "missing required table [tensors]");
-        Vec::new()
-    });
-    let presets = top.table(src, "presets").map(|t| parse_presets(src, t)).unwrap_or_else(|| {
-        src.error(&(0..0), "presets", "missing required table [presets]");
-        Vec::new()
-    });
+    let tensors = top
+        .table(src, "tensors")
+        .map(|t| parse_tensors(src, t))
+        .unwrap_or_else(|| {
+            src.error(&(0..0), "tensors", "missing required table [tensors]");
+            Vec::new()
+        });
+    let presets = top
+        .table(src, "presets")
+        .map(|t| parse_presets(src, t))
+        .unwrap_or_else(|| {
+            src.error(&(0..0), "presets", "missing required table [presets]");
+            Vec::new()
+        });
     let kernels = match top.array(src, "kernels") {
         Some((path, _, items)) => parse_kernels(src, &path, items),
         None => {
@@ -471,14 +534,28 @@ fn parse_doc(src: &mut SourceFile, span: std::ops::Range<usize>, doc: &toml::de:
             Vec::new()
         }
     };
-    top.finish(src, &["arch", "hparams", "derived", "capabilities", "tensors", "presets", "kernels"]);
+    top.finish(
+        src,
+        &[
+            "arch",
+            "hparams",
+            "derived",
+            "capabilities",
+            "tensors",
+            "presets",
+            "kernels",
+        ],
+    );
 
     // Cross-references are checked even when [arch] or [capabilities] are broken, so one
     // pass reports as much as possible; the spec is returned only when everything parsed.
     let complete = arch.is_some() && caps.is_some() && default_preset.is_some();
     let spec = ArchSpec {
         arch: arch.unwrap_or_default(),
-        default_preset: default_preset.as_ref().map(|p| p.get_ref().clone()).unwrap_or_default(),
+        default_preset: default_preset
+            .as_ref()
+            .map(|p| p.get_ref().clone())
+            .unwrap_or_default(),
         sources,
         hparams,
         derived,
@@ -515,11 +592,22 @@ fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
     let mut out = Vec::new();
     for (name, path, kspan, v) in t.all() {
         if !is_ident(&name) {
-            src.error(&kspan, &path, format!("hparam name `{name}` must be a snake_case identifier"));
+            src.error(
+                &kspan,
+                &path,
+                format!("hparam name `{name}` must be a snake_case identifier"),
+            );
             continue;
         }
         let DeValue::Table(tbl) = v.get_ref() else {
-            src.error(&v.span(), &path, format!("expected {{ key = .., type = .., source = .. }}, found {}", describe(v.get_ref())));
+            src.error(
+                &v.span(),
+                &path,
+                format!(
+                    "expected {{ key = .., type = .., source = .. }}, found {}",
+                    describe(v.get_ref())
+                ),
+            );
             continue;
         };
         let mut h = Table::new(&path, v.span(), tbl);
@@ -533,21 +621,36 @@ fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
         let from = match (key, tensor) {
             (Some(k), None) => {
                 if k.get_ref().is_empty() || k.get_ref().starts_with('.') {
-                    src.error(&k.span(), &format!("{path}.key"), "must be the key suffix after `<arch>.`, e.g. `attention.head_count`");
+                    src.error(
+                        &k.span(),
+                        &format!("{path}.key"),
+                        "must be the key suffix after `<arch>.`, e.g. `attention.head_count`",
+                    );
                 }
                 if let Some(d) = &dim {
-                    src.error(&d.span(), &format!("{path}.dim"), "`dim` goes with `tensor`, not with `key`");
+                    src.error(
+                        &d.span(),
+                        &format!("{path}.dim"),
+                        "`dim` goes with `tensor`, not with `key`",
+                    );
                 }
                 Some(HParamSource::Key(k.into_inner()))
             }
             (None, Some(tn)) => match dim {
-                Some(d) if (0..4).contains(d.get_ref()) => Some(HParamSource::TensorDim { tensor: tn.into_inner(), dim: *d.get_ref() as usize }),
+                Some(d) if (0..4).contains(d.get_ref()) => Some(HParamSource::TensorDim {
+                    tensor: tn.into_inner(),
+                    dim: *d.get_ref() as usize,
+                }),
                 Some(d) => {
                     src.error(&d.span(), &format!("{path}.dim"), "must be 0..=3");
                     None
                 }
                 None => {
-                    src.error(&v.span(), &format!("{path}.dim"), "missing required key (which ne index of the tensor)");
+                    src.error(
+                        &v.span(),
+                        &format!("{path}.dim"),
+                        "missing required key (which ne index of the tensor)",
+                    );
                     None
                 }
             },
@@ -556,7 +659,11 @@ fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
                 None
             }
             (None, None) => {
-                src.error(&v.span(), &format!("{path}.key"), "missing required key (or `tensor` + `dim`)");
+                src.error(
+                    &v.span(),
+                    &format!("{path}.key"),
+                    "missing required key (or `tensor` + `dim`)",
+                );
                 None
             }
         };
@@ -567,12 +674,20 @@ fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
                 "f32" => Some(HParamType::F32),
                 "bool" => Some(HParamType::Bool),
                 other => {
-                    src.error(&ty.span(), &format!("{path}.type"), format!("unknown type `{other}`; expected u32, f32 or bool"));
+                    src.error(
+                        &ty.span(),
+                        &format!("{path}.type"),
+                        format!("unknown type `{other}`; expected u32, f32 or bool"),
+                    );
                     None
                 }
             },
             (_, None) => {
-                src.error(&v.span(), &format!("{path}.type"), "missing required key (u32, f32 or bool)");
+                src.error(
+                    &v.span(),
+                    &format!("{path}.type"),
+                    "missing required key (u32, f32 or bool)",
+                );
                 None
             }
         };
@@ -586,13 +701,23 @@ fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
                             Some(HParamDefault::Value(Value::Int(0)))
                         }
                     },
-                    (HParamType::U32, v) => as_int(v).filter(|v| (0..=u32::MAX as i64).contains(v)).map(|i| HParamDefault::Value(Value::Int(i))),
-                    (HParamType::F32, v) => as_float(v).map(|f| HParamDefault::Value(Value::Float(f))),
-                    (HParamType::Bool, DeValue::Boolean(b)) => Some(HParamDefault::Value(Value::Bool(*b))),
+                    (HParamType::U32, v) => as_int(v)
+                        .filter(|v| (0..=u32::MAX as i64).contains(v))
+                        .map(|i| HParamDefault::Value(Value::Int(i))),
+                    (HParamType::F32, v) => {
+                        as_float(v).map(|f| HParamDefault::Value(Value::Float(f)))
+                    }
+                    (HParamType::Bool, DeValue::Boolean(b)) => {
+                        Some(HParamDefault::Value(Value::Bool(*b)))
+                    }
                     (HParamType::Bool, _) => None,
                 };
                 if got.is_none() {
-                    src.error(&d.span(), &dpath, format!("default {} is not a {}", describe(d.get_ref()), ty.name()));
+                    src.error(
+                        &d.span(),
+                        &dpath,
+                        format!("default {} is not a {}", describe(d.get_ref()), ty.name()),
+                    );
                 }
                 got
             }
@@ -600,7 +725,14 @@ fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
         };
         h.finish(src, &["key", "tensor", "dim", "type", "default", "source"]);
         if let (Some(from), Some(ty), Some(source)) = (from, ty, source) {
-            out.push(HParam { name, from, ty, default, source: source.into_inner(), loc });
+            out.push(HParam {
+                name,
+                from,
+                ty,
+                default,
+                source: source.into_inner(),
+                loc,
+            });
         }
     }
     out
@@ -610,11 +742,22 @@ fn parse_derived(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<Derived> {
     let mut out = Vec::new();
     for (name, path, kspan, v) in t.all() {
         if !is_ident(&name) {
-            src.error(&kspan, &path, format!("derived name `{name}` must be a snake_case identifier"));
+            src.error(
+                &kspan,
+                &path,
+                format!("derived name `{name}` must be a snake_case identifier"),
+            );
             continue;
         }
         let DeValue::Table(tbl) = v.get_ref() else {
-            src.error(&v.span(), &path, format!("expected {{ expr = .., source = .. }}, found {}", describe(v.get_ref())));
+            src.error(
+                &v.span(),
+                &path,
+                format!(
+                    "expected {{ expr = .., source = .. }}, found {}",
+                    describe(v.get_ref())
+                ),
+            );
             continue;
         };
         let mut d = Table::new(&path, v.span(), tbl);
@@ -622,81 +765,191 @@ fn parse_derived(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<Derived> {
         let source = d.req_str(src, "source");
         d.finish(src, &["expr", "source"]);
         let loc = src.loc(&kspan, &path);
-        let (Some(expr), Some(source)) = (expr, source) else { continue };
+        let (Some(expr), Some(source)) = (expr, source) else {
+            continue;
+        };
         match Expr::parse(expr.get_ref()) {
-            Ok(e) => out.push(Derived { name, expr: e, source: source.into_inner(), loc }),
+            Ok(e) => out.push(Derived {
+                name,
+                expr: e,
+                source: source.into_inner(),
+                loc,
+            }),
             Err(e) => src.error(&expr.span(), &format!("{path}.expr"), e.to_string()),
         }
     }
     out
 }
 
-fn parse_token<T>(src: &mut SourceFile, t: &mut Table<'_, '_>, key: &str, tokens: &[&str], from: fn(&str) -> Option<T>, required: bool) -> Option<T> {
-    let s = if required { t.req_str(src, key) } else { t.str(src, key) }?;
+fn parse_token<T>(
+    src: &mut SourceFile,
+    t: &mut Table<'_, '_>,
+    key: &str,
+    tokens: &[&str],
+    from: fn(&str) -> Option<T>,
+    required: bool,
+) -> Option<T> {
+    let s = if required {
+        t.req_str(src, key)
+    } else {
+        t.str(src, key)
+    }?;
     let got = from(s.get_ref());
     if got.is_none() {
-        src.error(&s.span(), &t.child_path(key), format!("unknown value `{}`; expected one of: {}", s.get_ref(), tokens.join(", ")));
+        src.error(
+            &s.span(),
+            &t.child_path(key),
+            format!(
+                "unknown value `{}`; expected one of: {}",
+                s.get_ref(),
+                tokens.join(", ")
+            ),
+        );
     }
     got
 }
 
 fn parse_caps(src: &mut SourceFile, mut t: Table<'_, '_>) -> Option<Capabilities> {
-    let attention = parse_token(src, &mut t, "attention", Attention::TOKENS, Attention::from_token, true);
-    let qk_norm = parse_token(src, &mut t, "qk_norm", QkNorm::TOKENS, QkNorm::from_token, true);
+    let attention = parse_token(
+        src,
+        &mut t,
+        "attention",
+        Attention::TOKENS,
+        Attention::from_token,
+        true,
+    );
+    let qk_norm = parse_token(
+        src,
+        &mut t,
+        "qk_norm",
+        QkNorm::TOKENS,
+        QkNorm::from_token,
+        true,
+    );
     let rope = parse_token(src, &mut t, "rope", Rope::TOKENS, Rope::from_token, true);
     let ffn = parse_token(src, &mut t, "ffn", Ffn::TOKENS, Ffn::from_token, true);
-    let norm = parse_token(src, &mut t, "norm", NormPlacement::TOKENS, NormPlacement::from_token, true);
+    let norm = parse_token(
+        src,
+        &mut t,
+        "norm",
+        NormPlacement::TOKENS,
+        NormPlacement::from_token,
+        true,
+    );
     let router_given = t.entries.iter().any(|(k, _, _)| k == "router");
-    let router = parse_token(src, &mut t, "router", Router::TOKENS, Router::from_token, false);
-    let tied = parse_token(src, &mut t, "tied_embeddings", TiedEmbeddings::TOKENS, TiedEmbeddings::from_token, true);
-    let scale = parse_token(src, &mut t, "embedding_scale", EmbeddingScale::TOKENS, EmbeddingScale::from_token, false);
+    let router = parse_token(
+        src,
+        &mut t,
+        "router",
+        Router::TOKENS,
+        Router::from_token,
+        false,
+    );
+    let tied = parse_token(
+        src,
+        &mut t,
+        "tied_embeddings",
+        TiedEmbeddings::TOKENS,
+        TiedEmbeddings::from_token,
+        true,
+    );
+    let scale = parse_token(
+        src,
+        &mut t,
+        "embedding_scale",
+        EmbeddingScale::TOKENS,
+        EmbeddingScale::from_token,
+        false,
+    );
     let shared = t.bool(src, "shared_expert");
     let dense = t.str(src, "dense_layers");
     let sliding = t.table(src, "sliding_window");
     let caps_span = t.span.clone();
-    t.finish(src, &["attention", "qk_norm", "rope", "ffn", "shared_expert", "norm", "router", "sliding_window", "tied_embeddings", "embedding_scale", "dense_layers"]);
+    t.finish(
+        src,
+        &[
+            "attention",
+            "qk_norm",
+            "rope",
+            "ffn",
+            "shared_expert",
+            "norm",
+            "router",
+            "sliding_window",
+            "tied_embeddings",
+            "embedding_scale",
+            "dense_layers",
+        ],
+    );
 
     let sliding_window = sliding.and_then(|mut s| {
         let pattern = s.int(src, "pattern");
         let window = s.req_str(src, "window");
         if pattern.is_none() && !s.entries.iter().any(|(k, _, _)| k == "pattern") {
-            src.error(&s.span.clone(), "capabilities.sliding_window.pattern", "missing required key");
+            src.error(
+                &s.span.clone(),
+                "capabilities.sliding_window.pattern",
+                "missing required key",
+            );
         }
         let span = s.span.clone();
         s.finish(src, &["pattern", "window"]);
         let pattern = pattern?;
         if *pattern.get_ref() < 2 {
-            src.error(&pattern.span(), "capabilities.sliding_window.pattern", "must be at least 2 (every pattern-th layer is global)");
+            src.error(
+                &pattern.span(),
+                "capabilities.sliding_window.pattern",
+                "must be at least 2 (every pattern-th layer is global)",
+            );
         }
         let _ = span;
-        Some(SlidingWindow { pattern: *pattern.get_ref(), window: window?.into_inner() })
+        Some(SlidingWindow {
+            pattern: *pattern.get_ref(),
+            window: window?.into_inner(),
+        })
     });
-    let dense_layers = dense.as_ref().and_then(|d| match LayerRange::parse(d.get_ref()) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            src.error(&d.span(), "capabilities.dense_layers", e);
-            None
-        }
-    });
+    let dense_layers = dense
+        .as_ref()
+        .and_then(|d| match LayerRange::parse(d.get_ref()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                src.error(&d.span(), "capabilities.dense_layers", e);
+                None
+            }
+        });
     let ffn = ffn?;
     let router = router.unwrap_or(Router::None);
     if ffn == Ffn::Moe && router == Router::None {
         let loc_span = caps_span.clone();
-        src.error(&loc_span, "capabilities.router", "ffn = \"moe\" needs a router (softmax or sigmoid_bias)");
+        src.error(
+            &loc_span,
+            "capabilities.router",
+            "ffn = \"moe\" needs a router (softmax or sigmoid_bias)",
+        );
     }
     if ffn != Ffn::Moe && router_given && router != Router::None {
-        src.error(&caps_span, "capabilities.router", "a router only makes sense with ffn = \"moe\"");
+        src.error(
+            &caps_span,
+            "capabilities.router",
+            "a router only makes sense with ffn = \"moe\"",
+        );
     }
-    if let Some(s) = &shared {
-        if *s.get_ref() && ffn != Ffn::Moe {
-            src.error(&s.span(), "capabilities.shared_expert", "a shared expert only makes sense with ffn = \"moe\"");
+    if let Some(s) = &shared
+        && *s.get_ref() && ffn != Ffn::Moe {
+            src.error(
+                &s.span(),
+                "capabilities.shared_expert",
+                "a shared expert only makes sense with ffn = \"moe\"",
+            );
         }
-    }
-    if let Some(d) = &dense {
-        if ffn != Ffn::Moe {
-            src.error(&d.span(), "capabilities.dense_layers", "dense_layers only makes sense with ffn = \"moe\"");
+    if let Some(d) = &dense
+        && ffn != Ffn::Moe {
+            src.error(
+                &d.span(),
+                "capabilities.dense_layers",
+                "dense_layers only makes sense with ffn = \"moe\"",
+            );
         }
-    }
     Some(Capabilities {
         attention: attention?,
         qk_norm: qk_norm?,
@@ -724,7 +977,14 @@ fn parse_expr_value(src: &mut SourceFile, path: &str, v: &Spanned<DeValue<'_>>) 
         other => match as_int(other) {
             Some(i) => Some(Expr::int(i)),
             None => {
-                src.error(&v.span(), path, format!("expected an expression string or integer, found {}", describe(other)));
+                src.error(
+                    &v.span(),
+                    path,
+                    format!(
+                        "expected an expression string or integer, found {}",
+                        describe(other)
+                    ),
+                );
                 None
             }
         },
@@ -737,13 +997,30 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
         let loc = src.loc(&kspan, &path);
         let per_layer = name.contains("{i}");
         if per_layer && (!name.starts_with(LAYER_PREFIX) || name.matches("{i}").count() != 1) {
-            src.error(&kspan, &path, format!("per-layer tensor names start with `{LAYER_PREFIX}` and contain `{{i}}` once"));
+            src.error(
+                &kspan,
+                &path,
+                format!(
+                    "per-layer tensor names start with `{LAYER_PREFIX}` and contain `{{i}}` once"
+                ),
+            );
         }
         if name.contains(['{', '}']) && !per_layer {
-            src.error(&kspan, &path, "the only placeholder in a tensor name is `{i}`");
+            src.error(
+                &kspan,
+                &path,
+                "the only placeholder in a tensor name is `{i}`",
+            );
         }
         let DeValue::Table(tbl) = v.get_ref() else {
-            src.error(&v.span(), &path, format!("expected {{ shape = [..] }}, found {}", describe(v.get_ref())));
+            src.error(
+                &v.span(),
+                &path,
+                format!(
+                    "expected {{ shape = [..] }}, found {}",
+                    describe(v.get_ref())
+                ),
+            );
             continue;
         };
         let mut e = Table::new(&path, v.span(), tbl);
@@ -751,7 +1028,11 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
         let shape_ok = match e.array(src, "shape") {
             Some((spath, sspan, items)) => {
                 if items.is_empty() || items.len() > 4 {
-                    src.error(&sspan, &spath, format!("a GGUF tensor has 1 to 4 dimensions, not {}", items.len()));
+                    src.error(
+                        &sspan,
+                        &spath,
+                        format!("a GGUF tensor has 1 to 4 dimensions, not {}", items.len()),
+                    );
                 }
                 let mut ok = true;
                 for (i, it) in items.iter().enumerate() {
@@ -767,10 +1048,17 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
                 false
             }
         };
-        let optional = e.bool(src, "optional").map(|b| b.into_inner()).unwrap_or(false);
+        let optional = e
+            .bool(src, "optional")
+            .map(|b| b.into_inner())
+            .unwrap_or(false);
         let layers = match e.str(src, "layers") {
             Some(l) if !per_layer => {
-                src.error(&l.span(), &format!("{path}.layers"), "only per-layer tensors (`blk.{i}.…`) have a layer range");
+                src.error(
+                    &l.span(),
+                    &format!("{path}.layers"),
+                    "only per-layer tensors (`blk.{i}.…`) have a layer range",
+                );
                 None
             }
             Some(l) => match LayerRange::parse(l.get_ref()) {
@@ -780,13 +1068,19 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
                     None
                 }
             },
-            None if per_layer => Some(LayerRange::parse(DEFAULT_LAYERS).expect("default range parses")),
+            None if per_layer => {
+                Some(LayerRange::parse(DEFAULT_LAYERS).expect("default range parses"))
+            }
             None => None,
         };
         let field = match e.str(src, "field") {
             Some(f) => {
                 if !is_ident(f.get_ref()) {
-                    src.error(&f.span(), &format!("{path}.field"), "must be a snake_case identifier");
+                    src.error(
+                        &f.span(),
+                        &format!("{path}.field"),
+                        "must be a snake_case identifier",
+                    );
                 }
                 f.into_inner()
             }
@@ -794,10 +1088,21 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
         };
         e.finish(src, &["shape", "optional", "layers", "field"]);
         if !is_ident(&field) || RESERVED.contains(&field.as_str()) {
-            src.error(&kspan, &path, format!("derived field name `{field}` is not usable; set `field = \"...\"`"));
+            src.error(
+                &kspan,
+                &path,
+                format!("derived field name `{field}` is not usable; set `field = \"...\"`"),
+            );
         }
         if shape_ok {
-            out.push(TensorSpec { name, field, shape, optional, layers, loc });
+            out.push(TensorSpec {
+                name,
+                field,
+                shape,
+                optional,
+                layers,
+                loc,
+            });
         }
     }
     out
@@ -807,7 +1112,11 @@ fn parse_presets(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<Preset> {
     let mut out = Vec::new();
     for (name, path, kspan, v) in t.all() {
         let DeValue::Table(tbl) = v.get_ref() else {
-            src.error(&v.span(), &path, format!("expected a table, found {}", describe(v.get_ref())));
+            src.error(
+                &v.span(),
+                &path,
+                format!("expected a table, found {}", describe(v.get_ref())),
+            );
             continue;
         };
         let loc = src.loc(&kspan, &path);
@@ -824,18 +1133,32 @@ fn parse_presets(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<Preset> {
                     };
                     match value {
                         Some(val) => hparams.push((hname, val, src.loc(&hspan, &hpath))),
-                        None => src.error(&hv.span(), &hpath, format!("expected a number or boolean, found {}", describe(hv.get_ref()))),
+                        None => src.error(
+                            &hv.span(),
+                            &hpath,
+                            format!(
+                                "expected a number or boolean, found {}",
+                                describe(hv.get_ref())
+                            ),
+                        ),
                     }
                 }
             }
-            None => src.error(&v.span(), &format!("{path}.hparams"), "missing required table"),
+            None => src.error(
+                &v.span(),
+                &format!("{path}.hparams"),
+                "missing required table",
+            ),
         }
         let mut default_type = None;
         let mut types = Vec::new();
         match p.table(src, "types") {
             Some(mut ty) => {
                 for (field, tpath, tspan, tv) in ty.all() {
-                    let parse_one = |src: &mut SourceFile, v: &Spanned<DeValue<'_>>, path: &str| -> Option<GgmlType> {
+                    let parse_one = |src: &mut SourceFile,
+                                     v: &Spanned<DeValue<'_>>,
+                                     path: &str|
+                     -> Option<GgmlType> {
                         match v.get_ref() {
                             DeValue::String(s) => {
                                 let got = GgmlType::from_name(s).filter(|t| t.name() == s.as_ref());
@@ -845,7 +1168,11 @@ fn parse_presets(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<Preset> {
                                 got
                             }
                             other => {
-                                src.error(&v.span(), path, format!("expected a ggml type name, found {}", describe(other)));
+                                src.error(
+                                    &v.span(),
+                                    path,
+                                    format!("expected a ggml type name, found {}", describe(other)),
+                                );
                                 None
                             }
                         }
@@ -871,34 +1198,62 @@ fn parse_presets(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<Preset> {
                     }
                 }
                 if default_type.is_none() && !ty.entries.iter().any(|(k, _, _)| k == "default") {
-                    src.error(&ty.span.clone(), &format!("{path}.types.default"), "missing required key (type of the matrices not listed)");
+                    src.error(
+                        &ty.span.clone(),
+                        &format!("{path}.types.default"),
+                        "missing required key (type of the matrices not listed)",
+                    );
                 }
             }
-            None => src.error(&v.span(), &format!("{path}.types"), "missing required table"),
+            None => src.error(
+                &v.span(),
+                &format!("{path}.types"),
+                "missing required table",
+            ),
         }
         let mut absent = Vec::new();
         if let Some((apath, _, items)) = p.array(src, "absent") {
             for (i, it) in items.iter().enumerate() {
                 match it.get_ref() {
                     DeValue::String(s) => absent.push(s.to_string()),
-                    other => src.error(&it.span(), &format!("{apath}[{i}]"), format!("expected a tensor name, found {}", describe(other))),
+                    other => src.error(
+                        &it.span(),
+                        &format!("{apath}[{i}]"),
+                        format!("expected a tensor name, found {}", describe(other)),
+                    ),
                 }
             }
         }
         p.finish(src, &["source", "hparams", "types", "absent"]);
         if let (Some(source), Some(default_type)) = (source, default_type) {
-            out.push(Preset { name, source: source.into_inner(), hparams, default_type, types, absent, loc });
+            out.push(Preset {
+                name,
+                source: source.into_inner(),
+                hparams,
+                default_type,
+                types,
+                absent,
+                loc,
+            });
         }
     }
     out
 }
 
-fn parse_kernels(src: &mut SourceFile, path: &str, items: &[Spanned<DeValue<'_>>]) -> Vec<KernelSpec> {
+fn parse_kernels(
+    src: &mut SourceFile,
+    path: &str,
+    items: &[Spanned<DeValue<'_>>],
+) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for (i, it) in items.iter().enumerate() {
         let kpath = format!("{path}[{i}]");
         let DeValue::Table(tbl) = it.get_ref() else {
-            src.error(&it.span(), &kpath, format!("expected a table, found {}", describe(it.get_ref())));
+            src.error(
+                &it.span(),
+                &kpath,
+                format!("expected a table, found {}", describe(it.get_ref())),
+            );
             continue;
         };
         let loc = src.loc(&it.span(), &kpath);
@@ -910,8 +1265,14 @@ fn parse_kernels(src: &mut SourceFile, path: &str, items: &[Spanned<DeValue<'_>>
         if let Some((tpath, _, titems)) = k.array(src, "tensors") {
             for (j, t) in titems.iter().enumerate() {
                 match t.get_ref() {
-                    DeValue::String(s) => tensors.push((s.to_string(), src.loc(&t.span(), &format!("{tpath}[{j}]")))),
-                    other => src.error(&t.span(), &format!("{tpath}[{j}]"), format!("expected a tensor name, found {}", describe(other))),
+                    DeValue::String(s) => {
+                        tensors.push((s.to_string(), src.loc(&t.span(), &format!("{tpath}[{j}]"))))
+                    }
+                    other => src.error(
+                        &t.span(),
+                        &format!("{tpath}[{j}]"),
+                        format!("expected a tensor name, found {}", describe(other)),
+                    ),
                 }
             }
         }
@@ -923,7 +1284,11 @@ fn parse_kernels(src: &mut SourceFile, path: &str, items: &[Spanned<DeValue<'_>>
             }
             let loc = src.loc(&pspan, &ppath);
             if !is_ident(&key) {
-                src.error(&pspan, &ppath, "kernel parameter keys are the Cfg field names in lower case");
+                src.error(
+                    &pspan,
+                    &ppath,
+                    "kernel parameter keys are the Cfg field names in lower case",
+                );
                 continue;
             }
             let value = match v.get_ref() {
@@ -937,9 +1302,20 @@ fn parse_kernels(src: &mut SourceFile, path: &str, items: &[Spanned<DeValue<'_>>
         }
         if let Some(family) = family {
             if !is_ident(family.get_ref()) {
-                src.error(&family.span(), &format!("{kpath}.family"), "family names are snake_case (templates/README.md sections)");
+                src.error(
+                    &family.span(),
+                    &format!("{kpath}.family"),
+                    "family names are snake_case (templates/README.md sections)",
+                );
             }
-            out.push(KernelSpec { family: family.into_inner(), tensors, params, note, pending, loc });
+            out.push(KernelSpec {
+                family: family.into_inner(),
+                tensors,
+                params,
+                note,
+                pending,
+                loc,
+            });
         }
     }
     out
@@ -948,7 +1324,12 @@ fn parse_kernels(src: &mut SourceFile, path: &str, items: &[Spanned<DeValue<'_>>
 /// Cross-references: names used in expressions exist and are integers, tensors named by
 /// hparams and kernels exist, presets cover every required hparam, capabilities have the
 /// hparams they rely on.
-fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<String>>, caps_ok: bool) {
+fn check(
+    src: &mut SourceFile,
+    spec: &ArchSpec,
+    default_preset: Option<&Spanned<String>>,
+    caps_ok: bool,
+) {
     let int_names: Vec<&str> = spec
         .hparams
         .iter()
@@ -975,9 +1356,16 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
     };
 
     let mut seen: Vec<&str> = Vec::new();
-    for (name, loc) in spec.hparams.iter().map(|h| (&h.name, &h.loc)).chain(spec.derived.iter().map(|d| (&d.name, &d.loc))) {
+    for (name, loc) in spec
+        .hparams
+        .iter()
+        .map(|h| (&h.name, &h.loc))
+        .chain(spec.derived.iter().map(|d| (&d.name, &d.loc)))
+    {
         if seen.contains(&name.as_str()) {
-            src.push(loc.error(format!("`{name}` is defined twice (hparams and derived share one namespace)")));
+            src.push(loc.error(format!(
+                "`{name}` is defined twice (hparams and derived share one namespace)"
+            )));
         }
         if RESERVED.contains(&name.as_str()) {
             src.push(loc.error(format!("`{name}` is reserved")));
@@ -988,11 +1376,19 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
         if let HParamSource::TensorDim { tensor, .. } = &h.from {
             match spec.tensor(tensor) {
                 Some(t) if !t.per_layer() && !t.optional => {}
-                Some(_) => src.push(h.loc.error(format!("tensor `{tensor}` must be global and required to define an hparam"))),
-                None => src.push(h.loc.error(format!("tensor `{tensor}` is not in [tensors]"))),
+                Some(_) => src.push(h.loc.error(format!(
+                    "tensor `{tensor}` must be global and required to define an hparam"
+                ))),
+                None => src.push(
+                    h.loc
+                        .error(format!("tensor `{tensor}` is not in [tensors]")),
+                ),
             }
             if h.default.is_some() {
-                src.push(h.loc.error("an hparam read from a tensor dimension cannot have a default"));
+                src.push(
+                    h.loc
+                        .error("an hparam read from a tensor dimension cannot have a default"),
+                );
             }
         }
     }
@@ -1019,17 +1415,25 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
             }
         }
     }
-    for (name, why) in if caps_ok { required_names(&spec.caps) } else { Vec::new() } {
+    for (name, why) in if caps_ok {
+        required_names(&spec.caps)
+    } else {
+        Vec::new()
+    } {
         match kind_of(name) {
             Some(_) => {}
-            None => src.push(spec.loc.error(format!("hparam `{name}` is required ({why}); define it in [hparams] or [derived]"))),
+            None => src.push(spec.loc.error(format!(
+                "hparam `{name}` is required ({why}); define it in [hparams] or [derived]"
+            ))),
         }
     }
-    if let Some(sw) = spec.caps.sliding_window.as_ref().filter(|_| caps_ok) {
-        if kind_of(&sw.window) != Some("u32") {
-            src.push(spec.loc.error(format!("capabilities.sliding_window.window names `{}`, which is not a u32 hparam", sw.window)));
+    if let Some(sw) = spec.caps.sliding_window.as_ref().filter(|_| caps_ok)
+        && kind_of(&sw.window) != Some("u32") {
+            src.push(spec.loc.error(format!(
+                "capabilities.sliding_window.window names `{}`, which is not a u32 hparam",
+                sw.window
+            )));
         }
-    }
     if let Some(r) = &spec.caps.dense_layers {
         check_expr(src, &spec.loc, &r.start, &[]);
         check_expr(src, &spec.loc, &r.end, &[]);
@@ -1046,7 +1450,10 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
             check_expr(src, &t.loc, &r.end, &[]);
         }
         if fields.contains(&t.field.as_str()) {
-            src.push(t.loc.error(format!("field name `{}` is used by two tensors; set `field` on one", t.field)));
+            src.push(t.loc.error(format!(
+                "field name `{}` is used by two tensors; set `field` on one",
+                t.field
+            )));
         }
         if names.contains(&t.name.as_str()) {
             src.push(t.loc.error(format!("tensor `{}` is listed twice", t.name)));
@@ -1061,23 +1468,34 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
         _ if !caps_ok => {}
         TiedEmbeddings::Always => {
             if spec.tensor("output.weight").is_some() {
-                src.push(spec.loc.error("tied_embeddings = \"always\" but [tensors] lists `output.weight`"));
+                src.push(
+                    spec.loc
+                        .error("tied_embeddings = \"always\" but [tensors] lists `output.weight`"),
+                );
             }
         }
         TiedEmbeddings::Never | TiedEmbeddings::Optional => match spec.tensor("output.weight") {
-            None => src.push(spec.loc.error("[tensors] must list `output.weight` unless tied_embeddings = \"always\"")),
-            Some(t) if spec.caps.tied_embeddings == TiedEmbeddings::Optional && !t.optional => {
-                src.push(t.loc.error("tied_embeddings = \"optional\" needs `output.weight` marked optional = true"))
+            None => {
+                src.push(spec.loc.error(
+                    "[tensors] must list `output.weight` unless tied_embeddings = \"always\"",
+                ))
             }
+            Some(t) if spec.caps.tied_embeddings == TiedEmbeddings::Optional && !t.optional => src
+                .push(t.loc.error(
+                    "tied_embeddings = \"optional\" needs `output.weight` marked optional = true",
+                )),
             _ => {}
         },
     }
 
-    if let Some(p) = default_preset {
-        if spec.preset(p.get_ref()).is_none() {
-            src.error(&p.span(), "arch.preset", format!("no [presets.{}] in this file", p.get_ref()));
+    if let Some(p) = default_preset
+        && spec.preset(p.get_ref()).is_none() {
+            src.error(
+                &p.span(),
+                "arch.preset",
+                format!("no [presets.{}] in this file", p.get_ref()),
+            );
         }
-    }
     for p in &spec.presets {
         for (name, value, loc) in &p.hparams {
             match (spec.hparam(name), value) {
@@ -1087,7 +1505,10 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
                 (None, _) => src.push(loc.error(format!("`{name}` is not an hparam of this spec"))),
                 (Some(h), v) => {
                     let ok = matches!((h.ty, v), (HParamType::U32, Value::Int(i)) if (0..=u32::MAX as i64).contains(i))
-                        || matches!((h.ty, v), (HParamType::F32, Value::Float(_) | Value::Int(_)))
+                        || matches!(
+                            (h.ty, v),
+                            (HParamType::F32, Value::Float(_) | Value::Int(_))
+                        )
                         || matches!((h.ty, v), (HParamType::Bool, Value::Bool(_)));
                     if !ok {
                         src.push(loc.error(format!("value {v} is not a {}", h.ty.name())));
@@ -1097,7 +1518,10 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
         }
         for h in &spec.hparams {
             if h.default.is_none() && !p.hparams.iter().any(|(n, _, _)| n == &h.name) {
-                src.push(p.loc.error(format!("preset lacks hparam `{}` (required, no default)", h.name)));
+                src.push(p.loc.error(format!(
+                    "preset lacks hparam `{}` (required, no default)",
+                    h.name
+                )));
             }
         }
         for (field, _, loc) in &p.types {
@@ -1108,7 +1532,9 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
         for name in &p.absent {
             match spec.tensor(name) {
                 Some(t) if t.optional => {}
-                Some(_) => src.push(p.loc.error(format!("absent: `{name}` is required, a preset cannot leave it out"))),
+                Some(_) => src.push(p.loc.error(format!(
+                    "absent: `{name}` is required, a preset cannot leave it out"
+                ))),
                 None => src.push(p.loc.error(format!("absent: `{name}` is not in [tensors]"))),
             }
         }
@@ -1118,21 +1544,27 @@ fn check(src: &mut SourceFile, spec: &ArchSpec, default_preset: Option<&Spanned<
         for (name, loc) in &k.tensors {
             match spec.tensor(name) {
                 Some(t) if t.shape.len() >= 2 => {}
-                Some(_) => src.push(loc.error(format!("`{name}` has rank 1; per-tensor kernels take matrices"))),
+                Some(_) => src.push(loc.error(format!(
+                    "`{name}` has rank 1; per-tensor kernels take matrices"
+                ))),
                 None if name == LM_HEAD && spec.tensor("token_embd.weight").is_some() => {}
                 None => src.push(loc.error(format!("`{name}` is not in [tensors]"))),
             }
         }
-        let extra: &[&str] = if k.tensors.is_empty() { &[] } else { TENSOR_SCOPE_NAMES };
+        let extra: &[&str] = if k.tensors.is_empty() {
+            &[]
+        } else {
+            TENSOR_SCOPE_NAMES
+        };
         for p in &k.params {
             match &p.value {
                 ParamValue::Expr(e) => check_expr(src, &p.loc, e, extra),
-                ParamValue::Sym(s) if s == "type" && k.tensors.is_empty() => {
-                    src.push(p.loc.error("`type` (the tensor's ggml type) needs a `tensors` list"))
-                }
+                ParamValue::Sym(s) if s == "type" && k.tensors.is_empty() => src.push(
+                    p.loc
+                        .error("`type` (the tensor's ggml type) needs a `tensors` list"),
+                ),
                 _ => {}
             }
         }
     }
 }
-

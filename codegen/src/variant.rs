@@ -66,7 +66,9 @@ impl KernelVariant {
             match (p.kind, &p.value) {
                 (FieldKind::Dim, v) => dims.push(format!("{}{v}", p.key)),
                 (_, ParamVal::Sym(s)) => choices.push(s.clone()),
-                (_, v @ ParamVal::Int(_)) if p.default.as_ref() != Some(v) => choices.push(format!("{}{v}", p.key)),
+                (_, v @ ParamVal::Int(_)) if p.default.as_ref() != Some(v) => {
+                    choices.push(format!("{}{v}", p.key))
+                }
                 _ => {}
             }
         }
@@ -96,7 +98,12 @@ mod tests {
     use super::*;
 
     fn p(key: &str, value: ParamVal, kind: FieldKind, default: Option<i64>) -> Param {
-        Param { key: key.into(), value, kind, default: default.map(ParamVal::Int) }
+        Param {
+            key: key.into(),
+            value,
+            kind,
+            default: default.map(ParamVal::Int),
+        }
     }
 
     fn matvec(k: i64, n: i64, q: &str, threads: i64) -> KernelVariant {
@@ -107,20 +114,34 @@ mod tests {
                 p("k", ParamVal::Int(k), FieldKind::Dim, None),
                 p("n", ParamVal::Int(n), FieldKind::Dim, None),
                 p("qtype", ParamVal::Sym(q.into()), FieldKind::Enum, None),
-                p("threads", ParamVal::Int(threads), FieldKind::Tune, Some(256)),
+                p(
+                    "threads",
+                    ParamVal::Int(threads),
+                    FieldKind::Tune,
+                    Some(256),
+                ),
             ],
         }
     }
 
     #[test]
     fn specialized_names_follow_field_order() {
-        assert_eq!(matvec(6144, 2048, "q4_k", 256).name(), "matvec__k6144_n2048__q4_k");
+        assert_eq!(
+            matvec(6144, 2048, "q4_k", 256).name(),
+            "matvec__k6144_n2048__q4_k"
+        );
         // Same dims in the other order is another shape, and another name.
-        assert_eq!(matvec(2048, 6144, "q4_k", 256).name(), "matvec__k2048_n6144__q4_k");
+        assert_eq!(
+            matvec(2048, 6144, "q4_k", 256).name(),
+            "matvec__k2048_n6144__q4_k"
+        );
         let rms = KernelVariant {
             family: "rmsnorm".into(),
             archs: vec!["glm-dsa".into()],
-            params: vec![p("n", ParamVal::Int(6144), FieldKind::Dim, None), p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256))],
+            params: vec![
+                p("n", ParamVal::Int(6144), FieldKind::Dim, None),
+                p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256)),
+            ],
         };
         assert_eq!(rms.name(), "rmsnorm__n6144");
         assert_eq!(rms.to_string(), rms.name());
@@ -128,7 +149,10 @@ mod tests {
 
     #[test]
     fn non_default_tuning_shows_in_the_name() {
-        assert_eq!(matvec(6144, 2048, "q8_0", 128).name(), "matvec__k6144_n2048__q8_0_threads128");
+        assert_eq!(
+            matvec(6144, 2048, "q8_0", 128).name(),
+            "matvec__k6144_n2048__q8_0_threads128"
+        );
     }
 
     #[test]
@@ -136,10 +160,17 @@ mod tests {
         let g = KernelVariant {
             family: "matvec".into(),
             archs: vec![],
-            params: vec![p("qtype", ParamVal::Sym("q4_k".into()), FieldKind::Enum, None), p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256))],
+            params: vec![
+                p("qtype", ParamVal::Sym("q4_k".into()), FieldKind::Enum, None),
+                p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256)),
+            ],
         };
         assert_eq!(g.name(), "matvec__generic__q4_k");
-        let r = KernelVariant { family: "rmsnorm".into(), archs: vec![], params: vec![p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256))] };
+        let r = KernelVariant {
+            family: "rmsnorm".into(),
+            archs: vec![],
+            params: vec![p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256))],
+        };
         assert_eq!(r.name(), "rmsnorm__generic");
         let a = KernelVariant {
             family: "add_rmsnorm".into(),

@@ -15,7 +15,9 @@ fn spec(arch: &str) -> ArchSpec {
 }
 
 fn ty(d: &ModelDims, name: &str) -> GgmlType {
-    d.tensor(name).unwrap_or_else(|| panic!("no tensor {name}")).ggml_type
+    d.tensor(name)
+        .unwrap_or_else(|| panic!("no tensor {name}"))
+        .ggml_type
 }
 
 #[test]
@@ -23,22 +25,51 @@ fn glm5_preset_resolves_mla_dims_ranges_and_types() {
     let s = spec("glm-dsa");
     let d = dims::from_preset(&s, None).unwrap();
     assert_eq!(d.origin.to_string(), "preset `glm-5`");
-    for (name, want) in [("n_embd", 6144), ("n_head", 64), ("q_lora_rank", 2048), ("kv_lora_rank", 512), ("qk_nope_head_dim", 192), ("rope_dim", 64), ("v_head_dim", 256), ("kv_a_dim", 576), ("n_layer", 78), ("n_ff_shexp", 2048)] {
+    for (name, want) in [
+        ("n_embd", 6144),
+        ("n_head", 64),
+        ("q_lora_rank", 2048),
+        ("kv_lora_rank", 512),
+        ("qk_nope_head_dim", 192),
+        ("rope_dim", 64),
+        ("v_head_dim", 256),
+        ("kv_a_dim", 576),
+        ("n_layer", 78),
+        ("n_ff_shexp", 2048),
+    ] {
         assert_eq!(d.int(name), Some(want), "{name}");
     }
     assert_eq!(d.value("expert_weights_scale"), Some(Value::Float(2.5)));
     assert_eq!(d.value("expert_weights_norm"), Some(Value::Bool(true)));
     // 3 global; 15 tensors on each of 78 layers; dense FFN on 3 layers; 8 MoE tensors on 75.
     assert_eq!(d.tensors.len(), 3 + 78 * 15 + 3 * 3 + 75 * 8);
-    assert!(d.tensor("blk.2.ffn_gate.weight").is_some() && d.tensor("blk.3.ffn_gate.weight").is_none());
-    assert!(d.tensor("blk.3.ffn_gate_exps.weight").is_some() && d.tensor("blk.2.ffn_gate_exps.weight").is_none());
-    assert!(d.tensor("blk.78.attn_norm.weight").is_none(), "the nextn layer is not a main layer");
-    assert_eq!(d.tensor("blk.5.attn_k_b.weight").unwrap().shape, [192, 512, 64]);
-    assert_eq!(d.tensor("blk.5.attn_q_b.weight").unwrap().shape, [2048, 16384]);
+    assert!(
+        d.tensor("blk.2.ffn_gate.weight").is_some() && d.tensor("blk.3.ffn_gate.weight").is_none()
+    );
+    assert!(
+        d.tensor("blk.3.ffn_gate_exps.weight").is_some()
+            && d.tensor("blk.2.ffn_gate_exps.weight").is_none()
+    );
+    assert!(
+        d.tensor("blk.78.attn_norm.weight").is_none(),
+        "the nextn layer is not a main layer"
+    );
+    assert_eq!(
+        d.tensor("blk.5.attn_k_b.weight").unwrap().shape,
+        [192, 512, 64]
+    );
+    assert_eq!(
+        d.tensor("blk.5.attn_q_b.weight").unwrap().shape,
+        [2048, 16384]
+    );
     assert_eq!(ty(&d, "blk.77.ffn_down_exps.weight"), GgmlType::Q4_K);
     assert_eq!(ty(&d, "blk.7.attn_q_a.weight"), GgmlType::Q8_0);
     assert_eq!(ty(&d, "blk.7.ffn_gate_inp.weight"), GgmlType::F32);
-    assert_eq!(ty(&d, "blk.7.attn_kv_a_norm.weight"), GgmlType::F32, "1-D tensors stay F32");
+    assert_eq!(
+        ty(&d, "blk.7.attn_kv_a_norm.weight"),
+        GgmlType::F32,
+        "1-D tensors stay F32"
+    );
 }
 
 #[test]
@@ -46,7 +77,11 @@ fn gemma3_preset_has_the_real_files_per_layer_types() {
     let d = dims::from_preset(&spec("gemma3"), None).unwrap();
     assert_eq!(d.tensors.len(), 236, "the real Q4_K_M file has 236 tensors");
     assert_eq!(d.int("head_dim"), Some(256));
-    assert_eq!(d.int("n_rot"), Some(256), "default expression n_rot = head_dim");
+    assert_eq!(
+        d.int("n_rot"),
+        Some(256),
+        "default expression n_rot = head_dim"
+    );
     assert_eq!(d.value("rope_freq_base_swa"), Some(Value::Float(10000.0)));
     assert_eq!(ty(&d, "blk.0.attn_v.weight"), GgmlType::Q8_0);
     assert_eq!(ty(&d, "blk.2.attn_v.weight"), GgmlType::Q5_0);
@@ -58,15 +93,29 @@ fn gemma3_preset_has_the_real_files_per_layer_types() {
 #[test]
 fn preset_errors_name_the_problem() {
     let s = spec("gemma3");
-    let e = dims::from_preset(&s, Some("gemma-3-1b")).unwrap_err().to_string();
-    assert!(e.contains("no preset `gemma-3-1b` (presets: gemma-3-270m)"), "{e}");
+    let e = dims::from_preset(&s, Some("gemma-3-1b"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no preset `gemma-3-1b` (presets: gemma-3-270m)"),
+        "{e}"
+    );
     // Cutting the layer count is allowed only through overrides (per-layer lists are cut).
-    let d = dims::from_preset_with(&s, None, &[("block_count", Value::Int(2)), ("n_vocab", Value::Int(512))]).unwrap();
+    let d = dims::from_preset_with(
+        &s,
+        None,
+        &[("block_count", Value::Int(2)), ("n_vocab", Value::Int(512))],
+    )
+    .unwrap();
     assert_eq!(d.tensors.len(), 2 + 2 * 13);
-    let e = dims::from_preset_with(&s, None, &[("n_layers", Value::Int(2))]).unwrap_err().to_string();
+    let e = dims::from_preset_with(&s, None, &[("n_layers", Value::Int(2))])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("override `n_layers` is not an hparam"), "{e}");
     // A K-quant on a 640-long row is what llama.cpp's fallback avoids; the spec may not claim it.
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/gemma3.toml")).unwrap();
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/gemma3.toml"))
+            .unwrap();
     let bad = text.replace("attn_q = \"Q5_0\"", "attn_q = \"Q4_K\"");
     let s = ArchSpec::parse(Path::new("specs/gemma3.toml"), &bad).unwrap();
     let e = dims::from_preset(&s, None).unwrap_err().to_string();
@@ -77,13 +126,23 @@ fn preset_errors_name_the_problem() {
 /// A gemma3 GGUF at the 270M per-layer dims with 2 layers and a small vocabulary.
 fn gemma3_micro() -> (ArchSpec, GgufWriter) {
     let s = spec("gemma3");
-    let d = dims::from_preset_with(&s, None, &[("block_count", Value::Int(2)), ("n_vocab", Value::Int(512))]).unwrap();
+    let d = dims::from_preset_with(
+        &s,
+        None,
+        &[("block_count", Value::Int(2)), ("n_vocab", Value::Int(512))],
+    )
+    .unwrap();
     let w = fixture::writer_for(&s, &d, Fill::Zeros).unwrap();
     (s, w)
 }
 
 /// Rebuilds a writer's image with one metadata key or tensor left out or changed.
-fn rewrite(w: &GgufWriter, skip_key: Option<&str>, skip_tensor: Option<&str>, reshape: Option<(&str, &[u64])>) -> Vec<u8> {
+fn rewrite(
+    w: &GgufWriter,
+    skip_key: Option<&str>,
+    skip_tensor: Option<&str>,
+    reshape: Option<(&str, &[u64])>,
+) -> Vec<u8> {
     let file = Gguf::parse(w.to_bytes().unwrap()).unwrap();
     let mut out = GgufWriter::new();
     for (k, v) in file.metadata() {
@@ -100,7 +159,8 @@ fn rewrite(w: &GgufWriter, skip_key: Option<&str>, skip_tensor: Option<&str>, re
             _ => t.dims.clone(),
         };
         let n: u64 = dims[1..].iter().product::<u64>() * t.ggml_type.row_bytes(dims[0]).unwrap();
-        out.add_tensor_bytes(t.name.clone(), &dims, t.ggml_type, vec![0; n as usize]).unwrap();
+        out.add_tensor_bytes(t.name.clone(), &dims, t.ggml_type, vec![0; n as usize])
+            .unwrap();
     }
     out.to_bytes().unwrap()
 }
@@ -119,20 +179,37 @@ fn gguf_dims_come_from_metadata_with_defaults_and_tensor_dims() {
     assert_eq!(d.int("n_vocab"), Some(512), "from token_embd ne[1]");
     assert_eq!(d.int("n_layer"), Some(2));
     assert_eq!(d.tensors.len(), 2 + 2 * 13);
-    assert_eq!(ty(&d, "blk.1.attn_v.weight"), GgmlType::Q8_0, "types come from the file");
+    assert_eq!(
+        ty(&d, "blk.1.attn_v.weight"),
+        GgmlType::Q8_0,
+        "types come from the file"
+    );
     assert_eq!(ty(&d, "blk.1.attn_output.weight"), GgmlType::Q4_K);
 }
 
 #[test]
 fn gguf_errors_name_key_and_tensor() {
     let (s, w) = gemma3_micro();
-    let bytes = rewrite(&w, Some("gemma3.embedding_length"), Some("blk.1.ffn_up.weight"), Some(("blk.0.attn_k.weight", &[640, 512])));
+    let bytes = rewrite(
+        &w,
+        Some("gemma3.embedding_length"),
+        Some("blk.1.ffn_up.weight"),
+        Some(("blk.0.attn_k.weight", &[640, 512])),
+    );
     let file = Gguf::parse(&bytes[..]).unwrap();
     let e = dims::from_gguf(&s, &file).unwrap_err().to_string();
-    assert!(e.contains("metadata key 'gemma3.embedding_length' is missing (hparam `n_embd`"), "{e}");
+    assert!(
+        e.contains("metadata key 'gemma3.embedding_length' is missing (hparam `n_embd`"),
+        "{e}"
+    );
     assert!(e.contains("gemma3.toml:"), "the spec line is named: {e}");
     // Tensor checks need n_embd, so they are reported once the key is back.
-    let bytes = rewrite(&w, None, Some("blk.1.ffn_up.weight"), Some(("blk.0.attn_k.weight", &[640, 512])));
+    let bytes = rewrite(
+        &w,
+        None,
+        Some("blk.1.ffn_up.weight"),
+        Some(("blk.0.attn_k.weight", &[640, 512])),
+    );
     let file = Gguf::parse(&bytes[..]).unwrap();
     let e = dims::from_gguf(&s, &file).unwrap_err();
     assert_eq!(e.problems.len(), 2, "{e}");
@@ -144,8 +221,13 @@ fn gguf_errors_name_key_and_tensor() {
 #[test]
 fn gguf_of_another_arch_or_wrong_type_is_rejected() {
     let (s, w) = gemma3_micro();
-    let e = dims::from_gguf(&spec("qwen3"), &Gguf::parse(w.to_bytes().unwrap()).unwrap()).unwrap_err().to_string();
-    assert!(e.contains("general.architecture is `gemma3`, but") && e.contains("describes `qwen3`"), "{e}");
+    let e = dims::from_gguf(&spec("qwen3"), &Gguf::parse(w.to_bytes().unwrap()).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("general.architecture is `gemma3`, but") && e.contains("describes `qwen3`"),
+        "{e}"
+    );
     let mut w2 = GgufWriter::new();
     let file = Gguf::parse(w.to_bytes().unwrap()).unwrap();
     for (k, v) in file.metadata() {
@@ -155,8 +237,14 @@ fn gguf_of_another_arch_or_wrong_type_is_rejected() {
             w2.add_meta(k.clone(), v.clone());
         }
     }
-    let e = dims::from_gguf(&s, &Gguf::parse(w2.to_bytes().unwrap()).unwrap()).unwrap_err().to_string();
-    assert!(e.contains("metadata key 'gemma3.attention.head_count' = ") && e.contains("is not a u32 (hparam `n_head`"), "{e}");
+    let e = dims::from_gguf(&s, &Gguf::parse(w2.to_bytes().unwrap()).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("metadata key 'gemma3.attention.head_count' = ")
+            && e.contains("is not a u32 (hparam `n_head`"),
+        "{e}"
+    );
 }
 
 /// The real Gemma 3 270M file, when fetched (scripts/fetch-gemma3-270m).
@@ -164,7 +252,11 @@ pub fn real_gemma3() -> Option<PathBuf> {
     let path = match std::env::var_os("MEMRA_GEMMA3_GGUF") {
         Some(p) => PathBuf::from(p),
         None => {
-            let cache = std::env::var_os("MEMRA_CACHE").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/memra")))?;
+            let cache = std::env::var_os("MEMRA_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/memra"))
+                })?;
             cache.join("models/gemma-3-270m-q4_k_m.gguf")
         }
     };
@@ -174,7 +266,9 @@ pub fn real_gemma3() -> Option<PathBuf> {
 #[test]
 fn real_gemma3_file_matches_the_spec_and_its_preset() {
     let Some(path) = real_gemma3() else {
-        println!("SKIP: real gemma3 GGUF absent (set MEMRA_GEMMA3_GGUF or run scripts/fetch-gemma3-270m)");
+        println!(
+            "SKIP: real gemma3 GGUF absent (set MEMRA_GEMMA3_GGUF or run scripts/fetch-gemma3-270m)"
+        );
         return;
     };
     let s = spec("gemma3");
@@ -184,5 +278,8 @@ fn real_gemma3_file_matches_the_spec_and_its_preset() {
     for (name, v) in &from_preset.values {
         assert_eq!(from_file.value(name), Some(*v), "hparam {name}");
     }
-    assert_eq!(from_file.tensors, from_preset.tensors, "preset shapes and types equal the file's");
+    assert_eq!(
+        from_file.tensors, from_preset.tensors,
+        "preset shapes and types equal the file's"
+    );
 }

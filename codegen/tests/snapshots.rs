@@ -11,18 +11,28 @@ use memra_codegen::render;
 use memra_codegen::variant::{KernelVariant, Param, ParamVal};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn check(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots").join(format!("{name}.snap"));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(format!("{name}.snap"));
     if std::env::var_os("MEMRA_BLESS").is_some_and(|v| v == "1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
         println!("blessed {}", path.display());
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}; run with MEMRA_BLESS=1 to create it", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run with MEMRA_BLESS=1 to create it",
+            path.display()
+        )
+    });
     if expected != actual {
         let (line, (want, got)) = expected
             .lines()
@@ -99,7 +109,11 @@ fn generic_snapshot() {
         assert!(v.is_generic());
         let _ = writeln!(out, "{}", v.name());
     }
-    for name in ["rmsnorm__generic", "embed__generic__q4_k", "qk_norm_rope__generic__interleaved_none_f32"] {
+    for name in [
+        "rmsnorm__generic",
+        "embed__generic__q4_k",
+        "qk_norm_rope__generic__interleaved_none_f32",
+    ] {
         let _ = writeln!(out, "==== kernels/{name}.cu");
         out.push_str(file(&g, &format!("kernels/{name}.cu")));
     }
@@ -108,15 +122,36 @@ fn generic_snapshot() {
 
 #[test]
 fn registry_snapshot() {
-    let p = |key: &str, value: ParamVal, kind: FieldKind, default: Option<i64>| Param { key: key.into(), value, kind, default: default.map(ParamVal::Int) };
+    let p = |key: &str, value: ParamVal, kind: FieldKind, default: Option<i64>| Param {
+        key: key.into(),
+        value,
+        kind,
+        default: default.map(ParamVal::Int),
+    };
     let variants = [
         KernelVariant {
             family: "rmsnorm".into(),
             archs: vec!["glm-dsa".into()],
-            params: vec![p("n", ParamVal::Int(6144), FieldKind::Dim, None), p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256))],
+            params: vec![
+                p("n", ParamVal::Int(6144), FieldKind::Dim, None),
+                p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256)),
+            ],
         },
-        KernelVariant { family: "embed".into(), archs: vec![], params: vec![p("qtype", ParamVal::Sym("q4_k".into()), FieldKind::Enum, None), p("threads", ParamVal::Int(128), FieldKind::Tune, Some(128))] },
+        KernelVariant {
+            family: "embed".into(),
+            archs: vec![],
+            params: vec![
+                p("qtype", ParamVal::Sym("q4_k".into()), FieldKind::Enum, None),
+                p("threads", ParamVal::Int(128), FieldKind::Tune, Some(128)),
+            ],
+        },
     ];
-    let headers = [("memra/common.cuh".to_string(), Path::new("/templates/memra/common.cuh"))];
-    check("registry", &render::render_registry(&variants, &headers, &[]));
+    let headers = [(
+        "memra/common.cuh".to_string(),
+        Path::new("/templates/memra/common.cuh"),
+    )];
+    check(
+        "registry",
+        &render::render_registry(&variants, &headers, &[]),
+    );
 }

@@ -51,15 +51,23 @@ fn parse(text: &str) -> Result<ArchSpec, String> {
 
 /// The 1-based line of the first occurrence of `needle` in `text`.
 fn line_of(text: &str, needle: &str) -> usize {
-    text.lines().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle:?} not in text")) + 1
+    text.lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("{needle:?} not in text"))
+        + 1
 }
 
 fn expect_error(text: &str, line_needle: &str, key: &str, message: &str) {
     let err = parse(text).expect_err("spec should be rejected");
     let line = line_of(text, line_needle);
     let prefix = format!("specs/tiny.toml:{line}:");
-    let found = err.lines().any(|l| l.starts_with(&prefix) && l.contains(&format!("key `{key}`")) && l.contains(message));
-    assert!(found, "expected a line starting {prefix:?} naming key `{key}` with {message:?}; got:\n{err}");
+    let found = err.lines().any(|l| {
+        l.starts_with(&prefix) && l.contains(&format!("key `{key}`")) && l.contains(message)
+    });
+    assert!(
+        found,
+        "expected a line starting {prefix:?} naming key `{key}` with {message:?}; got:\n{err}"
+    );
 }
 
 #[test]
@@ -67,10 +75,25 @@ fn base_fixture_is_valid() {
     let spec = parse(BASE).unwrap();
     assert_eq!(spec.arch, "tiny");
     assert_eq!(spec.hparams.len(), 7);
-    assert_eq!(spec.hparams[0].name, "block_count", "declaration order is kept");
-    assert_eq!(spec.hparam("n_vocab").unwrap().from, HParamSource::TensorDim { tensor: "token_embd.weight".into(), dim: 1 });
-    assert!(matches!(spec.hparam("head_dim").unwrap().default, Some(HParamDefault::Expr(_))));
-    assert_eq!(spec.hparam("rms_eps").unwrap().default, Some(HParamDefault::Value(Value::Float(1e-6))));
+    assert_eq!(
+        spec.hparams[0].name, "block_count",
+        "declaration order is kept"
+    );
+    assert_eq!(
+        spec.hparam("n_vocab").unwrap().from,
+        HParamSource::TensorDim {
+            tensor: "token_embd.weight".into(),
+            dim: 1
+        }
+    );
+    assert!(matches!(
+        spec.hparam("head_dim").unwrap().default,
+        Some(HParamDefault::Expr(_))
+    ));
+    assert_eq!(
+        spec.hparam("rms_eps").unwrap().default,
+        Some(HParamDefault::Value(Value::Float(1e-6)))
+    );
     assert_eq!(spec.tensors[1].field, "attn_q");
     assert!(spec.tensors[1].per_layer());
     assert_eq!(spec.hparams[0].loc.line, 7);
@@ -80,7 +103,13 @@ fn base_fixture_is_valid() {
 fn syntax_errors_have_a_line() {
     let text = BASE.replace("norm = \"pre\"", "norm = \"pre");
     let err = parse(&text).unwrap_err();
-    assert!(err.starts_with(&format!("specs/tiny.toml:{}:", line_of(&text, "norm = \"pre"))), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "specs/tiny.toml:{}:",
+            line_of(&text, "norm = \"pre")
+        )),
+        "{err}"
+    );
     assert!(err.contains("TOML syntax"), "{err}");
 }
 
@@ -88,28 +117,61 @@ fn syntax_errors_have_a_line() {
 fn unknown_keys_are_named() {
     let text = BASE.replace("norm = \"pre\"", "norm = \"pre\"\nmla = true");
     expect_error(&text, "mla = true", "capabilities.mla", "unknown key");
-    let text = BASE.replace("type = \"u32\", source = \"s\" }\nn_embd", "type = \"u32\", sauce = \"s\" }\nn_embd");
+    let text = BASE.replace(
+        "type = \"u32\", source = \"s\" }\nn_embd",
+        "type = \"u32\", sauce = \"s\" }\nn_embd",
+    );
     expect_error(&text, "sauce", "hparams.block_count.sauce", "unknown key");
 }
 
 #[test]
 fn bad_values_are_named() {
     let text = BASE.replace("attention = \"gqa\"", "attention = \"mha\"");
-    expect_error(&text, "attention = \"mha\"", "capabilities.attention", "unknown value `mha`; expected one of: gqa, mla, mla_dsa");
+    expect_error(
+        &text,
+        "attention = \"mha\"",
+        "capabilities.attention",
+        "unknown value `mha`; expected one of: gqa, mla, mla_dsa",
+    );
     let text = BASE.replace("type = \"f32\"", "type = \"f16\"");
-    expect_error(&text, "type = \"f16\"", "hparams.rms_eps.type", "unknown type `f16`");
+    expect_error(
+        &text,
+        "type = \"f16\"",
+        "hparams.rms_eps.type",
+        "unknown type `f16`",
+    );
     let text = BASE.replace("default = \"Q8_0\"", "default = \"Q4_KM\"");
-    expect_error(&text, "Q4_KM", "presets.small.types.default", "unknown ggml type `Q4_KM`");
+    expect_error(
+        &text,
+        "Q4_KM",
+        "presets.small.types.default",
+        "unknown ggml type `Q4_KM`",
+    );
 }
 
 #[test]
 fn expression_errors_name_the_expression_and_key() {
     let text = BASE.replace("\"n_head * head_dim\"", "\"n_head * head_dimm\"");
-    expect_error(&text, "head_dimm", "tensors.\"blk.{i}.attn_q.weight\"", "expression `n_head * head_dimm`: unknown name `head_dimm`");
+    expect_error(
+        &text,
+        "head_dimm",
+        "tensors.\"blk.{i}.attn_q.weight\"",
+        "expression `n_head * head_dimm`: unknown name `head_dimm`",
+    );
     let text = BASE.replace("\"n_head * head_dim\"", "\"n_head * (head_dim\"");
-    expect_error(&text, "(head_dim", "tensors.\"blk.{i}.attn_q.weight\".shape[1]", "unclosed `(`");
+    expect_error(
+        &text,
+        "(head_dim",
+        "tensors.\"blk.{i}.attn_q.weight\".shape[1]",
+        "unclosed `(`",
+    );
     let text = BASE.replace("\"n_head * head_dim\"", "\"n_head * rms_eps\"");
-    expect_error(&text, "rms_eps\"", "tensors.\"blk.{i}.attn_q.weight\"", "`rms_eps` is a f32 hparam");
+    expect_error(
+        &text,
+        "rms_eps\"",
+        "tensors.\"blk.{i}.attn_q.weight\"",
+        "`rms_eps` is a f32 hparam",
+    );
     let text = BASE.replace("n = \"n_embd\"", "n = \"n_embd +\"");
     expect_error(&text, "n_embd +", "kernels[0].n", "expression `n_embd +`");
 }
@@ -117,45 +179,117 @@ fn expression_errors_name_the_expression_and_key() {
 #[test]
 fn missing_required_keys_are_named() {
     let text = BASE.replace("tied_embeddings = \"always\"\n", "");
-    expect_error(&text, "[capabilities]", "capabilities.tied_embeddings", "missing required key");
+    expect_error(
+        &text,
+        "[capabilities]",
+        "capabilities.tied_embeddings",
+        "missing required key",
+    );
     let text = BASE.replace(", source = \"s\" }\nn_head =", " }\nn_head =");
-    expect_error(&text, "n_embd = { key", "hparams.n_embd.source", "missing required key");
+    expect_error(
+        &text,
+        "n_embd = { key",
+        "hparams.n_embd.source",
+        "missing required key",
+    );
 }
 
 #[test]
 fn cross_references_are_checked() {
     let text = BASE.replace("preset = \"small\"", "preset = \"large\"");
-    expect_error(&text, "preset = \"large\"", "arch.preset", "no [presets.large]");
+    expect_error(
+        &text,
+        "preset = \"large\"",
+        "arch.preset",
+        "no [presets.large]",
+    );
     let text = BASE.replace("n_vocab = 100 }", "n_vocab = 100, n_layer = 2 }");
-    expect_error(&text, "n_layer = 2", "presets.small.hparams.n_layer", "`n_layer` is derived");
+    expect_error(
+        &text,
+        "n_layer = 2",
+        "presets.small.hparams.n_layer",
+        "`n_layer` is derived",
+    );
     let text = BASE.replace("hparams = { block_count = 2, ", "hparams = { ");
-    expect_error(&text, "[presets.small]", "presets.small", "preset lacks hparam `block_count`");
+    expect_error(
+        &text,
+        "[presets.small]",
+        "presets.small",
+        "preset lacks hparam `block_count`",
+    );
     let text = BASE.replace("ffn = \"swiglu\"", "ffn = \"moe\"");
-    expect_error(&text, "[capabilities]", "capabilities.router", "needs a router");
-    let text = BASE.replace("default = \"n_embd / n_head\"", "default = \"n_embd / n_ff\"");
-    expect_error(&text, "n_embd / n_ff", "hparams.head_dim", "`n_ff` is not an hparam declared before `head_dim`");
+    expect_error(
+        &text,
+        "[capabilities]",
+        "capabilities.router",
+        "needs a router",
+    );
+    let text = BASE.replace(
+        "default = \"n_embd / n_head\"",
+        "default = \"n_embd / n_ff\"",
+    );
+    expect_error(
+        &text,
+        "n_embd / n_ff",
+        "hparams.head_dim",
+        "`n_ff` is not an hparam declared before `head_dim`",
+    );
 }
 
 #[test]
 fn capabilities_require_their_hparams() {
     let text = BASE.replace("n_head_kv = {", "n_kv_heads = {");
-    expect_error(&text, "[arch]", "arch", "hparam `n_head_kv` is required (attention = gqa)");
+    expect_error(
+        &text,
+        "[arch]",
+        "arch",
+        "hparam `n_head_kv` is required (attention = gqa)",
+    );
 }
 
 #[test]
 fn tensor_table_rules() {
-    let text = BASE.replace("\"blk.{i}.attn_q.weight\" = { shape", "\"layer.{i}.attn_q.weight\" = { shape");
-    expect_error(&text, "layer.{i}", "tensors.\"layer.{i}.attn_q.weight\"", "start with `blk.{i}.`");
-    let text = BASE.replace("shape = [\"n_embd\", \"n_vocab\"] }", "shape = [\"n_embd\", \"n_vocab\"], layers = \"0..2\" }");
-    expect_error(&text, "layers = \"0..2\"", "tensors.\"token_embd.weight\".layers", "only per-layer tensors");
-    let text = BASE.replace("\"n_head * head_dim\"] }", "\"n_head * head_dim\"], layers = \"0:2\" }");
-    expect_error(&text, "0:2", "tensors.\"blk.{i}.attn_q.weight\".layers", "must look like `start..end`");
+    let text = BASE.replace(
+        "\"blk.{i}.attn_q.weight\" = { shape",
+        "\"layer.{i}.attn_q.weight\" = { shape",
+    );
+    expect_error(
+        &text,
+        "layer.{i}",
+        "tensors.\"layer.{i}.attn_q.weight\"",
+        "start with `blk.{i}.`",
+    );
+    let text = BASE.replace(
+        "shape = [\"n_embd\", \"n_vocab\"] }",
+        "shape = [\"n_embd\", \"n_vocab\"], layers = \"0..2\" }",
+    );
+    expect_error(
+        &text,
+        "layers = \"0..2\"",
+        "tensors.\"token_embd.weight\".layers",
+        "only per-layer tensors",
+    );
+    let text = BASE.replace(
+        "\"n_head * head_dim\"] }",
+        "\"n_head * head_dim\"], layers = \"0:2\" }",
+    );
+    expect_error(
+        &text,
+        "0:2",
+        "tensors.\"blk.{i}.attn_q.weight\".layers",
+        "must look like `start..end`",
+    );
 }
 
 #[test]
 fn all_errors_are_reported_together() {
-    let text = BASE.replace("attention = \"gqa\"", "attention = \"mha\"").replace("rope = \"neox\"", "rope = \"yarn\"");
+    let text = BASE
+        .replace("attention = \"gqa\"", "attention = \"mha\"")
+        .replace("rope = \"neox\"", "rope = \"yarn\"");
     let err = parse(&text).unwrap_err();
-    assert!(err.contains("capabilities.attention") && err.contains("capabilities.rope"), "{err}");
+    assert!(
+        err.contains("capabilities.attention") && err.contains("capabilities.rope"),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 2, "{err}");
 }

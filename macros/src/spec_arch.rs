@@ -19,12 +19,22 @@ pub struct ArchInput {
 
 impl Parse for ArchInput {
     fn parse(input: ParseStream) -> syn::Result<Self> {
-        let arch: LitStr = input.parse().map_err(|e| syn::Error::new(e.span(), "expected the architecture as a string literal, e.g. arch!(\"glm-dsa\")"))?;
+        let arch: LitStr = input.parse().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "expected the architecture as a string literal, e.g. arch!(\"glm-dsa\")",
+            )
+        })?;
         let mut spec = None;
         if input.parse::<Option<Token![,]>>()?.is_some() && !input.is_empty() {
             let key: syn::Ident = input.parse()?;
             if key != "spec" {
-                return Err(syn::Error::new(key.span(), format!("unknown option `{key}`; the only option is `spec = \"path/to/<arch>.toml\"`")));
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!(
+                        "unknown option `{key}`; the only option is `spec = \"path/to/<arch>.toml\"`"
+                    ),
+                ));
             }
             input.parse::<Token![=]>()?;
             spec = Some(input.parse()?);
@@ -49,26 +59,56 @@ pub fn expand(input: ArchInput, site: CallSite) -> syn::Result<TokenStream> {
     let path = match &input.spec {
         Some(lit) => {
             let rel = PathBuf::from(lit.value());
-            let base = site.source_dir.clone().or_else(|| site.manifest_dir.clone()).unwrap_or_default();
-            let path = if rel.is_absolute() { rel } else { base.join(rel) };
+            let base = site
+                .source_dir
+                .clone()
+                .or_else(|| site.manifest_dir.clone())
+                .unwrap_or_default();
+            let path = if rel.is_absolute() {
+                rel
+            } else {
+                base.join(rel)
+            };
             match path.canonicalize() {
                 Ok(p) if p.is_file() => p,
-                _ => return Err(syn::Error::new(lit.span(), format!("spec file `{}` not found (paths are relative to the invoking source file)", lit.value()))),
+                _ => {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "spec file `{}` not found (paths are relative to the invoking source file)",
+                            lit.value()
+                        ),
+                    ));
+                }
             }
         }
         None => locate(&arch, &site).map_err(|msg| syn::Error::new(input.arch.span(), msg))?,
     };
-    let span = input.spec.as_ref().map(LitStr::span).unwrap_or_else(|| input.arch.span());
-    let spec = ArchSpec::load(&path).map_err(|e| syn::Error::new(span, format!("invalid spec {}:\n{e}", path.display())))?;
+    let span = input
+        .spec
+        .as_ref()
+        .map(LitStr::span)
+        .unwrap_or_else(|| input.arch.span());
+    let spec = ArchSpec::load(&path)
+        .map_err(|e| syn::Error::new(span, format!("invalid spec {}:\n{e}", path.display())))?;
     if spec.arch != arch {
-        return Err(syn::Error::new(input.arch.span(), format!("{} describes `{}`, not `{arch}`", path.display(), spec.arch)));
+        return Err(syn::Error::new(
+            input.arch.span(),
+            format!("{} describes `{}`, not `{arch}`", path.display(), spec.arch),
+        ));
     }
     Ok(crate::spec_gen::generate(&spec, &path, Span::call_site()))
 }
 
 fn locate(arch: &str, site: &CallSite) -> Result<PathBuf, String> {
-    if arch.is_empty() || !arch.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
-        return Err(format!("`{arch}` is not an architecture id (GGUF spelling: lower case, digits, '-', e.g. \"glm-dsa\")"));
+    if arch.is_empty()
+        || !arch
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(format!(
+            "`{arch}` is not an architecture id (GGUF spelling: lower case, digits, '-', e.g. \"glm-dsa\")"
+        ));
     }
     let roots = [site.manifest_dir.as_deref(), site.source_dir.as_deref()];
     let mut specs_dirs: Vec<&Path> = Vec::new();
@@ -87,18 +127,22 @@ fn locate(arch: &str, site: &CallSite) -> Result<PathBuf, String> {
     for dir in &specs_dirs {
         if let Ok(entries) = std::fs::read_dir(dir.join("specs")) {
             for e in entries.flatten() {
-                if let Some(name) = e.file_name().to_str().and_then(|n| n.strip_suffix(".toml")) {
-                    if !known.iter().any(|k| k == name) {
+                if let Some(name) = e.file_name().to_str().and_then(|n| n.strip_suffix(".toml"))
+                    && !known.iter().any(|k| k == name) {
                         known.push(name.to_string());
                     }
-                }
             }
         }
     }
     known.sort();
     if known.is_empty() {
-        Err(format!("unknown architecture `{arch}`: no specs/ directory above the crate or the invoking file"))
+        Err(format!(
+            "unknown architecture `{arch}`: no specs/ directory above the crate or the invoking file"
+        ))
     } else {
-        Err(format!("unknown architecture `{arch}`: there is no specs/{arch}.toml (known: {})", known.join(", ")))
+        Err(format!(
+            "unknown architecture `{arch}`: there is no specs/{arch}.toml (known: {})",
+            known.join(", ")
+        ))
     }
 }

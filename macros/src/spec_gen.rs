@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use memra_codegen::expr::{Expr, Node, Op};
-use memra_codegen::spec::{ArchSpec, HParam, HParamDefault, HParamSource, HParamType, TensorSpec, Value};
+use memra_codegen::spec::{
+    ArchSpec, HParam, HParamDefault, HParamSource, HParamType, TensorSpec, Value,
+};
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{format_ident, quote};
 use syn::Ident;
@@ -63,8 +65,15 @@ fn gen_marker(spec: &ArchSpec, spec_path: &Path, n: &Names) -> TokenStream {
         c.embedding_scale.token(),
     );
     let shared = c.shared_expert;
-    let pattern = c.sliding_window.as_ref().map(|s| s.pattern as u32).unwrap_or(0);
-    let doc = format!("The `{arch}` architecture as `{}` describes it (capabilities are spec fields).", file_name(spec));
+    let pattern = c
+        .sliding_window
+        .as_ref()
+        .map(|s| s.pattern as u32)
+        .unwrap_or(0);
+    let doc = format!(
+        "The `{arch}` architecture as `{}` describes it (capabilities are spec fields).",
+        file_name(spec)
+    );
     quote! {
         #[doc = #doc]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -102,7 +111,10 @@ fn gen_marker(spec: &ArchSpec, spec_path: &Path, n: &Names) -> TokenStream {
 fn gen_error(spec: &ArchSpec, n: &Names) -> TokenStream {
     let Names { error, .. } = n;
     let what = format!("{} model does not match {}", spec.arch, file_name(spec));
-    let doc = format!("Everything wrong with a GGUF read as `{}`: missing or mistyped keys, missing or mis-shaped tensors.", spec.arch);
+    let doc = format!(
+        "Everything wrong with a GGUF read as `{}`: missing or mistyped keys, missing or mis-shaped tensors.",
+        spec.arch
+    );
     quote! {
         #[doc = #doc]
         #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,7 +227,9 @@ fn hparam_doc(spec: &ArchSpec, h: &HParam) -> String {
 /// reads every key (any integer width for u32, f32/f64 for f32), applies defaults, evaluates
 /// derived values with checked arithmetic, and reports every problem at once.
 fn gen_hparams(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
-    let Names { hparams: hp, error, .. } = n;
+    let Names {
+        hparams: hp, error, ..
+    } = n;
     let arch = &spec.arch;
     let mut fields = Vec::new();
     let mut reads = Vec::new();
@@ -272,11 +286,18 @@ fn gen_hparams(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
         fields.push(quote!(#[doc = #doc] pub #id: u32,));
         let code = expr_code(&d.expr, hp, span);
         let name = &d.name;
-        let body = with_names(&d.expr, quote!(#hp::__u32_of(#code, #name, &mut problems)), span);
+        let body = with_names(
+            &d.expr,
+            quote!(#hp::__u32_of(#code, #name, &mut problems)),
+            span,
+        );
         reads.push(quote!(let #id: ::core::option::Option<u32> = #body;));
         names.push(id);
     }
-    let doc = format!("Hyperparameters of a `{arch}` model, read from GGUF metadata as `{}` says.", file_name(spec));
+    let doc = format!(
+        "Hyperparameters of a `{arch}` model, read from GGUF metadata as `{}` says.",
+        file_name(spec)
+    );
     let swa = spec.caps.sliding_window.as_ref().map(|s| {
         let pattern = s.pattern as usize;
         let window = ident(&s.window, span);
@@ -462,7 +483,14 @@ fn name_template(t: &TensorSpec) -> String {
 /// `XWeights<T> { global, layers }`, `try_map` to turn handles into device buffers, and
 /// `XWeights::<&TensorInfo>::from_gguf`, which checks every tensor's presence and shape.
 fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
-    let Names { hparams: hp, layer, global, weights, error, .. } = n;
+    let Names {
+        hparams: hp,
+        layer,
+        global,
+        weights,
+        error,
+        ..
+    } = n;
     let arch = &spec.arch;
     let per_layer: Vec<&TensorSpec> = spec.tensors.iter().filter(|t| t.per_layer()).collect();
     let globals: Vec<&TensorSpec> = spec.tensors.iter().filter(|t| !t.per_layer()).collect();
@@ -475,7 +503,10 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
             doc.push_str(", optional");
         }
         if t.explicit_layers() {
-            doc.push_str(&format!(", layers {}", t.layers.as_ref().map(|r| r.text.as_str()).unwrap_or("")));
+            doc.push_str(&format!(
+                ", layers {}",
+                t.layers.as_ref().map(|r| r.text.as_str()).unwrap_or("")
+            ));
         }
         if is_option(t) {
             quote!(#[doc = #doc] pub #id: ::core::option::Option<T>,)
@@ -490,7 +521,11 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
     let map_field = |t: &TensorSpec, layer_index: bool| {
         let id = ident(&t.field, span);
         let template = name_template(t);
-        let name = if layer_index { quote!(::std::format!(#template, i)) } else { quote!(::std::string::String::from(#template)) };
+        let name = if layer_index {
+            quote!(::std::format!(#template, i))
+        } else {
+            quote!(::std::string::String::from(#template))
+        };
         if is_option(t) {
             quote!(#id: match self.#id { ::core::option::Option::Some(x) => ::core::option::Option::Some(f(&#name, x)?), ::core::option::Option::None => ::core::option::Option::None },)
         } else {
@@ -513,12 +548,22 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
         let id = ident(&t.field, span);
         let shape_id = format_ident!("__shape_{}", t.field, span = span);
         let dims: Vec<TokenStream> = t.shape.iter().map(|e| expr_code(e, hp, span)).collect();
-        let shape_text = t.shape.iter().map(|e| e.text().to_string()).collect::<Vec<_>>().join(", ");
+        let shape_text = t
+            .shape
+            .iter()
+            .map(|e| e.text().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
         prelude.push(quote!(let #shape_id: ::std::vec::Vec<::core::result::Result<i64, ::std::string::String>> = ::std::vec![#(#dims),*];));
         let template = name_template(t);
-        let name = if layer_index { quote!(::std::format!(#template, i)) } else { quote!(::std::string::String::from(#template)) };
+        let name = if layer_index {
+            quote!(::std::format!(#template, i))
+        } else {
+            quote!(::std::string::String::from(#template))
+        };
         let required = !t.optional;
-        let lookup = quote!(#hp::__tensor(file, &#name, &#shape_id, #shape_text, #required, &mut problems));
+        let lookup =
+            quote!(#hp::__tensor(file, &#name, &#shape_id, #shape_text, #required, &mut problems));
         let in_range = if t.explicit_layers() {
             let range_id = format_ident!("__range_{}", t.field, span = span);
             let r = t.layers.as_ref().expect("per-layer tensors have a range");
@@ -546,15 +591,27 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
         match (is_option(t), in_range) {
             (false, _) => quote!(#id: #lookup,),
             (true, None) => quote!(#id: #lookup.map(::core::option::Option::Some),),
-            (true, Some(cond)) => quote!(#id: if #cond { #lookup.map(::core::option::Option::Some) } else { ::core::option::Option::None },),
+            (true, Some(cond)) => {
+                quote!(#id: if #cond { #lookup.map(::core::option::Option::Some) } else { ::core::option::Option::None },)
+            }
         }
     };
-    let global_loads: Vec<TokenStream> = globals.iter().map(|t| load_one(t, &mut prelude, false)).collect();
-    let layer_loads: Vec<TokenStream> = per_layer.iter().map(|t| load_one(t, &mut prelude, true)).collect();
+    let global_loads: Vec<TokenStream> = globals
+        .iter()
+        .map(|t| load_one(t, &mut prelude, false))
+        .collect();
+    let layer_loads: Vec<TokenStream> = per_layer
+        .iter()
+        .map(|t| load_one(t, &mut prelude, true))
+        .collect();
 
-    let layer_doc = format!("The per-layer tensors of a `{arch}` model (`{}` [tensors]); `T` is the tensor handle.", file_name(spec));
+    let layer_doc = format!(
+        "The per-layer tensors of a `{arch}` model (`{}` [tensors]); `T` is the tensor handle.",
+        file_name(spec)
+    );
     let global_doc = format!("The global tensors of a `{arch}` model; `T` is the tensor handle.");
-    let weights_doc = format!("Every tensor of a `{arch}` model: `layers[i]` holds `blk.i.*` for i < n_layer.");
+    let weights_doc =
+        format!("Every tensor of a `{arch}` model: `layers[i]` holds `blk.i.*` for i < n_layer.");
     quote! {
         #[doc = #layer_doc]
         #[derive(Clone, Debug, PartialEq)]
