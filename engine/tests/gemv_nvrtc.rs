@@ -11,18 +11,21 @@ use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
 use memra_engine::kernels::{matmul, matvec};
 
-const QTYPES: [&str; 13] = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"];
+const QTYPES: [&str; 13] = [
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl",
+    "iq4_xs",
+];
 
 fn block_256(q: &str) -> bool {
     matches!(q, "q4_k" | "q5_k" | "q6_k" | "iq4_xs")
 }
 
-/// (k, n) at model shapes: GLM-5 q_a 6144→2048, q_b 2048→16384, kv_a 6144→576, o 16384→6144,
-/// dense FFN 6144↔12288; Qwen3-8B 4096→12288; gemma3-270M 640→1024, 640→2048, 2048→640.
+/// (k, n) at model shapes: GLM-5 q_a 6144→2048 and o 16384→6144, gemma3-270M ffn_down 2048→640
+/// and (32-element blocks) its vocab head 640→262144. Kept short: each compile takes ~1-3 s.
 fn shapes(q: &str) -> Vec<(i64, i64)> {
-    let mut s = vec![(6144, 2048), (2048, 16384), (6144, 576), (16384, 6144), (6144, 12288), (12288, 6144), (4096, 12288), (2048, 640)];
+    let mut s = vec![(6144, 2048), (16384, 6144), (2048, 640)];
     if !block_256(q) {
-        s.extend([(640, 1024), (640, 2048), (640, 262144)]);
+        s.push((640, 262144));
     }
     s
 }
@@ -31,12 +34,42 @@ fn matvec_variants() -> Vec<(&'static KernelVariant, bool)> {
     let mut v = Vec::new();
     for q in QTYPES {
         for (k, n) in shapes(q) {
-            v.push((variant("matvec", &[("k", V::I(k)), ("n", V::I(n)), ("qtype", V::S(q))]), true));
+            v.push((
+                variant(
+                    "matvec",
+                    &[("k", V::I(k)), ("n", V::I(n)), ("qtype", V::S(q))],
+                ),
+                true,
+            ));
         }
         // Batched decode: 8 vectors, 8 lanes per row group.
-        v.push((variant("matvec", &[("k", V::I(6144)), ("n", V::I(2048)), ("qtype", V::S(q)), ("batch", V::I(8)), ("lanes", V::I(8)), ("rows_per_group", V::I(1))]), true));
+        v.push((
+            variant(
+                "matvec",
+                &[
+                    ("k", V::I(6144)),
+                    ("n", V::I(2048)),
+                    ("qtype", V::S(q)),
+                    ("batch", V::I(8)),
+                    ("lanes", V::I(8)),
+                    ("rows_per_group", V::I(1)),
+                ],
+            ),
+            true,
+        ));
         v.push((variant("matvec", &[("qtype", V::S(q))]), false));
-        v.push((variant("matvec", &[("qtype", V::S(q)), ("batch", V::I(8)), ("lanes", V::I(8)), ("rows_per_group", V::I(1))]), false));
+        v.push((
+            variant(
+                "matvec",
+                &[
+                    ("qtype", V::S(q)),
+                    ("batch", V::I(8)),
+                    ("lanes", V::I(8)),
+                    ("rows_per_group", V::I(1)),
+                ],
+            ),
+            false,
+        ));
     }
     v
 }
@@ -44,8 +77,11 @@ fn matvec_variants() -> Vec<(&'static KernelVariant, bool)> {
 fn matmul_variants() -> Vec<&'static KernelVariant> {
     let mut v = Vec::new();
     for q in QTYPES {
-        for (k, n) in [(6144, 2048), (2048, 16384), (6144, 12288), (4096, 12288)] {
-            v.push(variant("matmul", &[("k", V::I(k)), ("n", V::I(n)), ("qtype", V::S(q))]));
+        for (k, n) in [(6144, 2048), (4096, 12288)] {
+            v.push(variant(
+                "matmul",
+                &[("k", V::I(k)), ("n", V::I(n)), ("qtype", V::S(q))],
+            ));
         }
         v.push(variant("matmul", &[("qtype", V::S(q))]));
         v.push(variant("matmul", &[("qtype", V::S(q)), ("bm", V::I(64))]));
@@ -75,7 +111,10 @@ fn compile_and_report(variants: &[(&'static KernelVariant, bool)]) -> Vec<String
                     failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
                 }
                 if *strict && (rep.spills() || rep.stack_frame.unwrap_or(0) > 0) {
-                    failures.push(format!("{}: specialized variant spills or has a stack frame: {rep:?}", v.name));
+                    failures.push(format!(
+                        "{}: specialized variant spills or has a stack frame: {rep:?}",
+                        v.name
+                    ));
                 }
             }
         }
@@ -90,7 +129,13 @@ fn matvec_templates_compile_for_sm90_without_spills() {
     }
     let variants = matvec_variants();
     let failures = compile_and_report(&variants);
-    assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -98,9 +143,16 @@ fn matmul_templates_compile_for_sm90_without_spills() {
     if library::nvrtc_or_skip("matmul_templates_compile_for_sm90_without_spills").is_none() {
         return;
     }
-    let variants: Vec<(&'static KernelVariant, bool)> = matmul_variants().into_iter().map(|v| (v, true)).collect();
+    let variants: Vec<(&'static KernelVariant, bool)> =
+        matmul_variants().into_iter().map(|v| (v, true)).collect();
     let failures = compile_and_report(&variants);
-    assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -110,8 +162,20 @@ fn gemv_args_structs_match_kernel_parameters() {
     }
     let h = headers();
     let sm = SmArch(90);
-    let mv = [variant("matvec", &[("k", V::I(640)), ("n", V::I(1024)), ("qtype", V::S("q8_0"))]), variant("matvec", &[("qtype", V::S("q4_k"))])];
+    let mv = [
+        variant(
+            "matvec",
+            &[("k", V::I(640)), ("n", V::I(1024)), ("qtype", V::S("q8_0"))],
+        ),
+        variant("matvec", &[("qtype", V::S("q4_k"))]),
+    ];
     check_params::<matvec::MatvecArgs<'static>>(&mv, h, sm).unwrap_or_else(|e| panic!("{e}"));
-    let mm = [variant("matmul", &[("k", V::I(640)), ("n", V::I(1024)), ("qtype", V::S("q5_0"))]), variant("matmul", &[("qtype", V::S("q6_k"))])];
+    let mm = [
+        variant(
+            "matmul",
+            &[("k", V::I(640)), ("n", V::I(1024)), ("qtype", V::S("q5_0"))],
+        ),
+        variant("matmul", &[("qtype", V::S("q6_k"))]),
+    ];
     check_params::<matmul::MatmulArgs<'static>>(&mm, h, sm).unwrap_or_else(|e| panic!("{e}"));
 }

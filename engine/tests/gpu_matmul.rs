@@ -43,8 +43,12 @@ fn gpu() -> Gpu {
 }
 
 fn load(gpu: &Gpu, v: &'static KernelVariant) -> Kernel {
-    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch()).pop().expect("one result").unwrap_or_else(|e| panic!("{e}"));
-    let mut kernels = load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
+    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch())
+        .pop()
+        .expect("one result")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut kernels =
+        load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
     kernels.remove(v.name).expect("loaded kernel")
 }
 
@@ -52,7 +56,10 @@ fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
     s.clone_htod(host).expect("upload")
 }
 
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(s: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
+fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
+    s: &Arc<CudaStream>,
+    dev: &CudaSlice<T>,
+) -> Vec<T> {
     s.clone_dtoh(dev).expect("download")
 }
 
@@ -65,7 +72,11 @@ fn random_weight(ty: GgmlType, k: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
     quant::quantize(ty, &w).unwrap_or_else(|e| panic!("quantize {ty:?} {k}x{n}: {e}"))
 }
 
-fn mm_variant(ty: GgmlType, dims: Option<(usize, usize)>, tune: &[(&'static str, i64)]) -> &'static KernelVariant {
+fn mm_variant(
+    ty: GgmlType,
+    dims: Option<(usize, usize)>,
+    tune: &[(&'static str, i64)],
+) -> &'static KernelVariant {
     let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty)))];
     if let Some((k, n)) = dims {
         p.push(("k", V::I(k as i64)));
@@ -86,22 +97,54 @@ struct Case {
 
 impl Case {
     fn plain(t: usize, k: usize, n: usize) -> Case {
-        Case { t, k, n, ldx: k, ldy: n, accumulate: false }
+        Case {
+            t,
+            k,
+            n,
+            ldx: k,
+            ldy: n,
+            accumulate: false,
+        }
     }
 }
 
 fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut Rng) {
     let s = gpu.stream();
-    let Case { t, k, n, ldx, ldy, accumulate } = *c;
+    let Case {
+        t,
+        k,
+        n,
+        ldx,
+        ldy,
+        accumulate,
+    } = *c;
     let x = rng.normal_vec((t - 1) * ldx + k, 1.0);
-    let x_packed: Vec<f32> = (0..t).flat_map(|i| x[i * ldx..i * ldx + k].iter().copied()).collect();
-    let want_packed = linear::matmul_gguf(ty, w, k, n, &x_packed, t).unwrap_or_else(|e| panic!("{e}"));
+    let x_packed: Vec<f32> = (0..t)
+        .flat_map(|i| x[i * ldx..i * ldx + k].iter().copied())
+        .collect();
+    let want_packed =
+        linear::matmul_gguf(ty, w, k, n, &x_packed, t).unwrap_or_else(|e| panic!("{e}"));
     let y_len = (t - 1) * ldy + n;
-    let y0: Vec<f32> = if accumulate { rng.normal_vec(y_len, 1.0) } else { vec![f32::NAN; y_len] };
+    let y0: Vec<f32> = if accumulate {
+        rng.normal_vec(y_len, 1.0)
+    } else {
+        vec![f32::NAN; y_len]
+    };
     let dw = up(s, w);
     let dx = up(s, &x);
     let mut dy = up(s, &y0);
-    matmul::matmul(kernel, &dw.slice(..), &dx.slice(..), &mut dy.slice_mut(..), t, k, n, ldx, ldy).unwrap_or_else(|e| panic!("{e}"));
+    matmul::matmul(
+        kernel,
+        &dw.slice(..),
+        &dx.slice(..),
+        &mut dy.slice_mut(..),
+        t,
+        k,
+        n,
+        ldx,
+        ldy,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let got = down(s, &dy);
     let mut got_rows = Vec::with_capacity(t * n);
     let mut want_rows = Vec::with_capacity(t * n);
@@ -113,7 +156,12 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
         }
         if i + 1 < t {
             for j in n..ldy {
-                assert!(got[i * ldy + j].to_bits() == y0[i * ldy + j].to_bits(), "{}: y padding [{i}][{j}] was written (MEMRA_SEED={})", kernel.name(), rng.seed());
+                assert!(
+                    got[i * ldy + j].to_bits() == y0[i * ldy + j].to_bits(),
+                    "{}: y padding [{i}][{j}] was written (MEMRA_SEED={})",
+                    kernel.name(),
+                    rng.seed()
+                );
             }
         }
     }
@@ -198,7 +246,21 @@ fn gpu_matmul_awkward_sizes_every_qtype() {
         let k1 = matvec::k_multiple(ty).unwrap();
         let w = random_weight(ty, k1, 33, &mut rng);
         let kernel = load(&gpu, mm_variant(ty, None, &[("bm", 64)]));
-        check(&gpu, &kernel, ty, &w, &Case { t: 17, k: k1, n: 33, ldx: k1 + 4, ldy: 40, accumulate: false }, &mut rng);
+        check(
+            &gpu,
+            &kernel,
+            ty,
+            &w,
+            &Case {
+                t: 17,
+                k: k1,
+                n: 33,
+                ldx: k1 + 4,
+                ldy: 40,
+                accumulate: false,
+            },
+            &mut rng,
+        );
     }
 }
 
@@ -212,7 +274,21 @@ fn gpu_matmul_accumulate_adds_to_y() {
         let w = random_weight(ty, k, n, &mut rng);
         for dims in [Some((k, n)), None] {
             let kernel = load(&gpu, mm_variant(ty, dims, &[("accumulate", 1)]));
-            check(&gpu, &kernel, ty, &w, &Case { t: 130, k, n, ldx: k, ldy: n, accumulate: true }, &mut rng);
+            check(
+                &gpu,
+                &kernel,
+                ty,
+                &w,
+                &Case {
+                    t: 130,
+                    k,
+                    n,
+                    ldx: k,
+                    ldy: n,
+                    accumulate: true,
+                },
+                &mut rng,
+            );
         }
     }
 }
@@ -228,7 +304,13 @@ fn gpu_matmul_throughput() {
     use GgmlType::*;
     let t = 4096;
     eprintln!("{:<52} {:>10} {:>9}", "variant (T = 4096)", "us", "TFLOP/s");
-    for &(ty, k, n) in &[(Q8_0, 6144, 2048), (Q8_0, 2048, 16384), (Q4_K, 6144, 12288), (Q4_K, 12288, 6144), (BF16, 6144, 6144)] {
+    for &(ty, k, n) in &[
+        (Q8_0, 6144, 2048),
+        (Q8_0, 2048, 16384),
+        (Q4_K, 6144, 12288),
+        (Q4_K, 12288, 6144),
+        (BF16, 6144, 6144),
+    ] {
         let w = up(s, &random_weight(ty, k, n, &mut rng));
         let x = up(s, &rng.normal_vec(t * k, 1.0));
         let mut y = up(s, &vec![0.0f32; t * n]);
@@ -236,9 +318,24 @@ fn gpu_matmul_throughput() {
             let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", bm)]));
             let mut times = Vec::new();
             for i in 0..25 {
-                let start = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
-                matmul::matmul(&kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), t, k, n, k, n).unwrap();
-                let end = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+                let start = s
+                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .unwrap();
+                matmul::matmul(
+                    &kernel,
+                    &w.slice(..),
+                    &x.slice(..),
+                    &mut y.slice_mut(..),
+                    t,
+                    k,
+                    n,
+                    k,
+                    n,
+                )
+                .unwrap();
+                let end = s
+                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .unwrap();
                 end.synchronize().unwrap();
                 if i >= 5 {
                     times.push(start.elapsed_ms(&end).unwrap() as f64 * 1e3);
@@ -246,7 +343,12 @@ fn gpu_matmul_throughput() {
             }
             times.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let us = times[times.len() / 2];
-            eprintln!("{:<52} {:>10.1} {:>9.1}", kernel.name(), us, 2.0 * (t * k * n) as f64 / us / 1e6);
+            eprintln!(
+                "{:<52} {:>10.1} {:>9.1}",
+                kernel.name(),
+                us,
+                2.0 * (t * k * n) as f64 / us / 1e6
+            );
         }
     }
 }

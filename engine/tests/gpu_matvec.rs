@@ -43,8 +43,12 @@ fn gpu() -> Gpu {
 }
 
 fn load(gpu: &Gpu, v: &'static KernelVariant) -> Kernel {
-    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch()).pop().expect("one result").unwrap_or_else(|e| panic!("{e}"));
-    let mut kernels = load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
+    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch())
+        .pop()
+        .expect("one result")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut kernels =
+        load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
     kernels.remove(v.name).expect("loaded kernel")
 }
 
@@ -52,7 +56,10 @@ fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
     s.clone_htod(host).expect("upload")
 }
 
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(s: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
+fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
+    s: &Arc<CudaStream>,
+    dev: &CudaSlice<T>,
+) -> Vec<T> {
     s.clone_dtoh(dev).expect("download")
 }
 
@@ -68,7 +75,11 @@ fn random_weight(ty: GgmlType, k: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
 }
 
 /// The matvec variant: specialized when `dims` is Some((k, n)), generic otherwise.
-fn mv_variant(ty: GgmlType, dims: Option<(usize, usize)>, tune: &[(&'static str, i64)]) -> &'static KernelVariant {
+fn mv_variant(
+    ty: GgmlType,
+    dims: Option<(usize, usize)>,
+    tune: &[(&'static str, i64)],
+) -> &'static KernelVariant {
     let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty)))];
     if let Some((k, n)) = dims {
         p.push(("k", V::I(k as i64)));
@@ -89,24 +100,56 @@ struct Case {
 
 impl Case {
     fn plain(k: usize, n: usize, batch: usize) -> Case {
-        Case { k, n, batch, ldx: k, ldy: n, accumulate: false }
+        Case {
+            k,
+            n,
+            batch,
+            ldx: k,
+            ldy: n,
+            accumulate: false,
+        }
     }
 }
 
 /// One launch against the reference; `w` may be shared between calls (same shape and type).
 fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut Rng) {
     let s = gpu.stream();
-    let Case { k, n, batch, ldx, ldy, accumulate } = *c;
+    let Case {
+        k,
+        n,
+        batch,
+        ldx,
+        ldy,
+        accumulate,
+    } = *c;
     let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
-    let x_packed: Vec<f32> = (0..batch).flat_map(|b| x[b * ldx..b * ldx + k].iter().copied()).collect();
-    let want_packed = linear::matmul_gguf(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
+    let x_packed: Vec<f32> = (0..batch)
+        .flat_map(|b| x[b * ldx..b * ldx + k].iter().copied())
+        .collect();
+    let want_packed =
+        linear::matmul_gguf(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
     let y_len = (batch - 1) * ldy + n;
     // Accumulate: y starts random and the oracle adds to it; otherwise y starts NaN.
-    let y0: Vec<f32> = if accumulate { rng.normal_vec(y_len, 1.0) } else { vec![f32::NAN; y_len] };
+    let y0: Vec<f32> = if accumulate {
+        rng.normal_vec(y_len, 1.0)
+    } else {
+        vec![f32::NAN; y_len]
+    };
     let dw = up(s, w);
     let dx = up(s, &x);
     let mut dy = up(s, &y0);
-    matvec::matvec(kernel, &dw.slice(..), &dx.slice(..), &mut dy.slice_mut(..), k, n, batch, ldx, ldy).unwrap_or_else(|e| panic!("{e}"));
+    matvec::matvec(
+        kernel,
+        &dw.slice(..),
+        &dx.slice(..),
+        &mut dy.slice_mut(..),
+        k,
+        n,
+        batch,
+        ldx,
+        ldy,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let got = down(s, &dy);
     let mut got_rows = Vec::with_capacity(batch * n);
     let mut want_rows = Vec::with_capacity(batch * n);
@@ -120,7 +163,12 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
         if b + 1 < batch {
             for j in n..ldy {
                 let (g, o) = (got[b * ldy + j], y0[b * ldy + j]);
-                assert!(g.to_bits() == o.to_bits(), "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})", kernel.name(), rng.seed());
+                assert!(
+                    g.to_bits() == o.to_bits(),
+                    "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})",
+                    kernel.name(),
+                    rng.seed()
+                );
             }
         }
     }
@@ -136,7 +184,15 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
 }
 
 /// Specialized variant at (k, n) and the generic one, same weight, both checked.
-fn check_both(gpu: &Gpu, ty: GgmlType, k: usize, n: usize, batch: usize, tune: &[(&'static str, i64)], rng: &mut Rng) {
+fn check_both(
+    gpu: &Gpu,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    batch: usize,
+    tune: &[(&'static str, i64)],
+    rng: &mut Rng,
+) {
     let w = random_weight(ty, k, n, rng);
     for dims in [Some((k, n)), None] {
         let kernel = load(gpu, mv_variant(ty, dims, tune));
@@ -170,21 +226,21 @@ fn gpu_matvec_real_shapes() {
     let mut rng = Rng::from_env_or_time("gpu_matvec_real_shapes");
     use GgmlType::*;
     let cases: &[(GgmlType, usize, usize)] = &[
-        (Q8_0, 2048, 16384),  // GLM-5 attn_q_b
-        (Q8_0, 6144, 576),    // GLM-5 attn_kv_a_mqa
-        (Q8_0, 16384, 6144),  // GLM-5 attn_output
-        (Q4_K, 6144, 12288),  // GLM-5 dense ffn_gate/up
-        (Q4_K, 12288, 6144),  // GLM-5 dense ffn_down
-        (BF16, 4096, 12288),  // Qwen3-8B ffn_gate in bf16
-        (Q4_K, 4096, 12288),  // Qwen3-8B ffn_gate in Q4_K
-        (BF16, 6144, 6144),   // the cuBLAS comparison shape
-        (F32, 6144, 256),     // router (ffn_gate_inp) in f32
-        (Q5_0, 640, 1024),    // gemma3-270M attn_q
-        (Q5_0, 640, 2048),    // gemma3-270M ffn_gate/up
-        (Q8_0, 640, 1024),    // gemma3-270M attn_q in Q8_0
-        (Q6_K, 2048, 640),    // gemma3-270M ffn_down
-        (Q4_K, 2048, 640),    // gemma3-270M ffn_down in Q4_K
-        (Q4_K, 1024, 640),    // gemma3-270M attn_output
+        (Q8_0, 2048, 16384), // GLM-5 attn_q_b
+        (Q8_0, 6144, 576),   // GLM-5 attn_kv_a_mqa
+        (Q8_0, 16384, 6144), // GLM-5 attn_output
+        (Q4_K, 6144, 12288), // GLM-5 dense ffn_gate/up
+        (Q4_K, 12288, 6144), // GLM-5 dense ffn_down
+        (BF16, 4096, 12288), // Qwen3-8B ffn_gate in bf16
+        (Q4_K, 4096, 12288), // Qwen3-8B ffn_gate in Q4_K
+        (BF16, 6144, 6144),  // the cuBLAS comparison shape
+        (F32, 6144, 256),    // router (ffn_gate_inp) in f32
+        (Q5_0, 640, 1024),   // gemma3-270M attn_q
+        (Q5_0, 640, 2048),   // gemma3-270M ffn_gate/up
+        (Q8_0, 640, 1024),   // gemma3-270M attn_q in Q8_0
+        (Q6_K, 2048, 640),   // gemma3-270M ffn_down
+        (Q4_K, 2048, 640),   // gemma3-270M ffn_down in Q4_K
+        (Q4_K, 1024, 640),   // gemma3-270M attn_output
     ];
     for &(ty, k, n) in cases {
         check_both(&gpu, ty, k, n, 1, &[], &mut rng);
@@ -221,7 +277,10 @@ fn gpu_matvec_batches_every_qtype() {
     let gpu = gpu();
     let mut rng = Rng::from_env_or_time("gpu_matvec_batches_every_qtype");
     // BATCH 8 with 8 lanes per row (batched decode) and BATCH 4 with the batch-1 layout.
-    let tunes: [&[(&'static str, i64)]; 2] = [&[("batch", 8), ("lanes", 8), ("rows_per_group", 1)], &[("batch", 4), ("lanes", 16)]];
+    let tunes: [&[(&'static str, i64)]; 2] = [
+        &[("batch", 8), ("lanes", 8), ("rows_per_group", 1)],
+        &[("batch", 4), ("lanes", 16)],
+    ];
     for ty in QTYPES {
         for tune in tunes {
             let max = tune[0].1 as usize;
@@ -233,7 +292,14 @@ fn gpu_matvec_batches_every_qtype() {
                         check(&gpu, &kernel, ty, &w, &Case::plain(k, n, batch), &mut rng);
                     }
                     // Padded strides.
-                    let c = Case { k, n, batch: max.min(3), ldx: k + 12, ldy: n + 5, accumulate: false };
+                    let c = Case {
+                        k,
+                        n,
+                        batch: max.min(3),
+                        ldx: k + 12,
+                        ldy: n + 5,
+                        accumulate: false,
+                    };
                     check(&gpu, &kernel, ty, &w, &c, &mut rng);
                 }
             }
@@ -250,9 +316,26 @@ fn gpu_matvec_accumulate_adds_to_y() {
         let (k, n) = (2048, 640);
         let w = random_weight(ty, k, n, &mut rng);
         for dims in [Some((k, n)), None] {
-            let kernel = load(&gpu, mv_variant(ty, dims, &[("accumulate", 1), ("batch", 2)]));
+            let kernel = load(
+                &gpu,
+                mv_variant(ty, dims, &[("accumulate", 1), ("batch", 2)]),
+            );
             for batch in [1, 2] {
-                check(&gpu, &kernel, ty, &w, &Case { k, n, batch, ldx: k, ldy: n, accumulate: true }, &mut rng);
+                check(
+                    &gpu,
+                    &kernel,
+                    ty,
+                    &w,
+                    &Case {
+                        k,
+                        n,
+                        batch,
+                        ldx: k,
+                        ldy: n,
+                        accumulate: true,
+                    },
+                    &mut rng,
+                );
             }
         }
     }
@@ -269,18 +352,77 @@ fn gpu_matvec_refuses_bad_arguments() {
     let x = up(s, &vec![0.0f32; 1024]);
     let mut y = up(s, &vec![0.0f32; 1024]);
     let run = |k, n, batch, ldx, ldy, y: &mut CudaSlice<f32>| {
-        matvec::matvec(&kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), k, n, batch, ldx, ldy).map_err(|e| e.to_string())
+        matvec::matvec(
+            &kernel,
+            &w.slice(..),
+            &x.slice(..),
+            &mut y.slice_mut(..),
+            k,
+            n,
+            batch,
+            ldx,
+            ldy,
+        )
+        .map_err(|e| e.to_string())
     };
     assert!(run(640, 64, 1, 640, 64, &mut y).is_ok());
-    assert!(run(320, 64, 1, 640, 64, &mut y).unwrap_err().contains("specialized for k=640"));
-    assert!(run(640, 64, 2, 640, 64, &mut y).unwrap_err().contains("batch=2"));
-    assert!(run(640, 64, 1, 642, 64, &mut y).unwrap_err().contains("ldx=642"));
+    assert!(
+        run(320, 64, 1, 640, 64, &mut y)
+            .unwrap_err()
+            .contains("specialized for k=640")
+    );
+    assert!(
+        run(640, 64, 2, 640, 64, &mut y)
+            .unwrap_err()
+            .contains("batch=2")
+    );
+    assert!(
+        run(640, 64, 1, 642, 64, &mut y)
+            .unwrap_err()
+            .contains("ldx=642")
+    );
     let generic = load(&gpu, mv_variant(ty, None, &[]));
-    let e = matvec::matvec(&generic, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), 100, 4, 1, 100, 4).unwrap_err().to_string();
+    let e = matvec::matvec(
+        &generic,
+        &w.slice(..),
+        &x.slice(..),
+        &mut y.slice_mut(..),
+        100,
+        4,
+        1,
+        100,
+        4,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("k=100"), "{e}");
-    let e = matvec::matvec(&generic, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), 640, 65, 1, 640, 65).unwrap_err().to_string();
+    let e = matvec::matvec(
+        &generic,
+        &w.slice(..),
+        &x.slice(..),
+        &mut y.slice_mut(..),
+        640,
+        65,
+        1,
+        640,
+        65,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("w (bytes)"), "{e}");
-    let e = matvec::matvec(&generic, &w.slice(4..), &x.slice(..), &mut y.slice_mut(..), 32, 1, 1, 32, 1).unwrap_err().to_string();
+    let e = matvec::matvec(
+        &generic,
+        &w.slice(4..),
+        &x.slice(..),
+        &mut y.slice_mut(..),
+        32,
+        1,
+        1,
+        32,
+        1,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("16-byte aligned"), "{e}");
 }
 
@@ -293,9 +435,22 @@ fn gpu_matvec_bandwidth() {
     let s = gpu.stream();
     let mut rng = Rng::from_env_or_time("gpu_matvec_bandwidth");
     use GgmlType::*;
-    let cases: &[(GgmlType, usize, usize)] =
-        &[(Q8_0, 2048, 16384), (Q4_K, 6144, 12288), (Q8_0, 4096, 12288), (Q4_K, 4096, 12288), (BF16, 4096, 12288), (BF16, 6144, 6144), (Q8_0, 6144, 2048), (Q8_0, 640, 262144), (Q6_K, 6144, 12288), (IQ4_XS, 6144, 12288)];
-    eprintln!("{:<52} {:>10} {:>10} {:>9}", "variant (batch 1)", "MB", "us", "GB/s");
+    let cases: &[(GgmlType, usize, usize)] = &[
+        (Q8_0, 2048, 16384),
+        (Q4_K, 6144, 12288),
+        (Q8_0, 4096, 12288),
+        (Q4_K, 4096, 12288),
+        (BF16, 4096, 12288),
+        (BF16, 6144, 6144),
+        (Q8_0, 6144, 2048),
+        (Q8_0, 640, 262144),
+        (Q6_K, 6144, 12288),
+        (IQ4_XS, 6144, 12288),
+    ];
+    eprintln!(
+        "{:<52} {:>10} {:>10} {:>9}",
+        "variant (batch 1)", "MB", "us", "GB/s"
+    );
     for &(ty, k, n) in cases {
         // Several weight copies so that back-to-back launches do not hit in L2.
         let copies = (256 << 20) / (ty.row_bytes(k as u64).unwrap() as usize * n) + 1;
@@ -309,9 +464,24 @@ fn gpu_matvec_bandwidth() {
             let mut times = Vec::new();
             for i in 0..40 {
                 let w = &ws[i % ws.len()];
-                let start = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
-                matvec::matvec(&kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), k, n, 1, k, n).unwrap();
-                let end = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+                let start = s
+                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .unwrap();
+                matvec::matvec(
+                    &kernel,
+                    &w.slice(..),
+                    &x.slice(..),
+                    &mut y.slice_mut(..),
+                    k,
+                    n,
+                    1,
+                    k,
+                    n,
+                )
+                .unwrap();
+                let end = s
+                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .unwrap();
                 end.synchronize().unwrap();
                 if i >= 10 {
                     times.push(start.elapsed_ms(&end).unwrap() as f64 * 1e3);
@@ -319,7 +489,13 @@ fn gpu_matvec_bandwidth() {
             }
             times.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let us = times[times.len() / 2];
-            eprintln!("{:<52} {:>10.1} {:>10.1} {:>9.0}", kernel.name(), bytes as f64 / 1e6, us, bytes as f64 / us / 1e3);
+            eprintln!(
+                "{:<52} {:>10.1} {:>10.1} {:>9.0}",
+                kernel.name(),
+                bytes as f64 / 1e6,
+                us,
+                bytes as f64 / us / 1e3
+            );
         }
     }
 }

@@ -39,7 +39,10 @@ pub struct MatmulTuning {
 
 impl Default for MatmulTuning {
     fn default() -> Self {
-        MatmulTuning { bm: 128, accumulate: false }
+        MatmulTuning {
+            bm: 128,
+            accumulate: false,
+        }
     }
 }
 
@@ -51,13 +54,22 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
     }
     let threads = checks::baked_int(v, "threads").unwrap_or(THREADS as i64);
     if threads != THREADS as i64 {
-        return Err(checks::invalid(kernel, format!("threads={threads}: matmul runs 256 threads")));
+        return Err(checks::invalid(
+            kernel,
+            format!("threads={threads}: matmul runs 256 threads"),
+        ));
     }
     let accumulate = checks::baked_int(v, "accumulate").unwrap_or(0);
     if accumulate != 0 && accumulate != 1 {
-        return Err(checks::invalid(kernel, format!("accumulate={accumulate} is not 0 or 1")));
+        return Err(checks::invalid(
+            kernel,
+            format!("accumulate={accumulate} is not 0 or 1"),
+        ));
     }
-    Ok(MatmulTuning { bm: bm as u32, accumulate: accumulate == 1 })
+    Ok(MatmulTuning {
+        bm: bm as u32,
+        accumulate: accumulate == 1,
+    })
 }
 
 /// Dynamic shared memory, mirroring `MatmulGeometry<Cfg>::SMEM` in matmul.cuh.
@@ -73,7 +85,12 @@ pub fn smem_bytes(ty: GgmlType, t: &MatmulTuning) -> Option<u32> {
     Some(2 * BN * raw_row + 2 * (t.bm + BN) * ld * 2 + 16)
 }
 
-pub fn launch_config(ty: GgmlType, tune: &MatmulTuning, t: usize, n: usize) -> Option<LaunchConfig> {
+pub fn launch_config(
+    ty: GgmlType,
+    tune: &MatmulTuning,
+    t: usize,
+    n: usize,
+) -> Option<LaunchConfig> {
     Some(LaunchConfig {
         grid_dim: (
             checks::grid_dim(n, BN as usize, i32::MAX as u32),
@@ -104,10 +121,16 @@ pub fn matmul(
     checks::check_dim(kernel, "n", n)?;
     check_weight(kernel, ty, w.len(), k, n)?;
     if t.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
-        return Err(checks::invalid(kernel, format!("t={t} needs more than {} token tiles", checks::GRID_Y_MAX)));
+        return Err(checks::invalid(
+            kernel,
+            format!("t={t} needs more than {} token tiles", checks::GRID_Y_MAX),
+        ));
     }
     if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
-        return Err(checks::invalid(kernel, format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}")));
+        return Err(checks::invalid(
+            kernel,
+            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
+        ));
     }
     if t == 0 || n == 0 {
         return Ok(());
@@ -154,11 +177,29 @@ mod tests {
     #[test]
     fn smem_matches_the_template_formula_by_hand() {
         // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; BM 128: 2 · (128 + 128) · 72 · 2.
-        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 128 * 160 + 2 * 256 * 144 + 16));
+        assert_eq!(
+            smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()),
+            Some(2 * 128 * 160 + 2 * 256 * 144 + 16)
+        );
         // Q8_0: super-tile 256 = 8 blocks = 272 B → 288.
-        assert_eq!(smem_bytes(GgmlType::Q8_0, &MatmulTuning { bm: 64, accumulate: false }), Some(2 * 128 * 288 + 2 * 192 * 144 + 16));
+        assert_eq!(
+            smem_bytes(
+                GgmlType::Q8_0,
+                &MatmulTuning {
+                    bm: 64,
+                    accumulate: false
+                }
+            ),
+            Some(2 * 128 * 288 + 2 * 192 * 144 + 16)
+        );
         // F32: super-tile 64 = 256 B → 272; BF16: 128 = 256 B → 272.
-        assert_eq!(smem_bytes(GgmlType::F32, &MatmulTuning::default()), Some(2 * 128 * 272 + 2 * 256 * 144 + 16));
-        assert_eq!(smem_bytes(GgmlType::BF16, &MatmulTuning::default()), Some(2 * 128 * 272 + 2 * 256 * 144 + 16));
+        assert_eq!(
+            smem_bytes(GgmlType::F32, &MatmulTuning::default()),
+            Some(2 * 128 * 272 + 2 * 256 * 144 + 16)
+        );
+        assert_eq!(
+            smem_bytes(GgmlType::BF16, &MatmulTuning::default()),
+            Some(2 * 128 * 272 + 2 * 256 * 144 + 16)
+        );
     }
 }

@@ -39,7 +39,14 @@ pub struct MatvecTuning {
 
 impl Default for MatvecTuning {
     fn default() -> Self {
-        MatvecTuning { batch: 1, threads: 256, lanes: 32, rows_per_group: 2, stages: 3, accumulate: false }
+        MatvecTuning {
+            batch: 1,
+            threads: 256,
+            lanes: 32,
+            rows_per_group: 2,
+            stages: 3,
+            accumulate: false,
+        }
     }
 }
 
@@ -71,7 +78,12 @@ pub fn unit_shape(ty: GgmlType) -> Option<UnitShape> {
         IQ4_XS => (32, 2, 256, 136),
         _ => return None,
     };
-    Some(UnitShape { unit_elems, units_per_lane, block_elems, block_bytes })
+    Some(UnitShape {
+        unit_elems,
+        units_per_lane,
+        block_elems,
+        block_bytes,
+    })
 }
 
 /// The element count K must be a multiple of: the quant block (32 or 256), 8 for float types.
@@ -96,21 +108,38 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning) -> Option<MatvecGeometry> {
     let row_slot = chunk_bytes.div_ceil(16) * 16 + 16;
     let xs_row = upc * (u.unit_elems + 4) * 4;
     let stage = rows * row_slot + t.batch * xs_row;
-    Some(MatvecGeometry { rows_per_block: rows, threads: t.threads, smem_bytes: t.stages * stage + 16 })
+    Some(MatvecGeometry {
+        rows_per_block: rows,
+        threads: t.threads,
+        smem_bytes: t.stages * stage + 16,
+    })
 }
 
 pub fn launch_config(g: &MatvecGeometry, n: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (n.div_ceil(g.rows_per_block as usize).clamp(1, i32::MAX as usize) as u32, 1, 1),
+        grid_dim: (
+            n.div_ceil(g.rows_per_block as usize)
+                .clamp(1, i32::MAX as usize) as u32,
+            1,
+            1,
+        ),
         block_dim: (g.threads, 1, 1),
         shared_mem_bytes: g.smem_bytes,
     }
 }
 
-fn tune_int(kernel: &Kernel, key: &str, default: u32, ok: impl Fn(i64) -> bool) -> Result<u32, Error> {
+fn tune_int(
+    kernel: &Kernel,
+    key: &str,
+    default: u32,
+    ok: impl Fn(i64) -> bool,
+) -> Result<u32, Error> {
     let v = checks::baked_int(kernel.variant(), key).unwrap_or(default as i64);
     if !ok(v) {
-        return Err(checks::invalid(kernel, format!("{key}={v} is out of range")));
+        return Err(checks::invalid(
+            kernel,
+            format!("{key}={v} is out of range"),
+        ));
     }
     Ok(v as u32)
 }
@@ -120,9 +149,13 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
     let d = MatvecTuning::default();
     Ok(MatvecTuning {
         batch: tune_int(kernel, "batch", d.batch, |v| (1..=8).contains(&v))?,
-        threads: tune_int(kernel, "threads", d.threads, |v| v > 0 && v <= 1024 && v % 32 == 0)?,
+        threads: tune_int(kernel, "threads", d.threads, |v| {
+            v > 0 && v <= 1024 && v % 32 == 0
+        })?,
         lanes: tune_int(kernel, "lanes", d.lanes, |v| matches!(v, 8 | 16 | 32))?,
-        rows_per_group: tune_int(kernel, "rows_per_group", d.rows_per_group, |v| (1..=8).contains(&v))?,
+        rows_per_group: tune_int(kernel, "rows_per_group", d.rows_per_group, |v| {
+            (1..=8).contains(&v)
+        })?,
         stages: tune_int(kernel, "stages", d.stages, |v| (2..=6).contains(&v))?,
         accumulate: tune_int(kernel, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
     })
@@ -131,26 +164,54 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
 /// The weight type the variant was built for.
 pub fn qtype(kernel: &Kernel) -> Result<GgmlType, Error> {
     let token = checks::required_sym(kernel, "qtype")?;
-    GgmlType::from_name(token).ok_or_else(|| checks::invalid(kernel, format!("qtype `{token}` is not a ggml type")))
+    GgmlType::from_name(token)
+        .ok_or_else(|| checks::invalid(kernel, format!("qtype `{token}` is not a ggml type")))
 }
 
 /// Raises the kernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB).
 pub(crate) fn allow_smem(kernel: &Kernel, bytes: u32) -> Result<(), Error> {
     kernel
         .function()
-        .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
-        .map_err(|e| Error::driver(format!("cuFuncSetAttribute(max dynamic smem {bytes}) for {}", kernel.name()), e))
+        .set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(|e| {
+            Error::driver(
+                format!(
+                    "cuFuncSetAttribute(max dynamic smem {bytes}) for {}",
+                    kernel.name()
+                ),
+                e,
+            )
+        })
 }
 
 /// Checks shared by matvec and matmul: the weight type, K's multiple, and the weight's byte size.
-pub(crate) fn check_weight(kernel: &Kernel, ty: GgmlType, w_len: usize, k: usize, n: usize) -> Result<usize, Error> {
-    let multiple = k_multiple(ty).ok_or_else(|| checks::invalid(kernel, format!("{} weights are not supported", ty.name())))?;
+pub(crate) fn check_weight(
+    kernel: &Kernel,
+    ty: GgmlType,
+    w_len: usize,
+    k: usize,
+    n: usize,
+) -> Result<usize, Error> {
+    let multiple = k_multiple(ty).ok_or_else(|| {
+        checks::invalid(kernel, format!("{} weights are not supported", ty.name()))
+    })?;
     if k == 0 || !k.is_multiple_of(multiple) {
-        return Err(checks::invalid(kernel, format!("k={k} is not a positive multiple of {multiple} ({})", ty.name())));
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "k={k} is not a positive multiple of {multiple} ({})",
+                ty.name()
+            ),
+        ));
     }
     let u = unit_shape(ty).expect("k_multiple implies a unit shape");
     let row_bytes = k / u.block_elems as usize * u.block_bytes as usize;
-    let need = row_bytes.checked_mul(n).ok_or_else(|| checks::invalid(kernel, "weight size overflows"))?;
+    let need = row_bytes
+        .checked_mul(n)
+        .ok_or_else(|| checks::invalid(kernel, "weight size overflows"))?;
     checks::check_len(kernel, "w (bytes)", w_len, need)?;
     Ok(row_bytes)
 }
@@ -175,10 +236,16 @@ pub fn matvec(
     checks::check_dim(kernel, "n", n)?;
     check_weight(kernel, ty, w.len(), k, n)?;
     if batch == 0 || batch > tune.batch as usize {
-        return Err(checks::invalid(kernel, format!("batch={batch} is not in 1..={}", tune.batch)));
+        return Err(checks::invalid(
+            kernel,
+            format!("batch={batch} is not in 1..={}", tune.batch),
+        ));
     }
     if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
-        return Err(checks::invalid(kernel, format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}")));
+        return Err(checks::invalid(
+            kernel,
+            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
+        ));
     }
     checks::check_len(kernel, "x", x.len(), (batch - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (batch - 1) * ldy + n)?;
@@ -235,7 +302,16 @@ mod tests {
         assert_eq!(g.rows_per_block, 16);
         assert_eq!(g.smem_bytes, 3 * (16 * 1168 + 8704) + 16);
         // Q8_0: 32 blocks × 34 = 1088 B → slot 1104; x 32 × 36 × 4 = 4608.
-        let g = geometry(GgmlType::Q8_0, &MatvecTuning { batch: 8, lanes: 8, rows_per_group: 1, ..Default::default() }).unwrap();
+        let g = geometry(
+            GgmlType::Q8_0,
+            &MatvecTuning {
+                batch: 8,
+                lanes: 8,
+                rows_per_group: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(g.rows_per_block, 32);
         // lanes 8: 8 blocks = 272 B → slot 288; x 8 × 36 × 4 = 1152 per row, 8 rows.
         assert_eq!(g.smem_bytes, 3 * (32 * 288 + 8 * 1152) + 16);
@@ -245,11 +321,17 @@ mod tests {
     #[test]
     fn every_contract_qtype_has_a_unit() {
         use GgmlType::*;
-        for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
+        for ty in [
+            F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+        ] {
             let u = unit_shape(ty).unwrap();
             assert_eq!(u.block_elems % u.unit_elems, 0, "{ty:?}");
             if u.block_elems > 8 {
-                assert_eq!((u.block_elems, u.block_bytes as u64), (ty.block_size() as u32, ty.type_size()), "{ty:?}");
+                assert_eq!(
+                    (u.block_elems, u.block_bytes as u64),
+                    (ty.block_size() as u32, ty.type_size()),
+                    "{ty:?}"
+                );
             }
         }
     }
