@@ -34,11 +34,12 @@ llama.cpp's SPM tokenizer (llm_tokenizer_spm) does on this file:
 
 ## bpe: the GPT-2 byte-level BPE reference
 
-A tiny BPE (~600 tokens) is trained here with `tokenizers` on a fixed text, using Qwen2's
-pre-tokenizer (Split on the qwen2 regex, isolated, then ByteLevel without its own regex); its
-vocab and merges are stored in bpe.json with the expected ids. Two configurations are checked:
-`qwen2` (single digits) and `llama-bpe` (digit groups of 1-3, ignore_merges: a pre-token that
-is a whole vocab entry is emitted as is), the two regexes memra implements besides GPT-2's.
+A tiny BPE (~700 tokens) is trained here with `tokenizers` on a fixed text (GPT-2 pre-tokenizer,
+so digit runs get merges); its vocab and merges are stored in bpe.json with the expected ids for
+three pre-tokenizers, each as in the model's tokenizer.json: `qwen2` (Split on the qwen2 regex,
+isolated, then ByteLevel without its own regex; single digits), `llama-bpe` (the llama3 regex:
+digit groups of 1-3, and ignore_merges: a pre-token that is a whole vocab entry is emitted as
+is) and `gpt2` (ByteLevel with its built-in GPT-2 regex).
 Special tokens: an instance with them registered gives parse_special=true ids, one without them
 gives parse_special=false ids.
 """
@@ -271,9 +272,11 @@ def pre_tokenizer(regex):
 
 def bpe():
     trainer_tok = Tokenizer(models.BPE())
-    trainer_tok.pre_tokenizer = pre_tokenizer(QWEN2_REGEX)
+    # GPT-2's pre-tokenizer keeps digit runs and contractions whole, so the vocab learns merges
+    # such as "12" that make the three regexes give different ids.
+    trainer_tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     trainer = trainers.BpeTrainer(
-        vocab_size=600,
+        vocab_size=700,
         min_frequency=1,
         special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -287,6 +290,8 @@ def bpe():
     for piece, i in vocab.items():
         tokens[i] = piece
     assert all(t is not None for t in tokens)
+    # Whole words no merge sequence reaches: only ignore_merges (llama-bpe) emits them whole.
+    tokens += [t for t in ["zebra", "\u0120zebra"] if t not in vocab]
     n_plain = len(tokens)
     tokens += BPE_SPECIALS
     # GGUF token types: 1 NORMAL, 3 CONTROL.
@@ -298,7 +303,10 @@ def bpe():
             merges=[tuple(m.split(" ")) for m in merges],
             ignore_merges=ignore_merges,
         ))
-        tok.pre_tokenizer = pre_tokenizer(regex)
+        if regex is None:  # GPT-2: ByteLevel's own regex
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        else:
+            tok.pre_tokenizer = pre_tokenizer(regex)
         tok.decoder = decoders.ByteLevel()
         if with_specials:
             added = tok.add_special_tokens(BPE_SPECIALS)
@@ -309,9 +317,13 @@ def bpe():
 
     rng = random.Random(SEED + 1)
     texts = [t.replace("<start_of_turn>", "<|im_start|>").replace("<end_of_turn>", "<|im_end|>")
-             for t in TEXTS] + random_texts(rng, 60)
+             for t in TEXTS] + ["zebra", "a zebra crossing"] + random_texts(rng, 60)
     configs = []
-    for pre, regex, ignore_merges in [("qwen2", QWEN2_REGEX, False), ("llama-bpe", LLAMA3_REGEX, True)]:
+    for pre, regex, ignore_merges in [
+        ("qwen2", QWEN2_REGEX, False),
+        ("llama-bpe", LLAMA3_REGEX, True),
+        ("gpt2", None, False),
+    ]:
         plain = build(regex, ignore_merges, False)
         special = build(regex, ignore_merges, True)
         cases = []

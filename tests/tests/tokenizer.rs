@@ -477,7 +477,9 @@ fn malformed_vocab_errors_name_the_key() {
     assert_eq!(build(base("llama")), None, "the base vocab is valid");
     assert_eq!(build(base("gpt2")), None, "the base vocab is valid");
 
-    let cases: Vec<(&str, Vec<(&'static str, MetaValue)>, &str)> = vec![
+    // (what is wrong, the metadata, the key the error must name)
+    type Case<'a> = (&'a str, Vec<(&'static str, MetaValue)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "no model",
             without("llama", "tokenizer.ggml.model"),

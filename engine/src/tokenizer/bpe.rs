@@ -56,7 +56,7 @@ impl PreTokenizer {
     }
 
     /// Splits `text` into pre-tokens (contiguous, covering all of `text`).
-    pub fn split<'a>(self, text: &'a str) -> Vec<&'a str> {
+    pub fn split(self, text: &str) -> Vec<&str> {
         let chars: Vec<(usize, char)> = text.char_indices().collect();
         let mut out = Vec::new();
         let mut i = 0;

@@ -151,8 +151,8 @@ impl Vocab {
 }
 
 enum Model {
-    Spm(SpmModel),
-    Bpe(BpeModel),
+    Spm(Box<SpmModel>),
+    Bpe(Box<BpeModel>),
 }
 
 /// A tokenizer for one GGUF file: encode text to ids, decode ids (or a stream of them) to text.
@@ -252,8 +252,8 @@ impl Tokenizer {
         };
 
         let model = match model_name {
-            "llama" => Model::Spm(SpmModel::from_gguf(gguf, &vocab)?),
-            "gpt2" => Model::Bpe(BpeModel::from_gguf(gguf, &vocab)?),
+            "llama" => Model::Spm(Box::new(SpmModel::from_gguf(gguf, &vocab)?)),
+            "gpt2" => Model::Bpe(Box::new(BpeModel::from_gguf(gguf, &vocab)?)),
             other => {
                 return Err(TokenizerError::new(
                     path,
