@@ -42,7 +42,12 @@ impl BuildRequest {
         let archs = enabled_archs(&specs_dir, |var| std::env::var_os(var).is_some())?;
         let model = std::env::var_os(MODEL_ENV)
             .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
+            .map(|v| {
+                resolve_model_path(
+                    Path::new(&v),
+                    std::env::var_os("PWD").as_deref().map(Path::new),
+                )
+            });
         Ok(BuildRequest {
             specs_dir,
             templates_dir: workspace_root.join("templates"),
@@ -50,6 +55,15 @@ impl BuildRequest {
             archs,
             model,
         })
+    }
+}
+
+/// Build scripts run in the package directory, so a relative `MEMRA_MODEL` is taken relative to
+/// the shell's `$PWD` (where the user typed `cargo build`) when the file exists there.
+pub fn resolve_model_path(path: &Path, pwd: Option<&Path>) -> PathBuf {
+    match pwd {
+        Some(dir) if path.is_relative() && dir.join(path).is_file() => dir.join(path),
+        _ => path.to_path_buf(),
     }
 }
 
@@ -174,10 +188,11 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
     let mut notes = Vec::new();
     let mut warnings = Vec::new();
     if let Some((arch, _)) = &model
-        && !archs.contains(arch) {
-            warnings.push(format!("{MODEL_ENV} is a `{arch}` model: specializing for it although feature model-{arch} is off"));
-            archs.push(arch.clone());
-        }
+        && !archs.contains(arch)
+    {
+        warnings.push(format!("{MODEL_ENV} is a `{arch}` model: specializing for it although feature model-{arch} is off"));
+        archs.push(arch.clone());
+    }
 
     let mut specialized = Vec::new();
     let mut specialized_dims = Vec::new();

@@ -52,7 +52,12 @@ fn specialized_sources(g: &Generated) -> String {
 
 #[test]
 fn glm_dsa_sources_bake_glm5_dims() {
-    let g = build::generate(&request(&["glm-dsa"], None, &scratch("glm"))).unwrap();
+    let g = build::generate(&request(
+        &["glm-dsa"],
+        None,
+        &std::env::temp_dir().join("memra-codegen-unused"),
+    ))
+    .unwrap();
     let cu = specialized_sources(&g);
     for n in [6144, 2048, 512] {
         assert!(
@@ -161,7 +166,7 @@ fn every_specialized_variant_has_a_generic_twin() {
     let g = build::generate(&request(
         &["glm-dsa", "qwen3", "olmoe", "gemma3"],
         None,
-        &scratch("twins"),
+        &std::env::temp_dir().join("memra-codegen-unused"),
     ))
     .unwrap();
     let generic: Vec<_> = g.variants.iter().filter(|v| v.is_generic()).collect();
@@ -235,6 +240,26 @@ fn writes_only_what_changed_and_removes_stale_variants() {
     );
     assert!(third.removed >= 2, "{}", third.removed);
     assert!(out.join("kernels/rmsnorm__generic.cu").exists());
+    let _ = fs::remove_dir_all(&out);
+}
+
+#[test]
+fn relative_memra_model_paths_resolve_against_the_shells_directory() {
+    let dir = scratch("pwd");
+    fs::write(dir.join("m.gguf"), b"x").unwrap();
+    assert_eq!(
+        build::resolve_model_path(Path::new("m.gguf"), Some(&dir)),
+        dir.join("m.gguf")
+    );
+    assert_eq!(
+        build::resolve_model_path(Path::new("other.gguf"), Some(&dir)),
+        Path::new("other.gguf")
+    );
+    assert_eq!(
+        build::resolve_model_path(Path::new("/abs/m.gguf"), Some(&dir)),
+        Path::new("/abs/m.gguf")
+    );
+    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
