@@ -1,0 +1,499 @@
+//! CPU emulation of the whole matvec and matmul kernels: the templates are compiled as host C++
+//! (the same cut as `gemv_host_units.rs`, plus stand-ins for the block-level CUDA features: one
+//! std::thread per CUDA thread, std::barrier for __syncthreads/__syncwarp, a per-warp exchange for
+//! shuffles, synchronous copies for cp.async, and ldmatrix / mma.sync m16n8k16 written from the
+//! PTX fragment layouts with bf16 round-to-nearest-even), run block by block, and compared with
+//! memra-reference (f32 path ≤ 1e-4, bf16 products ≤ 1e-2) on fresh random quantized weights,
+//! NaN-poisoned outputs and padded strides. It checks the pipeline, indexing and reduction logic
+//! that the GPU tests check, without a GPU; it says nothing about speed. Skips (one SKIP line)
+//! without a C++20 compiler.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memra_engine::kernels::matvec;
+use memra_gguf::{GgmlType, quant};
+use memra_reference::{Rng, linear, rel_err};
+
+const PRELUDE: &str = r#"
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <thread>
+#include <barrier>
+#include <vector>
+#include <functional>
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+#define __align__(x)
+#define __trap() abort()
+#define __syncthreads() g_block_barrier->arrive_and_wait()
+#define __syncwarp() g_warp_barriers[threadIdx.x / 32]->arrive_and_wait()
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct float4 { float x, y, z, w; };
+struct Dim3 { unsigned x, y, z; };
+thread_local Dim3 threadIdx, blockIdx;
+thread_local unsigned char* g_smem;
+thread_local unsigned g_smem_bytes;
+std::barrier<>* g_block_barrier;
+std::vector<std::barrier<>*> g_warp_barriers;
+std::vector<float> g_xchg;  // per thread slot
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t v = ((uint64_t)y << 32) | x; unsigned r = 0;
+    for (int i = 0; i < 4; ++i) { unsigned sel = (s >> (4 * i)) & 0xF, byte = (v >> (8 * (sel & 7))) & 0xFF;
+        if (sel & 8) byte = (byte & 0x80) ? 0xFF : 0; r |= byte << (8 * i); }
+    return r; }
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) { return (unsigned)((((uint64_t)hi << 32) | lo) >> (sh & 31)); }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+    int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); float r = g_xchg[(t & ~31) | ((t & 31) ^ o)]; __syncwarp(); return r; }
+namespace memra {
+inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+typedef unsigned char u8; typedef signed char i8; typedef unsigned short u16; typedef unsigned int u32; typedef unsigned long long u64; typedef long long i64;
+enum class QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30 };
+constexpr unsigned FULL_MASK = 0xffffffffu;
+template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
+inline float4 load_f4(const float* p) { float4 r; memcpy(&r, p, 16); return r; }
+inline float f16_to_f32(u16 h) { unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023; float v;
+  if (e == 0) v = std::ldexp((float)m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = std::ldexp((float)(m | 1024), (int)e - 25);
+  return s ? -v : v; }
+inline u16 load_u16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
+}
+"#;
+
+const ASYNC_HOST: &str = r#"namespace async {
+inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); memcpy(smem, gmem, src_bytes); }
+inline void commit() {}
+template <int P> inline void wait() {}
+inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
+}  // namespace async"#;
+
+const MMA_HOST: &str = r#"namespace mma {
+inline u16 bf16_rn(float f) { u32 u; memcpy(&u, &f, 4); if ((u & 0x7fffffff) > 0x7f800000) return (u >> 16) | 0x40; u32 r = u + 0x7fff + ((u >> 16) & 1); return r >> 16; }
+inline float bf16f(u16 h) { u32 u = (u32)h << 16; float f; memcpy(&f, &u, 4); return f; }
+inline u32 pack_bf16x2(float lo, float hi) { return (u32)bf16_rn(lo) | ((u32)bf16_rn(hi) << 16); }
+// Per-warp exchange slots.
+struct Slot { const void* p; u32 a[4]; u32 b[2]; float c[4]; };
+inline Slot* slots() { static Slot s[1024]; return s; }
+inline void ldmatrix_x4(u32 (&r)[4], const void* smem) {
+    int t = threadIdx.x, base = t & ~31, lane = t & 31;
+    slots()[t].p = smem; __syncwarp();
+    for (int i = 0; i < 4; ++i) {
+        const u16* row = (const u16*)slots()[base + 8 * i + lane / 4].p;
+        r[i] = (u32)row[2 * (lane % 4)] | ((u32)row[2 * (lane % 4) + 1] << 16);
+    }
+    __syncwarp(); }
+inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    int t = threadIdx.x, base = t & ~31, lane = t & 31;
+    Slot& s = slots()[t]; for (int i = 0; i < 4; ++i) s.a[i] = a[i]; s.b[0] = b0; s.b[1] = b1;
+    __syncwarp();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) { const Slot& q = slots()[base + l]; int g = l / 4, tt = l % 4;
+        auto lo = [](u32 v) { return bf16f(v & 0xffff); }; auto hi = [](u32 v) { return bf16f(v >> 16); };
+        A[g][2*tt] = lo(q.a[0]); A[g][2*tt+1] = hi(q.a[0]); A[g+8][2*tt] = lo(q.a[1]); A[g+8][2*tt+1] = hi(q.a[1]);
+        A[g][2*tt+8] = lo(q.a[2]); A[g][2*tt+9] = hi(q.a[2]); A[g+8][2*tt+8] = lo(q.a[3]); A[g+8][2*tt+9] = hi(q.a[3]);
+        B[2*tt][g] = lo(q.b[0]); B[2*tt+1][g] = hi(q.b[0]); B[2*tt+8][g] = lo(q.b[1]); B[2*tt+9][g] = hi(q.b[1]); }
+    __syncwarp();
+    int g = lane / 4, tt = lane % 4;
+    for (int e = 0; e < 4; ++e) { int row = g + (e / 2) * 8, col = 2 * tt + (e % 2); double acc = d[e];
+        for (int kk = 0; kk < 16; ++kk) acc += (double)A[row][kk] * B[kk][col]; d[e] = (float)acc; } }
+}  // namespace mma"#;
+
+const MATVEC_DRIVER: &str = r#"
+struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; static constexpr memra::QType QTYPE = memra::QType::QT;
+  static constexpr int BATCH = BATCHMAX; static constexpr int THREADS = THR; static constexpr int LANES = LN;
+  static constexpr int ROWS_PER_GROUP = RPGV; static constexpr int STAGES = STG; static constexpr int ACCUMULATE = ACC; };
+int main(int argc, char** argv) {
+    // args: k n batch ldx ldy wfile xfile yfile(in/out)
+    int k = atoi(argv[1]), n = atoi(argv[2]), batch = atoi(argv[3]), ldx = atoi(argv[4]), ldy = atoi(argv[5]);
+    auto rd = [](const char* f, std::vector<unsigned char>& v) { FILE* fp = fopen(f, "rb"); fseek(fp, 0, SEEK_END); long n = ftell(fp); fseek(fp, 0, SEEK_SET); v.resize(n + 64); fread(v.data(), 1, n, fp); fclose(fp); return n; };
+    std::vector<unsigned char> w, x, y; rd(argv[6], w); rd(argv[7], x); long ny = rd(argv[8], y);
+    // 16-byte aligned copies
+    unsigned char* wa = (unsigned char*)aligned_alloc(256, (w.size() + 255) / 256 * 256); memcpy(wa, w.data(), w.size());
+    float* xa = (float*)aligned_alloc(256, (x.size() + 255) / 256 * 256); memcpy(xa, x.data(), x.size());
+    float* ya = (float*)y.data();
+    using G = memra::MatvecGeometry<Cfg>;
+    int grid = (n + G::ROWS - 1) / G::ROWS;
+    for (int bx = 0; bx < grid; ++bx) {
+        std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
+        std::barrier<> block_bar(Cfg::THREADS);
+        g_block_barrier = &block_bar;
+        std::vector<std::barrier<>*> wb; for (int i = 0; i < Cfg::THREADS / 32; ++i) wb.push_back(new std::barrier<>(32));
+        g_warp_barriers = wb; g_xchg.assign(Cfg::THREADS, 0.f);
+        std::vector<std::thread> ts;
+        for (int t = 0; t < Cfg::THREADS; ++t) ts.emplace_back([&, t] {
+            threadIdx = {(unsigned)t, 0, 0}; blockIdx = {(unsigned)bx, 0, 0}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
+            memra::matvec_impl<Cfg>(wa, xa, ya, k, n, batch, ldx, ldy); });
+        for (auto& th : ts) th.join();
+        for (auto* b : wb) delete b;
+    }
+    FILE* fo = fopen(argv[8], "wb"); fwrite(ya, 1, ny, fo); fclose(fo);
+    return 0; }
+"#;
+
+const MATMUL_DRIVER: &str = r#"
+struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; static constexpr memra::QType QTYPE = memra::QType::QT;
+  static constexpr int BM = BMV; static constexpr int THREADS = 256; static constexpr int ACCUMULATE = ACC; };
+int main(int argc, char** argv) {
+    int t = atoi(argv[1]), k = atoi(argv[2]), n = atoi(argv[3]), ldx = atoi(argv[4]), ldy = atoi(argv[5]);
+    auto rd = [](const char* f, std::vector<unsigned char>& v) { FILE* fp = fopen(f, "rb"); fseek(fp, 0, SEEK_END); long n = ftell(fp); fseek(fp, 0, SEEK_SET); v.resize(n + 64); fread(v.data(), 1, n, fp); fclose(fp); return n; };
+    std::vector<unsigned char> w, x, y; rd(argv[6], w); rd(argv[7], x); long ny = rd(argv[8], y);
+    unsigned char* wa = (unsigned char*)aligned_alloc(256, (w.size() + 255) / 256 * 256); memcpy(wa, w.data(), w.size());
+    float* xa = (float*)aligned_alloc(256, (x.size() + 255) / 256 * 256); memcpy(xa, x.data(), x.size());
+    float* ya = (float*)y.data();
+    using G = memra::MatmulGeometry<Cfg>;
+    for (int by = 0; by < (t + G::BM - 1) / G::BM; ++by)
+    for (int bx = 0; bx < (n + 127) / 128; ++bx) {
+        std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
+        std::barrier<> block_bar(256); g_block_barrier = &block_bar;
+        std::vector<std::barrier<>*> wb; for (int i = 0; i < 8; ++i) wb.push_back(new std::barrier<>(32));
+        g_warp_barriers = wb; g_xchg.assign(256, 0.f);
+        std::vector<std::thread> ts;
+        for (int th = 0; th < 256; ++th) ts.emplace_back([&, th] {
+            threadIdx = {(unsigned)th, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, 0}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
+            memra::matmul_impl<Cfg>(wa, xa, ya, t, k, n, ldx, ldy); });
+        for (auto& x : ts) x.join();
+        for (auto* b : wb) delete b;
+    }
+    FILE* fo = fopen(argv[8], "wb"); fwrite(ya, 1, ny, fo); fclose(fo);
+    return 0; }
+"#;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("engine/ has a parent")
+        .to_path_buf()
+}
+
+/// `text` from `from` up to (not including) `to`.
+fn cut<'a>(text: &'a str, from: &str, to: &str, file: &str) -> &'a str {
+    let a = text
+        .find(from)
+        .unwrap_or_else(|| panic!("{file}: no `{from}`"));
+    let b = text.find(to).unwrap_or_else(|| panic!("{file}: no `{to}`"));
+    &text[a..b]
+}
+
+/// Replaces the block `namespace NAME { … }  // namespace NAME` with `host`.
+fn replace_namespace(text: &str, name: &str, host: &str, file: &str) -> String {
+    let open = format!("namespace {name} {{");
+    let close = format!("}}  // namespace {name}");
+    let a = text
+        .find(&open)
+        .unwrap_or_else(|| panic!("{file}: no `{open}`"));
+    let b = text
+        .find(&close)
+        .unwrap_or_else(|| panic!("{file}: no `{close}`"))
+        + close.len();
+    format!("{}{host}{}", &text[..a], &text[b..])
+}
+
+fn template(name: &str) -> String {
+    let path = workspace_root().join("templates/memra").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn emulator_source(matmul: bool) -> String {
+    let mv = template("matvec.cuh");
+    let mv_body = cut(
+        &mv,
+        "namespace memra {",
+        "#define MEMRA_DEFINE_MATVEC",
+        "matvec.cuh",
+    );
+    let mv_body = replace_namespace(mv_body, "async", ASYNC_HOST, "matvec.cuh").replace(
+        "extern __shared__ __align__(16) u8 matvec_smem[];",
+        "u8* matvec_smem = g_smem;",
+    );
+    let mut src = format!("{PRELUDE}{mv_body}");
+    if matmul {
+        let mm = template("matmul.cuh");
+        let mm_body = cut(
+            &mm,
+            "namespace memra {",
+            "#define MEMRA_DEFINE_MATMUL",
+            "matmul.cuh",
+        );
+        let mm_body = replace_namespace(mm_body, "mma", MMA_HOST, "matmul.cuh").replace(
+            "extern __shared__ __align__(16) u8 matmul_smem[];",
+            "u8* matmul_smem = g_smem;",
+        );
+        src.push_str(&mm_body);
+        src.push_str(MATMUL_DRIVER);
+    } else {
+        src.push_str(MATVEC_DRIVER);
+    }
+    src
+}
+
+fn compiler() -> Option<String> {
+    let candidates = [
+        std::env::var("CXX").ok(),
+        Some("c++".into()),
+        Some("g++".into()),
+        Some("clang++".into()),
+    ];
+    candidates.into_iter().flatten().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// Compiles emulators per Cfg (cached by its -D flags).
+struct Builder {
+    cxx: String,
+    dir: PathBuf,
+    source: PathBuf,
+    built: HashMap<Vec<String>, PathBuf>,
+}
+
+impl Builder {
+    fn new(test: &str, matmul: bool) -> Option<Builder> {
+        let Some(cxx) = compiler() else {
+            eprintln!("SKIP {test}: no C++ compiler (set CXX)");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "memra-gemv-emu-{}-{}",
+            std::process::id(),
+            matmul as u8
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let source = dir.join("emu.cpp");
+        std::fs::write(&source, emulator_source(matmul)).expect("write emulator source");
+        Some(Builder {
+            cxx,
+            dir,
+            source,
+            built: HashMap::new(),
+        })
+    }
+
+    fn get(&mut self, defines: Vec<String>) -> PathBuf {
+        if let Some(p) = self.built.get(&defines) {
+            return p.clone();
+        }
+        let bin = self.dir.join(format!("emu{}", self.built.len()));
+        let out = Command::new(&self.cxx)
+            .args(["-std=c++20", "-O1", "-pthread", "-o"])
+            .arg(&bin)
+            .args(defines.iter().map(|d| format!("-D{d}")))
+            .arg(&self.source)
+            .output()
+            .expect("run the C++ compiler");
+        assert!(
+            out.status.success(),
+            "{} {defines:?} failed:\n{}",
+            self.cxx,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.built.insert(defines, bin.clone());
+        bin
+    }
+}
+
+impl Drop for Builder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+/// Runs an emulator on (w, x, y0) and returns y.
+fn run(bin: &Path, dims: [usize; 5], w: &[u8], x: &[f32], y0: &[f32]) -> Vec<f32> {
+    let dir = bin.parent().unwrap();
+    let (wf, xf, yf) = (dir.join("w.bin"), dir.join("x.bin"), dir.join("y.bin"));
+    std::fs::write(&wf, w).unwrap();
+    std::fs::write(&xf, f32_bytes(x)).unwrap();
+    std::fs::write(&yf, f32_bytes(y0)).unwrap();
+    let out = Command::new(bin)
+        .args(dims.iter().map(|d| d.to_string()))
+        .arg(&wf)
+        .arg(&xf)
+        .arg(&yf)
+        .output()
+        .expect("run emulator");
+    assert!(
+        out.status.success(),
+        "emulator {} failed: {:?}\n{}",
+        bin.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&yf)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+const QTYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+fn awkward_k(ty: GgmlType) -> usize {
+    match matvec::k_multiple(ty).unwrap() {
+        256 => 9 * 256,
+        32 => 9 * 32,
+        m => 37 * m,
+    }
+}
+
+/// rows × ld buffer: y (random if accumulate, NaN otherwise), the packed oracle added on top.
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    what: &str,
+    got: &[f32],
+    y0: &[f32],
+    want_packed: &[f32],
+    rows: usize,
+    n: usize,
+    ld: usize,
+    accumulate: bool,
+    tol: f64,
+    rng: &Rng,
+) {
+    let mut g = Vec::new();
+    let mut w = Vec::new();
+    for r in 0..rows {
+        for j in 0..n {
+            g.push(got[r * ld + j]);
+            w.push(if accumulate { y0[r * ld + j] } else { 0.0 } + want_packed[r * n + j]);
+        }
+        if r + 1 < rows {
+            for j in n..ld {
+                assert_eq!(
+                    got[r * ld + j].to_bits(),
+                    y0[r * ld + j].to_bits(),
+                    "{what}: padding [{r}][{j}] written (MEMRA_SEED={})",
+                    rng.seed()
+                );
+            }
+        }
+    }
+    let err = rel_err(&g, &w);
+    assert!(
+        err <= tol,
+        "{what}: relative L2 error {err:e} > {tol:e} (MEMRA_SEED={})",
+        rng.seed()
+    );
+}
+
+#[test]
+fn matvec_kernel_emulated_on_host_threads_matches_reference() {
+    let test = "matvec_kernel_emulated_on_host_threads_matches_reference";
+    let Some(mut b) = Builder::new(test, false) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    for ty in QTYPES {
+        let k_aw = awkward_k(ty);
+        // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad, ldy pad)
+        let cases = [
+            (k_aw, 33, 1, 1, 32, 2, 0, 0, 0),
+            (2048, 17, 3, 8, 8, 1, 0, 12, 5),
+            (k_aw, 9, 2, 2, 16, 2, 1, 0, 0),
+        ];
+        for (k, n, batch, bmax, lanes, rpg, acc, px, py) in cases {
+            let (ldx, ldy) = (k + px, n + py);
+            let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
+            let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
+            let packed: Vec<f32> = (0..batch)
+                .flat_map(|i| x[i * ldx..i * ldx + k].to_vec())
+                .collect();
+            let want = linear::matmul_gguf(ty, &w, k, n, &packed, batch).unwrap();
+            let y_len = (batch - 1) * ldy + n;
+            let y0 = if acc == 1 {
+                rng.normal_vec(y_len, 1.0)
+            } else {
+                vec![f32::NAN; y_len]
+            };
+            for spec in [true, false] {
+                let (kd, nd) = if spec { (k, n) } else { (0, 0) };
+                let bin = b.get(vec![
+                    format!("KDIM={kd}"),
+                    format!("NDIM={nd}"),
+                    format!("QT={}", ty.name()),
+                    format!("BATCHMAX={bmax}"),
+                    "THR=256".into(),
+                    format!("LN={lanes}"),
+                    format!("RPGV={rpg}"),
+                    "STG=3".into(),
+                    format!("ACC={acc}"),
+                ]);
+                let got = run(&bin, [k, n, batch, ldx, ldy], &w, &x, &y0);
+                let what = format!(
+                    "matvec {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc}"
+                );
+                compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_kernel_emulated_on_host_threads_matches_reference() {
+    let test = "matmul_kernel_emulated_on_host_threads_matches_reference";
+    let Some(mut b) = Builder::new(test, true) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    for ty in QTYPES {
+        let k_aw = awkward_k(ty);
+        // (t, k, n, BM, ACCUMULATE, ldx pad, ldy pad)
+        let cases = [(17, k_aw, 33, 64, 0, 4, 3), (130, 512, 130, 128, 1, 0, 0)];
+        for (t, k, n, bm, acc, px, py) in cases {
+            let (ldx, ldy) = (k + px, n + py);
+            let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
+            let x = rng.normal_vec((t - 1) * ldx + k, 1.0);
+            let packed: Vec<f32> = (0..t)
+                .flat_map(|i| x[i * ldx..i * ldx + k].to_vec())
+                .collect();
+            let want = linear::matmul_gguf(ty, &w, k, n, &packed, t).unwrap();
+            let y_len = (t - 1) * ldy + n;
+            let y0 = if acc == 1 {
+                rng.normal_vec(y_len, 1.0)
+            } else {
+                vec![f32::NAN; y_len]
+            };
+            for spec in [true, false] {
+                let (kd, nd) = if spec { (k, n) } else { (0, 0) };
+                let bin = b.get(vec![
+                    format!("KDIM={kd}"),
+                    format!("NDIM={nd}"),
+                    format!("QT={}", ty.name()),
+                    format!("BMV={bm}"),
+                    format!("ACC={acc}"),
+                ]);
+                let got = run(&bin, [t, k, n, ldx, ldy], &w, &x, &y0);
+                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} spec={spec} acc={acc}");
+                compare(&what, &got, &y0, &want, t, n, ldy, acc == 1, 1e-2, &rng);
+            }
+        }
+    }
+}
