@@ -3,6 +3,7 @@
 // Lets `#[derive(KernelArgs)]` name `::memra_engine::…` inside this crate as well as outside.
 extern crate self as memra_engine;
 
+pub mod bench;
 pub mod cuda;
 pub mod inspect;
 pub mod run;

@@ -30,6 +30,10 @@ enum Command {
     /// for `--sm` without one; report registers and spills.
     #[command(after_help = "Examples:\n  memra kernels\n  memra kernels --compile --sm 90 --report\n  memra kernels --clear-cache")]
     Kernels(memra_engine::kernels::cli::KernelsCommand),
+    /// Measure every kernel family at the built architectures' preset shapes on the GPU:
+    /// specialized vs generic vs the copy bandwidth measured in the same run.
+    #[command(after_help = "Examples:\n  memra bench\n  memra bench --arch glm-dsa --family matvec --json out/h200.json\n  memra bench --list")]
+    Bench(memra_engine::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => exit_code(inspect::run(&args)),
         Command::Run(args) => exit_code(memra_engine::run::run(&args)),
         Command::Kernels(args) => memra_engine::kernels::cli::run(&args),
+        Command::Bench(args) => exit_code(memra_engine::bench::run(&args)),
     }
 }
 
