@@ -13,8 +13,8 @@ mod writer;
 pub use error::{ErrorKind, GgufError, Result};
 pub use reader::{
     ALIGNMENT_KEY, ARCHITECTURE_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, Gguf, GgufFile,
-    MAX_DIMS, MAX_KEY_LEN, MAX_TENSOR_NAME_LEN, TensorInfo,
+    MAX_DIMS, MAX_KEY_LEN, MAX_TENSOR_NAME_LEN, Dims, Metadata, TensorInfo, Tensors,
 };
 pub use types::GgmlType;
-pub use value::{MetaArray, MetaValue, ValueType};
+pub use value::{Element, MetaArray, MetaArrayRef, MetaValue, MetaValueRef, NumArray, StrArray, ValueType};
 pub use writer::GgufWriter;

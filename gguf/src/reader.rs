@@ -2,9 +2,14 @@
 //! data as slices of the memory map or buffer. Layout: `shared/reference/model-specs.md` §1.1.
 //!
 //! Every count, length, offset and shape is checked before use, with checked arithmetic.
-//! Allocation is bounded by the input: a count is compared with the bytes left before
-//! anything is reserved for it (an array of N strings needs at least 8·N bytes, so its
-//! `Vec<String>` costs at most about 3× the bytes it was read from).
+//! Parsing never allocates more than the input's size: nothing is copied out of the file.
+//! The reader keeps only u32 file offsets — one per metadata pair (4 bytes, plus 4 for the
+//! by-key index, against at least 13 in the file), one per string-array element (4 against
+//! its 8-byte length prefix), one per tensor info (4, plus 4 for the by-name index, against
+//! at least 32) — and decodes keys, values and tensor infos from the bytes on access.
+//! Counts are compared with the bytes left before anything is reserved for them.
+//! Because of those u32 offsets, metadata and tensor infos must lie in the first 4 GiB
+//! (tensor data may lie anywhere).
 //!
 //! Choices where the spec or llama.cpp leave room (all rejected inputs get an error):
 //! - Versions 2 and 3 are read (same layout); 0, 1, > 3 and big-endian files are rejected.
@@ -18,7 +23,6 @@
 //! - Tensor offsets must be multiples of the alignment, and tensors must lie inside the file
 //!   and not overlap. Unlike llama.cpp, tensors need not be packed in info order.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -27,7 +31,7 @@ use memmap2::Mmap;
 
 use crate::GgmlType;
 use crate::error::{ErrorKind, GgufError, Result};
-use crate::value::{MetaArray, MetaValue, ValueType};
+use crate::value::{MetaArrayRef, MetaValueRef, NumArray, StrArray, ValueType};
 
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// The version the writer emits. Version 2 has the same layout and is read too.
@@ -44,13 +48,65 @@ pub const MAX_DIMS: usize = 4;
 const MIN_KV_BYTES: u64 = 8 + 4 + 1; // empty key, type, 1-byte value
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8; // empty name, n_dims, one dim, type, offset
 
-/// One tensor's description from the header.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
+/// A tensor's shape (ggml `ne`, fastest-varying first), kept inline: 1 to 4 dimensions.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dims {
+    ne: [u64; MAX_DIMS],
+    len: u8,
+}
+
+impl Dims {
+    /// `None` for more than [`MAX_DIMS`] dimensions.
+    pub fn new(dims: &[u64]) -> Option<Dims> {
+        let mut ne = [0; MAX_DIMS];
+        ne.get_mut(..dims.len())?.copy_from_slice(dims);
+        Some(Dims { ne, len: dims.len() as u8 })
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        self.ne.get(..usize::from(self.len)).unwrap_or(&[])
+    }
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        self.as_slice()
+    }
+}
+
+impl fmt::Debug for Dims {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_slice(), f)
+    }
+}
+
+impl PartialEq<[u64]> for Dims {
+    fn eq(&self, other: &[u64]) -> bool {
+        self.as_slice() == other
+    }
+}
+
+impl<const N: usize> PartialEq<[u64; N]> for Dims {
+    fn eq(&self, other: &[u64; N]) -> bool {
+        self.as_slice() == other
+    }
+}
+
+impl PartialEq<Vec<u64>> for Dims {
+    fn eq(&self, other: &Vec<u64>) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+/// One tensor's description from the header, decoded on access and borrowing its name
+/// from the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorInfo<'a> {
     /// Exactly as written in the file (`blk.3.attn_q.weight`).
-    pub name: String,
+    pub name: &'a str,
     /// ggml `ne`: fastest-varying first, so `dims[0]` is the contiguous row length.
-    pub dims: Vec<u64>,
+    pub dims: Dims,
     pub ggml_type: GgmlType,
     /// Byte offset of the data relative to the start of the data section.
     pub offset: u64,
@@ -58,7 +114,7 @@ pub struct TensorInfo {
     pub n_bytes: u64,
 }
 
-impl TensorInfo {
+impl TensorInfo<'_> {
     /// Product of the dims (saturating; the reader has checked it fits in an i64).
     pub fn n_elements(&self) -> u64 {
         self.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).unwrap_or(u64::MAX)
@@ -91,14 +147,91 @@ pub struct Gguf<B> {
 /// A GGUF file opened with [`GgufFile::open`] and read through a memory map.
 pub type GgufFile = Gguf<Mmap>;
 
+/// Offsets into the file only; see the module comment.
 struct Header {
     version: u32,
-    metadata: Vec<(String, MetaValue)>,
-    key_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    /// File offset of each metadata pair (its key's length), in file order.
+    kvs: Vec<u32>,
+    /// Indices into `kvs`, sorted by key.
+    kv_by_key: Vec<u32>,
+    /// File offset of each element of every string array, arrays in file order.
+    str_elements: Vec<u32>,
+    /// File offset of each tensor info, in file order.
+    tensors: Vec<u32>,
+    /// Indices into `tensors`, sorted by name.
+    tensor_by_name: Vec<u32>,
     alignment: u32,
     data_offset: u64,
+}
+
+/// All metadata pairs of a file, in file order.
+#[derive(Clone, Copy)]
+pub struct Metadata<'a> {
+    bytes: &'a [u8],
+    header: &'a Header,
+}
+
+impl<'a> Metadata<'a> {
+    pub fn len(&self) -> usize {
+        self.header.kvs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.header.kvs.is_empty()
+    }
+
+    /// Pair `i` in file order.
+    pub fn get(&self, i: usize) -> Option<(&'a str, MetaValueRef<'a>)> {
+        decode_kv(self.bytes, self.header, i)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&'a str, MetaValueRef<'a>)> + 'a {
+        let this = *self;
+        (0..self.len()).filter_map(move |i| this.get(i))
+    }
+}
+
+impl<'a> IntoIterator for Metadata<'a> {
+    type Item = (&'a str, MetaValueRef<'a>);
+    type IntoIter = Box<dyn Iterator<Item = Self::Item> + 'a>;
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+/// All tensor infos of a file, in file order.
+#[derive(Clone, Copy)]
+pub struct Tensors<'a> {
+    bytes: &'a [u8],
+    header: &'a Header,
+}
+
+impl<'a> Tensors<'a> {
+    pub fn len(&self) -> usize {
+        self.header.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.header.tensors.is_empty()
+    }
+
+    /// Tensor `i` in file order.
+    pub fn get(&self, i: usize) -> Option<TensorInfo<'a>> {
+        decode_tensor(self.bytes, *self.header.tensors.get(i)?)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = TensorInfo<'a>> + 'a {
+        let this = *self;
+        (0..self.len()).filter_map(move |i| this.get(i))
+    }
+}
+
+impl<'a> IntoIterator for Tensors<'a> {
+    type Item = TensorInfo<'a>;
+    type IntoIter = Box<dyn Iterator<Item = Self::Item> + 'a>;
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
 }
 
 impl GgufFile {
@@ -154,30 +287,42 @@ impl<B: AsRef<[u8]>> Gguf<B> {
     }
 
     /// All key/value pairs in file order.
-    pub fn metadata(&self) -> &[(String, MetaValue)] {
-        &self.header.metadata
+    pub fn metadata(&self) -> Metadata<'_> {
+        Metadata { bytes: self.bytes(), header: &self.header }
     }
 
-    pub fn get(&self, key: &str) -> Option<&MetaValue> {
-        let &i = self.header.key_index.get(key)?;
-        self.header.metadata.get(i).map(|(_, v)| v)
+    /// The value of `key` (binary search over the sorted keys).
+    pub fn get(&self, key: &str) -> Option<MetaValueRef<'_>> {
+        let (bytes, h) = (self.bytes(), &self.header);
+        let at = h
+            .kv_by_key
+            .binary_search_by(|&i| kv_key(bytes, h, i as usize).cmp(key))
+            .ok()?;
+        let &i = h.kv_by_key.get(at)?;
+        decode_kv(bytes, h, i as usize).map(|(_, v)| v)
     }
 
     /// All tensor infos in file order.
-    pub fn tensors(&self) -> &[TensorInfo] {
-        &self.header.tensors
+    pub fn tensors(&self) -> Tensors<'_> {
+        Tensors { bytes: self.bytes(), header: &self.header }
     }
 
-    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        let &i = self.header.tensor_index.get(name)?;
-        self.header.tensors.get(i)
+    /// The tensor called `name` (binary search over the sorted names).
+    pub fn tensor(&self, name: &str) -> Option<TensorInfo<'_>> {
+        let (bytes, h) = (self.bytes(), &self.header);
+        let at = h
+            .tensor_by_name
+            .binary_search_by(|&i| tensor_name(bytes, h, i as usize).cmp(name))
+            .ok()?;
+        self.tensors().get(*h.tensor_by_name.get(at)? as usize)
     }
 
     /// The tensor's bytes, borrowed from the map. The reader checked at parse time that
     /// every tensor of this file lies inside it; a `TensorInfo` from another file that does
     /// not fit yields an empty slice.
-    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        self.data_range(info).and_then(|r| self.bytes().get(r)).unwrap_or(&[])
+    /// Takes the info by value or by reference.
+    pub fn tensor_data<'i>(&self, info: impl std::borrow::Borrow<TensorInfo<'i>>) -> &[u8] {
+        self.data_range(info.borrow()).and_then(|r| self.bytes().get(r)).unwrap_or(&[])
     }
 
     /// The bytes of the tensor called `name`, or an error naming it.
@@ -188,7 +333,7 @@ impl<B: AsRef<[u8]>> Gguf<B> {
         Ok(self.tensor_data(info))
     }
 
-    fn data_range(&self, info: &TensorInfo) -> Option<std::ops::Range<usize>> {
+    fn data_range(&self, info: &TensorInfo<'_>) -> Option<std::ops::Range<usize>> {
         let start = self.header.data_offset.checked_add(info.offset)?;
         let end = start.checked_add(info.n_bytes)?;
         Some(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
@@ -208,11 +353,11 @@ impl<B: AsRef<[u8]>> Gguf<B> {
         GgufError::new(kind).in_file(self.path())
     }
 
-    fn require(&self, key: &str) -> Result<&MetaValue> {
+    fn require(&self, key: &str) -> Result<MetaValueRef<'_>> {
         self.get(key).ok_or_else(|| self.err(ErrorKind::MissingKey(key.to_string())))
     }
 
-    fn wrong_type(&self, key: &str, expected: &'static str, found: &MetaValue) -> GgufError {
+    fn wrong_type(&self, key: &str, expected: &'static str, found: &MetaValueRef<'_>) -> GgufError {
         self.err(ErrorKind::WrongType {
             key: key.to_string(),
             expected,
@@ -223,7 +368,7 @@ impl<B: AsRef<[u8]>> Gguf<B> {
     /// Any integer type, converted to `T` or an error naming the key and value.
     fn get_int<T: TryFrom<i128>>(&self, key: &str, target: &'static str) -> Result<T> {
         let value = self.require(key)?;
-        let int = value.as_integer().ok_or_else(|| self.wrong_type(key, "an integer", value))?;
+        let int = value.as_integer().ok_or_else(|| self.wrong_type(key, "an integer", &value))?;
         T::try_from(int).map_err(|_| {
             self.err(ErrorKind::OutOfRange { key: key.to_string(), value: int.to_string(), target })
         })
@@ -257,45 +402,45 @@ impl<B: AsRef<[u8]>> Gguf<B> {
     /// FLOAT32, FLOAT64 or any integer (converted).
     pub fn get_f64(&self, key: &str) -> Result<f64> {
         let value = self.require(key)?;
-        value.as_f64().ok_or_else(|| self.wrong_type(key, "a number", value))
+        value.as_f64().ok_or_else(|| self.wrong_type(key, "a number", &value))
     }
 
     pub fn get_bool(&self, key: &str) -> Result<bool> {
         let value = self.require(key)?;
-        value.as_bool().ok_or_else(|| self.wrong_type(key, "BOOL", value))
+        value.as_bool().ok_or_else(|| self.wrong_type(key, "BOOL", &value))
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str> {
         let value = self.require(key)?;
-        value.as_str().ok_or_else(|| self.wrong_type(key, "STRING", value))
+        value.as_str().ok_or_else(|| self.wrong_type(key, "STRING", &value))
     }
 
-    pub fn get_array(&self, key: &str) -> Result<&MetaArray> {
+    pub fn get_array(&self, key: &str) -> Result<MetaArrayRef<'_>> {
         let value = self.require(key)?;
-        value.as_array().ok_or_else(|| self.wrong_type(key, "ARRAY", value))
+        value.as_array().ok_or_else(|| self.wrong_type(key, "ARRAY", &value))
     }
 
-    /// An ARRAY of STRING (e.g. `tokenizer.ggml.tokens`, `tokenizer.ggml.merges`).
-    pub fn get_str_array(&self, key: &str) -> Result<&[String]> {
+    /// An ARRAY of STRING (e.g. `tokenizer.ggml.tokens`, `tokenizer.ggml.merges`), borrowed.
+    pub fn get_str_array(&self, key: &str) -> Result<StrArray<'_>> {
         match self.require(key)? {
-            MetaValue::Array(MetaArray::Str(v)) => Ok(v),
-            other => Err(self.wrong_type(key, "ARRAY of STRING", other)),
+            MetaValueRef::Array(MetaArrayRef::Str(v)) => Ok(v),
+            other => Err(self.wrong_type(key, "ARRAY of STRING", &other)),
         }
     }
 
-    /// An ARRAY of FLOAT32 (e.g. `tokenizer.ggml.scores`).
-    pub fn get_f32_array(&self, key: &str) -> Result<&[f32]> {
+    /// An ARRAY of FLOAT32 (e.g. `tokenizer.ggml.scores`), decoded on access.
+    pub fn get_f32_array(&self, key: &str) -> Result<NumArray<'_, f32>> {
         match self.require(key)? {
-            MetaValue::Array(MetaArray::F32(v)) => Ok(v),
-            other => Err(self.wrong_type(key, "ARRAY of FLOAT32", other)),
+            MetaValueRef::Array(MetaArrayRef::F32(v)) => Ok(v),
+            other => Err(self.wrong_type(key, "ARRAY of FLOAT32", &other)),
         }
     }
 
-    /// An ARRAY of INT32 (e.g. `tokenizer.ggml.token_type`).
-    pub fn get_i32_array(&self, key: &str) -> Result<&[i32]> {
+    /// An ARRAY of INT32 (e.g. `tokenizer.ggml.token_type`), decoded on access.
+    pub fn get_i32_array(&self, key: &str) -> Result<NumArray<'_, i32>> {
         match self.require(key)? {
-            MetaValue::Array(MetaArray::I32(v)) => Ok(v),
-            other => Err(self.wrong_type(key, "ARRAY of INT32", other)),
+            MetaValueRef::Array(MetaArrayRef::I32(v)) => Ok(v),
+            other => Err(self.wrong_type(key, "ARRAY of INT32", &other)),
         }
     }
 
@@ -305,7 +450,7 @@ impl<B: AsRef<[u8]>> Gguf<B> {
         let array = self.get_array(key)?;
         let mut out = Vec::with_capacity(array.len());
         for i in 0..array.len() {
-            let element = array.get(i).unwrap_or(MetaValue::U8(0));
+            let element = array.get(i).unwrap_or(MetaValueRef::U8(0));
             let int = element.as_integer().ok_or_else(|| {
                 self.err(ErrorKind::WrongType {
                     key: key.to_string(),
@@ -331,7 +476,7 @@ impl<B> fmt::Debug for Gguf<B> {
         f.debug_struct("Gguf")
             .field("path", &self.path)
             .field("version", &self.header.version)
-            .field("metadata_keys", &self.header.metadata.len())
+            .field("metadata_keys", &self.header.kvs.len())
             .field("tensors", &self.header.tensors.len())
             .field("alignment", &self.header.alignment)
             .field("data_offset", &self.header.data_offset)
@@ -355,8 +500,8 @@ impl fmt::Display for Ctx<'_> {
         match *self {
             Ctx::Header(field) => write!(f, "the header ({field})"),
             Ctx::KeyName(i) => write!(f, "the name of metadata key #{i}"),
-            Ctx::Value(key) => write!(f, "the value of key '{key}'"),
-            Ctx::Element(key, i) => write!(f, "element {i} of key '{key}'"),
+            Ctx::Value(key) => write!(f, "the value of key '{}'", shorten(key)),
+            Ctx::Element(key, i) => write!(f, "element {i} of key '{}'", shorten(key)),
             Ctx::TensorName(i) => write!(f, "the name of tensor #{i}"),
             Ctx::Tensor(name, field) => write!(f, "the {field} of tensor '{name}'"),
         }
@@ -479,12 +624,16 @@ fn parse_header(bytes: &[u8]) -> Result<Header> {
             ),
         ));
     }
+    // Both counts are now below `left / 13`, so they fit in usize; a header this large
+    // would put offsets past 4 GiB, which `offset_u32` rejects as they are met.
+    let (kv_count, tensor_count) = (kv_count as usize, tensor_count as usize);
 
-    let mut metadata: Vec<(String, MetaValue)> = Vec::new();
-    let mut key_index = HashMap::new();
-    let mut alignment_at = 0;
-    for i in 0..kv_count {
+    let mut kvs: Vec<u32> = Vec::with_capacity(kv_count);
+    let mut str_elements: Vec<u32> = Vec::new();
+    let mut alignment_kv = None;
+    for i in 0..kv_count as u64 {
         let start = c.offset();
+        let start32 = offset_u32(start, "metadata")?;
         let key = c.string(Ctx::KeyName(i))?;
         if key.len() > MAX_KEY_LEN {
             return Err(GgufError::format_at(
@@ -496,66 +645,152 @@ fn parse_header(bytes: &[u8]) -> Result<Header> {
                 ),
             ));
         }
-        if key_index.contains_key(key) {
-            return Err(GgufError::format_at(start, format!("duplicate metadata key '{key}'")));
-        }
-        if key == ALIGNMENT_KEY {
-            alignment_at = start;
-        }
         let type_at = c.offset();
         let type_id = c.u32(Ctx::Value(key))?;
         let ty = ValueType::from_id(type_id).ok_or_else(|| {
             GgufError::format_at(
                 type_at,
-                format!("key '{key}': unknown value type {type_id} (known types are 0 to 12)"),
+                format!(
+                    "key '{}': unknown value type {type_id} (known types are 0 to 12)",
+                    shorten(key)
+                ),
             )
         })?;
-        let value = read_value(&mut c, ty, key)?;
-        key_index.insert(key.to_string(), metadata.len());
-        metadata.push((key.to_string(), value));
+        let value = read_value(&mut c, ty, key, &mut Strings::Record(&mut str_elements))?;
+        if key == ALIGNMENT_KEY {
+            alignment_kv = Some((start, value));
+        }
+        kvs.push(start32);
     }
 
-    let alignment = match key_index.get(ALIGNMENT_KEY).and_then(|&i| metadata.get(i)) {
+    let mut header = Header {
+        version,
+        kvs,
+        kv_by_key: Vec::new(),
+        str_elements,
+        tensors: Vec::new(),
+        tensor_by_name: Vec::new(),
+        alignment: DEFAULT_ALIGNMENT,
+        data_offset: 0,
+    };
+    header.kv_by_key = sorted_unique(
+        header.kvs.len(),
+        |i| kv_key(bytes, &header, i),
+        |i| header.kvs.get(i).copied().unwrap_or(0),
+        |key| format!("duplicate metadata key '{}'", shorten(key)),
+    )?;
+
+    header.alignment = match alignment_kv {
         None => DEFAULT_ALIGNMENT,
-        Some((_, MetaValue::U32(a))) if a.is_power_of_two() => *a,
-        Some((_, MetaValue::U32(a))) => {
+        Some((_, MetaValueRef::U32(a))) if a.is_power_of_two() => a,
+        Some((at, MetaValueRef::U32(a))) => {
             return Err(GgufError::format_at(
-                alignment_at,
+                at,
                 format!("{ALIGNMENT_KEY} = {a} is not a power of two"),
             ));
         }
-        Some((_, other)) => {
+        Some((at, other)) => {
             return Err(GgufError::format_at(
-                alignment_at,
+                at,
                 format!("{ALIGNMENT_KEY} must be UINT32, found {}", other.type_description()),
             ));
         }
     };
+    let alignment = header.alignment;
 
-    let mut tensors: Vec<TensorInfo> = Vec::new();
-    let mut info_offsets: Vec<u64> = Vec::new();
-    let mut tensor_index = HashMap::new();
-    for i in 0..tensor_count {
+    // Re-checked against the bytes actually left, now that the metadata is read.
+    let left = c.remaining() as u64;
+    if tensor_count as u64 > left / MIN_TENSOR_INFO_BYTES {
+        return Err(GgufError::format_at(
+            8,
+            format!(
+                "tensor count {tensor_count} is impossible: each tensor info takes at least \
+                 {MIN_TENSOR_INFO_BYTES} bytes and only {left} bytes are left for them"
+            ),
+        ));
+    }
+    header.tensors.reserve_exact(tensor_count);
+    for i in 0..tensor_count as u64 {
         let start = c.offset();
-        let info = read_tensor_info(&mut c, i)?;
-        if tensor_index.contains_key(&info.name) {
-            return Err(GgufError::format_at(
-                start,
-                format!("duplicate tensor name '{}'", info.name),
-            ));
-        }
-        tensor_index.insert(info.name.clone(), tensors.len());
-        tensors.push(info);
-        info_offsets.push(start);
+        let start32 = offset_u32(start, "tensor info")?;
+        read_tensor_info(&mut c, i)?;
+        header.tensors.push(start32);
     }
 
     let infos_end = c.offset();
-    let data_offset = align_up(infos_end, alignment.into()).ok_or_else(|| {
+    header.data_offset = align_up(infos_end, alignment.into()).ok_or_else(|| {
         GgufError::format_at(infos_end, "data section offset overflows".to_string())
     })?;
-    check_tensor_extents(&tensors, &info_offsets, data_offset, alignment, bytes.len() as u64)?;
+    header.tensor_by_name = sorted_unique(
+        header.tensors.len(),
+        |i| tensor_name(bytes, &header, i),
+        |i| header.tensors.get(i).copied().unwrap_or(0),
+        |name| format!("duplicate tensor name '{name}'"),
+    )?;
+    check_tensor_extents(bytes, &header)?;
+    Ok(header)
+}
 
-    Ok(Header { version, metadata, key_index, tensors, tensor_index, alignment, data_offset })
+/// Offsets kept by the reader are 32-bit; see the module comment.
+fn offset_u32(at: u64, what: &str) -> Result<u32> {
+    u32::try_from(at).map_err(|_| {
+        GgufError::format_at(
+            at,
+            format!("{what} past 4 GiB: this reader needs the header in the first 4 GiB"),
+        )
+    })
+}
+
+/// Indices `0..n` sorted by `name`, or an error at the second of two equal names.
+fn sorted_unique<'n>(
+    n: usize,
+    name: impl Fn(usize) -> &'n str,
+    offset: impl Fn(usize) -> u32,
+    duplicate: impl Fn(&str) -> String,
+) -> Result<Vec<u32>> {
+    let mut order: Vec<u32> = Vec::with_capacity(n);
+    order.extend((0..n).map(|i| i as u32));
+    // Unstable sort: it does not allocate. Ties break by index, so the later one is reported.
+    order.sort_unstable_by(|&a, &b| name(a as usize).cmp(name(b as usize)).then(a.cmp(&b)));
+    for pair in order.windows(2) {
+        if let &[a, b] = pair
+            && name(a as usize) == name(b as usize)
+        {
+            return Err(GgufError::format_at(
+                u64::from(offset(b as usize)),
+                duplicate(name(b as usize)),
+            ));
+        }
+    }
+    Ok(order)
+}
+
+/// The key of pair `i` ("" if it cannot be read, which parsing has ruled out).
+fn kv_key<'a>(bytes: &'a [u8], h: &Header, i: usize) -> &'a str {
+    let Some(&start) = h.kvs.get(i) else { return "" };
+    let mut c = Cursor { bytes, pos: start as usize };
+    c.string(Ctx::KeyName(i as u64)).unwrap_or_default()
+}
+
+/// Pair `i`, decoded again from the bytes parsing checked.
+fn decode_kv<'a>(bytes: &'a [u8], h: &'a Header, i: usize) -> Option<(&'a str, MetaValueRef<'a>)> {
+    let mut c = Cursor { bytes, pos: *h.kvs.get(i)? as usize };
+    let key = c.string(Ctx::KeyName(i as u64)).ok()?;
+    let ty = ValueType::from_id(c.u32(Ctx::Value(key)).ok()?)?;
+    let value = read_value(&mut c, ty, key, &mut Strings::Known(&h.str_elements)).ok()?;
+    Some((key, value))
+}
+
+/// The name of tensor `i` ("" if it cannot be read, which parsing has ruled out).
+fn tensor_name<'a>(bytes: &'a [u8], h: &Header, i: usize) -> &'a str {
+    let Some(&start) = h.tensors.get(i) else { return "" };
+    let mut c = Cursor { bytes, pos: start as usize };
+    c.string(Ctx::TensorName(i as u64)).unwrap_or_default()
+}
+
+/// The tensor info at file offset `start`, decoded again from the bytes parsing checked.
+fn decode_tensor(bytes: &[u8], start: u32) -> Option<TensorInfo<'_>> {
+    read_tensor_info(&mut Cursor { bytes, pos: start as usize }, 0).ok()
 }
 
 fn check_version(version: u32) -> Result<()> {
@@ -587,17 +822,6 @@ fn align_up(offset: u64, alignment: u64) -> Option<u64> {
     if rem == 0 { Some(offset) } else { offset.checked_add(alignment - rem) }
 }
 
-/// Decodes `raw` (a whole number of `N`-byte little-endian values) with `from_le`.
-fn decode_le<const N: usize, T>(raw: &[u8], from_le: fn([u8; N]) -> T) -> Vec<T> {
-    raw.chunks_exact(N)
-        .map(|chunk| {
-            let mut bytes = [0u8; N];
-            bytes.copy_from_slice(chunk);
-            from_le(bytes)
-        })
-        .collect()
-}
-
 fn bool_from_byte(byte: u8, at: u64, ctx: Ctx<'_>) -> Result<bool> {
     match byte {
         0 => Ok(false),
@@ -606,42 +830,64 @@ fn bool_from_byte(byte: u8, at: u64, ctx: Ctx<'_>) -> Result<bool> {
     }
 }
 
-fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<MetaValue> {
+/// Where string-array elements go: recorded while parsing, looked up when decoding again.
+enum Strings<'a, 's> {
+    Record(&'s mut Vec<u32>),
+    /// Every recorded element offset, ascending.
+    Known(&'a [u32]),
+}
+
+fn read_value<'a>(
+    c: &mut Cursor<'a>,
+    ty: ValueType,
+    key: &str,
+    strings: &mut Strings<'a, '_>,
+) -> Result<MetaValueRef<'a>> {
     let ctx = Ctx::Value(key);
     Ok(match ty {
-        ValueType::U8 => MetaValue::U8(c.u8(ctx)?),
-        ValueType::I8 => MetaValue::I8(c.take_array(ctx).map(i8::from_le_bytes)?),
-        ValueType::U16 => MetaValue::U16(c.take_array(ctx).map(u16::from_le_bytes)?),
-        ValueType::I16 => MetaValue::I16(c.take_array(ctx).map(i16::from_le_bytes)?),
-        ValueType::U32 => MetaValue::U32(c.u32(ctx)?),
-        ValueType::I32 => MetaValue::I32(c.take_array(ctx).map(i32::from_le_bytes)?),
-        ValueType::F32 => MetaValue::F32(c.take_array(ctx).map(f32::from_le_bytes)?),
-        ValueType::U64 => MetaValue::U64(c.u64(ctx)?),
-        ValueType::I64 => MetaValue::I64(c.take_array(ctx).map(i64::from_le_bytes)?),
-        ValueType::F64 => MetaValue::F64(c.take_array(ctx).map(f64::from_le_bytes)?),
+        ValueType::U8 => MetaValueRef::U8(c.u8(ctx)?),
+        ValueType::I8 => MetaValueRef::I8(c.take_array(ctx).map(i8::from_le_bytes)?),
+        ValueType::U16 => MetaValueRef::U16(c.take_array(ctx).map(u16::from_le_bytes)?),
+        ValueType::I16 => MetaValueRef::I16(c.take_array(ctx).map(i16::from_le_bytes)?),
+        ValueType::U32 => MetaValueRef::U32(c.u32(ctx)?),
+        ValueType::I32 => MetaValueRef::I32(c.take_array(ctx).map(i32::from_le_bytes)?),
+        ValueType::F32 => MetaValueRef::F32(c.take_array(ctx).map(f32::from_le_bytes)?),
+        ValueType::U64 => MetaValueRef::U64(c.u64(ctx)?),
+        ValueType::I64 => MetaValueRef::I64(c.take_array(ctx).map(i64::from_le_bytes)?),
+        ValueType::F64 => MetaValueRef::F64(c.take_array(ctx).map(f64::from_le_bytes)?),
         ValueType::Bool => {
             let at = c.offset();
-            MetaValue::Bool(bool_from_byte(c.u8(ctx)?, at, ctx)?)
+            MetaValueRef::Bool(bool_from_byte(c.u8(ctx)?, at, ctx)?)
         }
-        ValueType::Str => MetaValue::Str(c.string(ctx)?.to_string()),
-        ValueType::Array => MetaValue::Array(read_array(c, key)?),
+        ValueType::Str => MetaValueRef::Str(c.string(ctx)?),
+        ValueType::Array => MetaValueRef::Array(read_array(c, key, strings)?),
     })
 }
 
-fn read_array(c: &mut Cursor<'_>, key: &str) -> Result<MetaArray> {
+fn read_array<'a>(
+    c: &mut Cursor<'a>,
+    key: &str,
+    strings: &mut Strings<'a, '_>,
+) -> Result<MetaArrayRef<'a>> {
     let ctx = Ctx::Value(key);
     let type_at = c.offset();
     let type_id = c.u32(ctx)?;
     let elem = ValueType::from_id(type_id).ok_or_else(|| {
         GgufError::format_at(
             type_at,
-            format!("key '{key}': unknown array element type {type_id} (known types are 0 to 12)"),
+            format!(
+                "key '{}': unknown array element type {type_id} (known types are 0 to 12)",
+                shorten(key)
+            ),
         )
     })?;
     let nested = || {
         GgufError::format_at(
             type_at,
-            format!("key '{key}': nested arrays are not supported (llama.cpp rejects them too)"),
+            format!(
+                "key '{}': nested arrays are not supported (llama.cpp rejects them too)",
+                shorten(key)
+            ),
         )
     };
     if elem == ValueType::Array {
@@ -656,49 +902,66 @@ fn read_array(c: &mut Cursor<'_>, key: &str) -> Result<MetaArray> {
         GgufError::format_at(
             count_at,
             format!(
-                "key '{key}': array of {count} {elem} values needs at least {} bytes, only {left} left",
+                "key '{}': array of {count} {elem} values needs at least {} bytes, only {left} left",
+                shorten(key),
                 u128::from(count) * min_size as u128
             ),
         )
     })?;
-    // From here `count * min_size <= left`, so sizes below cannot overflow and reservations
-    // are bounded by the input.
+    // From here `count * min_size <= left`, so sizes below cannot overflow.
     let raw_at = c.offset();
     let raw = match elem.fixed_size() {
         Some(_) => c.take(count * min_size, ctx)?,
         None => &[],
     };
     Ok(match elem {
-        ValueType::U8 => MetaArray::U8(raw.to_vec()),
-        ValueType::I8 => MetaArray::I8(decode_le(raw, i8::from_le_bytes)),
-        ValueType::U16 => MetaArray::U16(decode_le(raw, u16::from_le_bytes)),
-        ValueType::I16 => MetaArray::I16(decode_le(raw, i16::from_le_bytes)),
-        ValueType::U32 => MetaArray::U32(decode_le(raw, u32::from_le_bytes)),
-        ValueType::I32 => MetaArray::I32(decode_le(raw, i32::from_le_bytes)),
-        ValueType::F32 => MetaArray::F32(decode_le(raw, f32::from_le_bytes)),
-        ValueType::U64 => MetaArray::U64(decode_le(raw, u64::from_le_bytes)),
-        ValueType::I64 => MetaArray::I64(decode_le(raw, i64::from_le_bytes)),
-        ValueType::F64 => MetaArray::F64(decode_le(raw, f64::from_le_bytes)),
+        ValueType::U8 => MetaArrayRef::U8(NumArray::new(raw)),
+        ValueType::I8 => MetaArrayRef::I8(NumArray::new(raw)),
+        ValueType::U16 => MetaArrayRef::U16(NumArray::new(raw)),
+        ValueType::I16 => MetaArrayRef::I16(NumArray::new(raw)),
+        ValueType::U32 => MetaArrayRef::U32(NumArray::new(raw)),
+        ValueType::I32 => MetaArrayRef::I32(NumArray::new(raw)),
+        ValueType::F32 => MetaArrayRef::F32(NumArray::new(raw)),
+        ValueType::U64 => MetaArrayRef::U64(NumArray::new(raw)),
+        ValueType::I64 => MetaArrayRef::I64(NumArray::new(raw)),
+        ValueType::F64 => MetaArrayRef::F64(NumArray::new(raw)),
         ValueType::Bool => {
-            let values = raw
-                .iter()
-                .zip(0u64..)
-                .map(|(&b, i)| bool_from_byte(b, raw_at + i, Ctx::Element(key, i)))
-                .collect::<Result<Vec<bool>>>()?;
-            MetaArray::Bool(values)
-        }
-        ValueType::Str => {
-            let mut values = Vec::with_capacity(count);
-            for i in 0..count as u64 {
-                values.push(c.string(Ctx::Element(key, i))?.to_string());
+            for (&b, i) in raw.iter().zip(0u64..) {
+                bool_from_byte(b, raw_at + i, Ctx::Element(key, i))?;
             }
-            MetaArray::Str(values)
+            MetaArrayRef::Bool(NumArray::new(raw))
         }
+        ValueType::Str => match strings {
+            Strings::Record(elements) => {
+                // At most doubles: under 8 bytes per element, the size of its length prefix.
+                elements.reserve(count);
+                for i in 0..count as u64 {
+                    elements.push(offset_u32(c.offset(), "string array element")?);
+                    c.string(Ctx::Element(key, i))?;
+                }
+                // The caller only needs the type while parsing.
+                MetaArrayRef::Str(StrArray::new(c.bytes, &[]))
+            }
+            Strings::Known(all) => {
+                // Element offsets ascend through the file, so this array's run is found by
+                // its first element's offset.
+                let starts = if count == 0 {
+                    &[][..]
+                } else {
+                    let first = u32::try_from(raw_at).ok();
+                    first
+                        .and_then(|f| all.binary_search(&f).ok())
+                        .and_then(|base| all.get(base..base.checked_add(count)?))
+                        .unwrap_or(&[])
+                };
+                MetaArrayRef::Str(StrArray::new(c.bytes, starts))
+            }
+        },
         ValueType::Array => return Err(nested()),
     })
 }
 
-fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
+fn read_tensor_info<'a>(c: &mut Cursor<'a>, index: u64) -> Result<TensorInfo<'a>> {
     let start = c.offset();
     let name = c.string(Ctx::TensorName(index))?;
     if name.len() > MAX_TENSOR_NAME_LEN {
@@ -718,18 +981,19 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
     if n_dims == 0 || n_dims as usize > MAX_DIMS {
         return Err(fail(n_dims_at, format!("{n_dims} dimensions, must be 1 to {MAX_DIMS}")));
     }
-    let mut dims = Vec::with_capacity(MAX_DIMS);
-    for d in 0..n_dims {
+    let mut ne = [0u64; MAX_DIMS];
+    for (d, slot) in ne.iter_mut().take(n_dims as usize).enumerate() {
         let at = c.offset();
-        let ne = c.u64(Ctx::Tensor(name, "shape"))?;
-        if ne == 0 {
+        let v = c.u64(Ctx::Tensor(name, "shape"))?;
+        if v == 0 {
             return Err(fail(at, format!("dimension {d} is 0 (empty tensors are not supported)")));
         }
-        if ne > i64::MAX as u64 {
-            return Err(fail(at, format!("dimension {d} = {ne} is negative as a ggml int64")));
+        if v > i64::MAX as u64 {
+            return Err(fail(at, format!("dimension {d} = {v} is negative as a ggml int64")));
         }
-        dims.push(ne);
+        *slot = v;
     }
+    let dims = Dims { ne, len: n_dims as u8 };
     let type_at = c.offset();
     let type_id = c.u32(Ctx::Tensor(name, "type"))?;
     let ggml_type = GgmlType::from_id(type_id)
@@ -756,18 +1020,15 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
         .and_then(|row| row.checked_mul(n_elements / ne0))
         .ok_or_else(|| fail(start, format!("byte size of shape {dims:?} overflows")))?;
 
-    Ok(TensorInfo { name: name.to_string(), dims, ggml_type, offset, n_bytes })
+    Ok(TensorInfo { name, dims, ggml_type, offset, n_bytes })
 }
 
 /// Offsets aligned, data inside the file, no two tensors sharing bytes.
-fn check_tensor_extents(
-    tensors: &[TensorInfo],
-    info_offsets: &[u64],
-    data_offset: u64,
-    alignment: u32,
-    file_len: u64,
-) -> Result<()> {
-    for (t, &at) in tensors.iter().zip(info_offsets) {
+fn check_tensor_extents(bytes: &[u8], h: &Header) -> Result<()> {
+    let (data_offset, alignment, file_len) = (h.data_offset, h.alignment, bytes.len() as u64);
+    let info = |i: usize| h.tensors.get(i).and_then(|&at| Some((u64::from(at), decode_tensor(bytes, at)?)));
+    for i in 0..h.tensors.len() {
+        let Some((at, t)) = info(i) else { continue };
         if t.offset % u64::from(alignment) != 0 {
             return Err(GgufError::format_at(
                 at,
@@ -790,17 +1051,20 @@ fn check_tensor_extents(
             ));
         }
     }
-    // Inside the file, so these ends cannot overflow.
-    let mut spans: Vec<(u64, u64, usize)> =
-        tensors.iter().enumerate().map(|(i, t)| (t.offset, t.offset + t.n_bytes, i)).collect();
-    spans.sort_unstable();
-    for pair in spans.windows(2) {
-        let &[(a_start, a_end, a), (b_start, b_end, b)] = pair else { continue };
+    // Inside the file, so offset + n_bytes cannot overflow. Sorting indices (4 bytes each)
+    // and decoding on comparison keeps this check within the allocation bound.
+    let span = |i: u32| info(i as usize).map_or((0, 0), |(_, t)| (t.offset, t.offset + t.n_bytes));
+    let mut by_offset: Vec<u32> = Vec::with_capacity(h.tensors.len());
+    by_offset.extend(0..h.tensors.len() as u32);
+    by_offset.sort_unstable_by_key(|&i| (span(i), i));
+    for pair in by_offset.windows(2) {
+        let &[a, b] = pair else { continue };
+        let ((a_start, a_end), (b_start, b_end)) = (span(a), span(b));
         if a_end > b_start {
-            let name = |i: usize| tensors.get(i).map_or("?", |t| t.name.as_str());
+            let name = |i: u32| info(i as usize).map_or("?", |(_, t)| t.name);
             let (name_a, name_b) = (name(a), name(b));
             return Err(GgufError::format_at(
-                info_offsets.get(b).copied().unwrap_or(0),
+                info(b as usize).map_or(0, |(at, _)| at),
                 format!(
                     "tensors '{name_a}' (data 0x{a_start:x}..0x{a_end:x}) and '{name_b}' \
                      (data 0x{b_start:x}..0x{b_end:x}) overlap"
@@ -810,3 +1074,4 @@ fn check_tensor_extents(
     }
     Ok(())
 }
+

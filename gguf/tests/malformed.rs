@@ -1,7 +1,7 @@
 //! Malformed input: every truncation of a valid file, seeded random corruption, and
 //! hand-built headers with absurd counts, lengths, offsets and types. The reader must
 //! return an error (with a message naming the key, tensor or offset), never panic, never
-//! hand out a tensor view outside the buffer, and never allocate far beyond the input size.
+//! hand out a tensor view outside the buffer, and never allocate more than the input size.
 
 mod common;
 
@@ -74,18 +74,19 @@ fn peak_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
     (r, PEAK.with(Cell::get).saturating_sub(base))
 }
 
-/// Owned strings and per-element `String` headers cost at most ~4× the bytes they came from;
-/// the constant covers hash maps and error messages.
-fn allocation_limit(input_len: usize) -> usize {
-    4 * input_len + 64 * 1024
+/// A successful parse allocates at most the input's size. A failed one may add its error
+/// message, whose untrusted parts (keys, names) are cut short.
+fn allocation_limit(input_len: usize, failed: bool) -> usize {
+    input_len + if failed { ERROR_MESSAGE_ALLOWANCE } else { 0 }
 }
+const ERROR_MESSAGE_ALLOWANCE: usize = 1024;
 
 /// Parses `bytes` and checks the reader's promises. Returns the parse error, if any, or a
 /// description of a broken promise (panic, view outside the buffer, huge allocation).
 fn parse_checked(bytes: &[u8]) -> Result<Result<(), GgufError>, String> {
     let (outcome, peak) = peak_allocation(|| catch_unwind(AssertUnwindSafe(|| Gguf::parse(bytes))));
     let parsed = outcome.map_err(|_| "the reader panicked".to_string())?;
-    if peak > allocation_limit(bytes.len()) {
+    if peak > allocation_limit(bytes.len(), parsed.is_err()) {
         return Err(format!("allocated {peak} bytes for a {}-byte input", bytes.len()));
     }
     match parsed {
@@ -380,6 +381,102 @@ fn errors_carry_offsets() {
     let e = Gguf::parse(&b[..]).unwrap_err();
     assert_eq!(e.offset(), Some(38));
     assert!(e.to_string().starts_with("byte 0x26: "), "{e}");
+}
+
+// ---- adversarial inputs that maximize what the reader keeps per input byte ----
+
+/// Parses `bytes`, which must be valid, and returns the peak allocation.
+fn parse_ok_peak(bytes: &[u8]) -> usize {
+    let (f, peak) = peak_allocation(|| Gguf::parse(bytes).map(|f| f.metadata().len()));
+    f.unwrap_or_else(|e| panic!("{e}"));
+    assert!(peak <= bytes.len(), "allocated {peak} bytes for a {}-byte input", bytes.len());
+    peak
+}
+
+#[test]
+fn a_million_empty_strings_stay_within_the_input_size() {
+    let n = 1_000_000;
+    let mut b = Bytes::header(3, 0, 1).str("tokenizer.ggml.tokens").u32(T_ARRAY).u32(T_STRING).u64(n);
+    b.0.resize(b.0.len() + 8 * n as usize, 0);
+    let peak = parse_ok_peak(&b.0);
+    let f = Gguf::parse(&b.0[..]).unwrap();
+    let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
+    assert_eq!(tokens.len(), n as usize);
+    assert!(tokens.iter().all(str::is_empty));
+    assert!(peak >= 4 * n as usize, "one offset per element expected, peak {peak}");
+    // The same with a last element longer than the bytes left is an error, within the bound.
+    let last = b.0.len() - 8;
+    b.0[last] = 1;
+    expect_error(&b.0, &["element 999999 of key 'tokenizer.ggml.tokens'"]);
+}
+
+#[test]
+fn many_tiny_keys_stay_within_the_input_size() {
+    let n = 100_000u64;
+    let mut b = Bytes::header(3, 0, n);
+    let names: Vec<String> = (0..n).map(|i| format!("{i:x}")).collect();
+    for name in &names {
+        b = b.str(name).u32(0).u8(name.len() as u8);
+    }
+    parse_ok_peak(&b.0);
+    let f = Gguf::parse(&b.0[..]).unwrap();
+    assert_eq!(f.metadata().len(), n as usize);
+    for name in names.iter().step_by(997) {
+        assert_eq!(f.get_u32(name).unwrap(), name.len() as u32, "{name}");
+    }
+    assert!(f.get("zz").is_none());
+    // 1-byte names: a duplicate among 256 keys is found and named.
+    let mut b = Bytes::header(3, 0, 257);
+    for i in 0..=255u8 {
+        b = b.u64(1).u8(i).u32(0).u8(1);
+    }
+    let b = b.u64(1).u8(b'q').u32(0).u8(1);
+    // Bytes >= 0x80 alone are not UTF-8, so the first such key fails first.
+    expect_error(&b.0, &["metadata key #128", "UTF-8"]);
+    let mut ascii = Bytes::header(3, 0, 129);
+    for i in 0..128u8 {
+        ascii = ascii.u64(1).u8(i).u32(0).u8(1);
+    }
+    expect_error(&ascii.u64(1).u8(b'q').u32(0).u8(1).0, &["duplicate metadata key 'q'"]);
+}
+
+#[test]
+fn huge_byte_and_bool_arrays_stay_within_the_input_size() {
+    let n = 4 << 20;
+    for ty in [0, T_BOOL] {
+        let mut b = Bytes::header(3, 0, 1).str("x.a").u32(T_ARRAY).u32(ty).u64(n);
+        b.0.resize(b.0.len() + n as usize, 1);
+        let peak = parse_ok_peak(&b.0);
+        assert!(peak < 1024, "numeric arrays are borrowed, yet {peak} bytes were allocated");
+        let f = Gguf::parse(&b.0[..]).unwrap();
+        assert_eq!(f.get_array("x.a").unwrap().len(), n as usize);
+    }
+}
+
+#[test]
+fn minimal_tensor_infos_stay_within_the_input_size() {
+    // 1-byte and empty names, one dimension, I8 (1 byte each), alignment 1: the smallest
+    // tensor table per tensor that the format allows.
+    const I8: u32 = 24;
+    let n = 60_000u64;
+    let mut b = Bytes::header(3, n, 1).str("general.alignment").u32(T_U32).u32(1);
+    for i in 0..n {
+        let name = if i == 0 { String::new() } else { format!("{i:x}") };
+        b = b.tensor(&name, &[1], I8, i);
+    }
+    let b = b.data(1, n as usize);
+    parse_ok_peak(&b.0);
+    let f = Gguf::parse(&b.0[..]).unwrap();
+    assert_eq!(f.tensors().len(), n as usize);
+    let t = f.tensor("ea5f").unwrap();
+    assert_eq!((t.name, t.offset, t.n_bytes, t.dims.as_slice()), ("ea5f", 0xea5f, 1, &[1][..]));
+    assert_eq!(f.tensor("").unwrap().offset, 0);
+    // The same table with two tensors sharing a byte is rejected within the bound.
+    let mut b = Bytes::header(3, n, 1).str("general.alignment").u32(T_U32).u32(1);
+    for i in 0..n {
+        b = b.tensor(&format!("{i:x}"), &[1], I8, i.min(n - 2));
+    }
+    expect_error(&b.data(1, n as usize).0, &["overlap"]);
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{TOKENS, fixture_bytes};
-use memra_gguf::{ErrorKind, GgmlType, Gguf, GgufFile, GgufWriter, MetaArray, MetaValue};
+use memra_gguf::{ErrorKind, GgmlType, Gguf, GgufFile, GgufWriter, MetaArrayRef, MetaValue, MetaValueRef};
 
 #[test]
 fn header_fields_of_the_fixture() {
@@ -19,7 +19,7 @@ fn header_fields_of_the_fixture() {
     assert_eq!(f.architecture().unwrap(), "tiny");
     assert_eq!(f.arch_key("block_count").unwrap(), "tiny.block_count");
     // Metadata keeps file order.
-    let keys: Vec<&str> = f.metadata().iter().map(|(k, _)| k.as_str()).collect();
+    let keys: Vec<&str> = f.metadata().iter().map(|(k, _)| k).collect();
     assert_eq!(keys.first(), Some(&"general.architecture"));
     assert_eq!(keys.last(), Some(&"tokenizer.ggml.add_bos_token"));
     assert_eq!(keys.len(), 15);
@@ -83,8 +83,8 @@ fn array_accessors() {
     let bytes = fixture_bytes();
     let f = Gguf::parse(&bytes[..]).unwrap();
     assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap(), TOKENS);
-    assert_eq!(f.get_f32_array("tokenizer.ggml.scores").unwrap()[3], -3.5);
-    assert_eq!(f.get_i32_array("tokenizer.ggml.token_type").unwrap(), [3, 3, 3, 1, 1, 6]);
+    assert_eq!(f.get_f32_array("tokenizer.ggml.scores").unwrap().get(3).unwrap(), -3.5);
+    assert_eq!(f.get_i32_array("tokenizer.ggml.token_type").unwrap().to_vec(), [3, 3, 3, 1, 1, 6]);
     assert_eq!(
         f.get_u64_array("tokenizer.ggml.token_type").unwrap(),
         vec![3, 3, 3, 1, 1, 6]
@@ -109,7 +109,7 @@ fn tensor_infos_and_views() {
     let writer = common::fixture_writer();
     let bytes = writer.to_bytes().unwrap();
     let f = Gguf::parse(&bytes[..]).unwrap();
-    let names: Vec<&str> = f.tensors().iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<&str> = f.tensors().iter().map(|t| t.name).collect();
     assert_eq!(
         names,
         ["token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight", "blk.0.ffn_down.weight"]
@@ -215,9 +215,9 @@ fn real_gemma3_270m_file() {
     let data: u64 = f.tensors().iter().map(|t| t.n_bytes).sum();
     let end = f.tensors().iter().map(|t| t.offset + t.n_bytes).max().unwrap();
     assert!(data <= end && f.data_offset() + end <= f.bytes().len() as u64);
-    assert!(matches!(f.get("general.file_type"), Some(MetaValue::U32(15))));
+    assert!(matches!(f.get("general.file_type"), Some(MetaValueRef::U32(15))));
     assert!(matches!(
         f.get("tokenizer.ggml.token_type"),
-        Some(MetaValue::Array(MetaArray::I32(v))) if v.len() == 262144
+        Some(MetaValueRef::Array(MetaArrayRef::I32(v))) if v.len() == 262144
     ));
 }

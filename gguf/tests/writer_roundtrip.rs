@@ -5,7 +5,7 @@ mod common;
 
 use common::Rng;
 use memra_gguf::quant;
-use memra_gguf::{GgmlType, Gguf, GgufFile, GgufWriter, MetaArray, MetaValue};
+use memra_gguf::{GgmlType, Gguf, GgufFile, GgufWriter, MetaArray, MetaArrayRef, MetaValue, MetaValueRef};
 
 fn every_metadata_type() -> Vec<(String, MetaValue)> {
     let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -51,11 +51,20 @@ fn every_metadata_type_round_trips_in_order() {
     }
     let bytes = w.to_bytes().unwrap();
     let f = Gguf::parse(&bytes[..]).unwrap();
-    assert_eq!(f.metadata(), &pairs[..]);
+    let read: Vec<(String, MetaValue)> =
+        f.metadata().iter().map(|(k, v)| (k.to_string(), v.into_owned())).collect();
+    assert_eq!(read, pairs);
+    // Every borrowed form agrees with its owned copy, and lookup by key finds each pair.
+    for (k, v) in &pairs {
+        assert_eq!(f.get(k).unwrap(), *v, "{k}");
+    }
+    let Some(MetaValueRef::Array(MetaArrayRef::Str(strs))) = f.get("a.str") else { panic!() };
+    assert_eq!(strs, ["a", "", "▁b c", "<0x0A>"]);
+    assert_eq!((strs.get(2), strs.get(4)), (Some("▁b c"), None));
     assert!(f.tensors().is_empty());
     // Floats are compared bitwise by PartialEq above except -0.0 == 0.0; check the sign too.
-    let Some(MetaValue::Array(MetaArray::F32(v))) = f.get("a.f32") else { panic!() };
-    assert!(v[1].is_sign_negative());
+    let Some(MetaValueRef::Array(MetaArrayRef::F32(v))) = f.get("a.f32") else { panic!() };
+    assert!(v.get(1).unwrap().is_sign_negative());
 }
 
 /// Tensors of several types and odd sizes; returns (name, dims, type, bytes).
@@ -91,14 +100,14 @@ fn tensors_read_back_byte_identical_at_several_alignments() {
         let f = Gguf::parse(&bytes[..]).unwrap();
         let ctx = format!("alignment {alignment}, seed {seed}");
         assert_eq!(f.alignment(), alignment, "{ctx}");
-        let recorded = f.get("general.alignment").cloned();
+        let recorded = f.get("general.alignment").map(MetaValueRef::into_owned);
         let expected_key = (alignment != 32).then_some(MetaValue::U32(alignment));
         assert_eq!(recorded, expected_key, "{ctx}");
         assert_eq!(f.data_offset() % u64::from(alignment), 0, "{ctx}");
         assert_eq!(bytes.len() as u64 % u64::from(alignment), 0, "{ctx}");
         assert_eq!(f.tensors().len(), expected.len(), "{ctx}");
         for (t, (name, dims, ty, data)) in f.tensors().iter().zip(&expected) {
-            assert_eq!((&t.name, &t.dims, t.ggml_type), (name, dims, *ty), "{ctx}");
+            assert_eq!((t.name, t.dims.as_slice(), t.ggml_type), (name.as_str(), &dims[..], *ty), "{ctx}");
             assert_eq!(t.offset % u64::from(alignment), 0, "{ctx} {name}");
             assert_eq!(f.tensor_data(t), &data[..], "{ctx} {name}");
         }
