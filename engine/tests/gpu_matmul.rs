@@ -3,7 +3,7 @@
 //! (T = 1, 17, 130; N = 1, 7, 33, 4097; odd block counts; padded strides), Y += X·Wᵀ; fresh
 //! random weights quantized with `memra_gguf::quant::quantize` and fresh inputs (seed printed,
 //! replay with `MEMRA_SEED=<seed>`), output NaN-poisoned before every launch; bf16 path:
-//! ≤ 1e-2 relative L2. `gpu_matmul_throughput` prints TFLOP/s at T = 4096.
+//! ≤ 1e-2 relative L2. Speed is measured by `memra bench` and the criterion `kernels` bench.
 //!
 //! Run on a GPU machine: `cargo test --release -p memra-engine --test gpu_matmul -- --ignored --nocapture`.
 
@@ -317,66 +317,6 @@ fn gpu_matmul_accumulate_adds_to_y() {
                     accumulate: true,
                 },
                 &mut rng,
-            );
-        }
-    }
-}
-
-/// Timings, not a pass/fail check: T = 4096 on GLM-5 shapes, median of 20 (CUDA events),
-/// TFLOP/s = 2·T·K·N / time.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_matmul_throughput() {
-    let gpu = gpu();
-    let s = gpu.stream();
-    let mut rng = Rng::from_env_or_time("gpu_matmul_throughput");
-    use GgmlType::*;
-    let t = 4096;
-    eprintln!("{:<52} {:>10} {:>9}", "variant (T = 4096)", "us", "TFLOP/s");
-    for &(ty, k, n) in &[
-        (Q8_0, 6144, 2048),
-        (Q8_0, 2048, 16384),
-        (Q4_K, 6144, 12288),
-        (Q4_K, 12288, 6144),
-        (BF16, 6144, 6144),
-    ] {
-        let w = up(s, &random_weight(ty, k, n, &mut rng));
-        let x = up(s, &rng.normal_vec(t * k, 1.0));
-        let mut y = up(s, &vec![0.0f32; t * n]);
-        for (dims, bm) in [(Some((k, n)), 128), (Some((k, n)), 64), (None, 128)] {
-            let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", bm)]));
-            let mut times = Vec::new();
-            for i in 0..25 {
-                let start = s
-                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                matmul::matmul(
-                    &kernel,
-                    &w.slice(..),
-                    &x.slice(..),
-                    &mut y.slice_mut(..),
-                    t,
-                    k,
-                    n,
-                    k,
-                    n,
-                )
-                .unwrap();
-                let end = s
-                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                end.synchronize().unwrap();
-                if i >= 5 {
-                    times.push(start.elapsed_ms(&end).unwrap() as f64 * 1e3);
-                }
-            }
-            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let us = times[times.len() / 2];
-            eprintln!(
-                "{:<52} {:>10.1} {:>9.1}",
-                kernel.name(),
-                us,
-                2.0 * (t * k * n) as f64 / us / 1e6
             );
         }
     }

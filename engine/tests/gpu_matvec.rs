@@ -3,7 +3,7 @@
 //! 7, 33, 4097, batch 1/3/8, padded strides), y += W·x; fresh random weights quantized with
 //! `memra_gguf::quant::quantize` and fresh inputs (seed printed, replay with `MEMRA_SEED=<seed>`),
 //! output NaN-poisoned before every launch; f32 path: ≤ 1e-4 relative L2.
-//! `gpu_matvec_bandwidth` prints timings (median of 30, CUDA events) against the weight bytes.
+//! Speed is measured by `memra bench` and the criterion `kernels` bench, not here.
 //!
 //! Run on a GPU machine: `cargo test --release -p memra-engine --test gpu_matvec -- --ignored --nocapture`.
 
@@ -424,78 +424,4 @@ fn gpu_matvec_refuses_bad_arguments() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("16-byte aligned"), "{e}");
-}
-
-/// Timings, not a pass/fail check: median of 30 launches (CUDA events) for the decode shapes of
-/// the goals, specialized and generic, with GB/s of weight + x + y bytes.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_matvec_bandwidth() {
-    let gpu = gpu();
-    let s = gpu.stream();
-    let mut rng = Rng::from_env_or_time("gpu_matvec_bandwidth");
-    use GgmlType::*;
-    let cases: &[(GgmlType, usize, usize)] = &[
-        (Q8_0, 2048, 16384),
-        (Q4_K, 6144, 12288),
-        (Q8_0, 4096, 12288),
-        (Q4_K, 4096, 12288),
-        (BF16, 4096, 12288),
-        (BF16, 6144, 6144),
-        (Q8_0, 6144, 2048),
-        (Q8_0, 640, 262144),
-        (Q6_K, 6144, 12288),
-        (IQ4_XS, 6144, 12288),
-    ];
-    eprintln!(
-        "{:<52} {:>10} {:>10} {:>9}",
-        "variant (batch 1)", "MB", "us", "GB/s"
-    );
-    for &(ty, k, n) in cases {
-        // Several weight copies so that back-to-back launches do not hit in L2.
-        let copies = (256 << 20) / (ty.row_bytes(k as u64).unwrap() as usize * n) + 1;
-        let w_host = random_weight(ty, k, n, &mut rng);
-        let ws: Vec<CudaSlice<u8>> = (0..copies.min(8)).map(|_| up(s, &w_host)).collect();
-        let x = up(s, &rng.normal_vec(k, 1.0));
-        let mut y = up(s, &vec![0.0f32; n]);
-        let bytes = w_host.len() + 4 * (k + n);
-        for dims in [Some((k, n)), None] {
-            let kernel = load(&gpu, mv_variant(ty, dims, &[]));
-            let mut times = Vec::new();
-            for i in 0..40 {
-                let w = &ws[i % ws.len()];
-                let start = s
-                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                matvec::matvec(
-                    &kernel,
-                    &w.slice(..),
-                    &x.slice(..),
-                    &mut y.slice_mut(..),
-                    k,
-                    n,
-                    1,
-                    k,
-                    n,
-                )
-                .unwrap();
-                let end = s
-                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                end.synchronize().unwrap();
-                if i >= 10 {
-                    times.push(start.elapsed_ms(&end).unwrap() as f64 * 1e3);
-                }
-            }
-            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let us = times[times.len() / 2];
-            eprintln!(
-                "{:<52} {:>10.1} {:>10.1} {:>9.0}",
-                kernel.name(),
-                bytes as f64 / 1e6,
-                us,
-                bytes as f64 / us / 1e3
-            );
-        }
-    }
 }
