@@ -22,3 +22,7 @@ pub mod matvec;
 
 pub use launch::{ArgKind, KernelArg, KernelArgs, LaunchConfig, launch};
 pub use registry::{KernelVariant, Param, Selection, select};
+
+// Attention families (H-attn).
+pub mod attn_decode;
+pub mod mla_decode;

@@ -1,0 +1,225 @@
+//! attn_decode: GQA decode attention (one query token per sequence) over a KV cache
+//! `[n_seq, max_ctx, n_kv, head_dim]`, causal with an optional sliding window, split over the keys
+//! (flash-decoding) with a last-block combine (templates/memra/attn_decode.cuh).
+
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+
+use crate::cuda::{Error, Kernel};
+use crate::kernels::checks::{self, GRID_Y_MAX};
+use crate::kernels::launch::{KernelArgs, launch};
+use crate::kernels::qk_norm_rope::CacheElem;
+
+pub const FAMILY: &str = "attn_decode";
+/// templates/README.md defaults.
+pub const DEFAULT_THREADS: u32 = 128;
+pub const DEFAULT_MIN_SPLIT_ROWS: usize = 256;
+/// Most q heads one block carries (`HP_CAP` in the template).
+pub const HEADS_PER_BLOCK: usize = 4;
+/// Head sizes the template implements.
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Kernel parameters in order (see the template's header comment).
+#[derive(KernelArgs)]
+#[kernel_args(family = "attn_decode")]
+pub struct AttnDecodeArgs<'a, C: CacheElem> {
+    pub q: CudaView<'a, f32>,
+    pub k_cache: CudaView<'a, C>,
+    pub v_cache: CudaView<'a, C>,
+    pub pos: CudaView<'a, i32>,
+    pub out: CudaViewMut<'a, f32>,
+    pub work: CudaViewMut<'a, f32>,
+    pub n_seq: i32,
+    pub head_dim: i32,
+    pub n_head: i32,
+    pub n_kv: i32,
+    pub max_ctx: i32,
+    pub window: i32,
+    pub n_split: i32,
+    pub scale: f32,
+}
+
+/// The run-time numbers of one launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnDecodeParams {
+    pub n_seq: usize,
+    pub head_dim: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    /// Rows per sequence in the caches.
+    pub max_ctx: usize,
+    /// Sliding window (a key `s` is visible iff `pos − s < window`); `None` = causal only.
+    pub window: Option<usize>,
+    /// Key chunks per head group (grid.y); 1 = no workspace.
+    pub n_split: usize,
+    pub scale: f32,
+}
+
+/// Head groups per kv head (blocks along grid.x per kv head).
+pub fn head_groups(n_head: usize, n_kv: usize) -> usize {
+    (n_head / n_kv.max(1)).div_ceil(HEADS_PER_BLOCK).max(1)
+}
+
+/// f32 slots of the workspace for `n_split > 1`: partials then u32 counters (allocate zeroed).
+pub fn work_floats(n_seq: usize, n_head: usize, head_dim: usize, n_split: usize) -> usize {
+    n_seq * n_head * n_split * (head_dim + 2) + n_seq * n_head
+}
+
+/// A split count for keys up to `max_len`: enough blocks for ~2 waves on `sm_count`
+/// multiprocessors, at least `min_split_rows` keys per split.
+pub fn splits_for(
+    max_len: usize,
+    n_seq: usize,
+    n_head: usize,
+    n_kv: usize,
+    sm_count: usize,
+    min_split_rows: usize,
+) -> usize {
+    let groups = (n_seq * n_kv * head_groups(n_head, n_kv)).max(1);
+    let want = (2 * sm_count).div_ceil(groups);
+    let most = max_len.div_ceil(min_split_rows.max(1));
+    want.min(most).clamp(1, GRID_Y_MAX as usize)
+}
+
+/// The variant's `min_split_rows` (README default when not baked).
+pub fn min_split_rows(kernel: &Kernel) -> usize {
+    checks::baked_int(kernel.variant(), "min_split_rows")
+        .map_or(DEFAULT_MIN_SPLIT_ROWS, |v| v.max(1) as usize)
+}
+
+pub fn launch_config(threads: u32, p: &AttnDecodeParams) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            (p.n_kv * head_groups(p.n_head, p.n_kv)) as u32,
+            p.n_split as u32,
+            p.n_seq as u32,
+        ),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Decode attention for `p.n_seq` sequences: `q` / `out` `[n_seq, n_head, hd]`, caches
+/// `[n_seq, max_ctx, n_kv, hd]`, `pos` `[n_seq]` (device; rows `0..=pos` must be filled).
+/// `work`: at least [`work_floats`] slots, zeroed once when allocated, when `n_split > 1`
+/// (any buffer otherwise).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_decode<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, C>,
+    v_cache: &CudaView<'_, C>,
+    pos: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &AttnDecodeParams,
+) -> Result<(), Error> {
+    let threads = checks::threads(kernel, DEFAULT_THREADS)?;
+    let cache_t = checks::required_sym(kernel, "cache_t")?;
+    if cache_t != C::CACHE_T {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "cache buffers are {} but the variant reads cache_t={cache_t}",
+                C::CACHE_T
+            ),
+        ));
+    }
+    if !HEAD_DIMS.contains(&p.head_dim) {
+        return Err(checks::invalid(
+            kernel,
+            format!("head_dim={} (supported: {HEAD_DIMS:?})", p.head_dim),
+        ));
+    }
+    if p.n_kv == 0 || p.n_head == 0 || !p.n_head.is_multiple_of(p.n_kv) {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "n_head={} is not a positive multiple of n_kv={}",
+                p.n_head, p.n_kv
+            ),
+        ));
+    }
+    if p.window == Some(0) {
+        return Err(checks::invalid(
+            kernel,
+            "window = 0 hides every key (use None for no window)",
+        ));
+    }
+    if p.n_split == 0 || p.n_split > GRID_Y_MAX as usize || p.n_seq > GRID_Y_MAX as usize {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "n_split={} / n_seq={} outside 1..={GRID_Y_MAX}",
+                p.n_split, p.n_seq
+            ),
+        ));
+    }
+    if p.max_ctx == 0 {
+        return Err(checks::invalid(kernel, "max_ctx = 0"));
+    }
+    checks::check_dim(kernel, "head_dim", p.head_dim)?;
+    checks::check_dim(kernel, "n_head", p.n_head)?;
+    checks::check_dim(kernel, "n_kv", p.n_kv)?;
+    let qn = p.n_seq * p.n_head * p.head_dim;
+    let cache_n = p
+        .n_seq
+        .checked_mul(p.max_ctx)
+        .and_then(|v| v.checked_mul(p.n_kv * p.head_dim))
+        .ok_or_else(|| checks::invalid(kernel, "cache size overflows"))?;
+    checks::check_len(kernel, "q", q.len(), qn)?;
+    checks::check_len(kernel, "out", out.len(), qn)?;
+    checks::check_len(kernel, "k_cache", k_cache.len(), cache_n)?;
+    checks::check_len(kernel, "v_cache", v_cache.len(), cache_n)?;
+    checks::check_len(kernel, "pos", pos.len(), p.n_seq)?;
+    if p.n_split > 1 {
+        checks::check_len(
+            kernel,
+            "work",
+            work.len(),
+            work_floats(p.n_seq, p.n_head, p.head_dim, p.n_split),
+        )?;
+    }
+    checks::check_aligned16(kernel, "k_cache", k_cache)?;
+    checks::check_aligned16(kernel, "v_cache", v_cache)?;
+    if p.n_seq == 0 {
+        return Ok(());
+    }
+    let mut args = AttnDecodeArgs {
+        q: q.slice(..),
+        k_cache: k_cache.slice(..),
+        v_cache: v_cache.slice(..),
+        pos: pos.slice(..),
+        out: out.slice_mut(..),
+        work: work.slice_mut(..),
+        n_seq: checks::to_i32(kernel, "n_seq", p.n_seq)?,
+        head_dim: checks::to_i32(kernel, "head_dim", p.head_dim)?,
+        n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
+        n_kv: checks::to_i32(kernel, "n_kv", p.n_kv)?,
+        max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
+        window: checks::to_i32(kernel, "window", p.window.unwrap_or(0))?,
+        n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
+        scale: p.scale,
+    };
+    // SAFETY: q/out hold n_seq·n_head·hd floats, the caches n_seq·max_ctx·n_kv·hd elements of the
+    // variant's cache type, pos n_seq ints, and work the partials + counters when n_split > 1
+    // (all checked above); the kernel reads cache rows < max_ctx only (positions outside
+    // [0, max_ctx) produce NaN, not a read); the dims match the baked ones; the block size is THREADS.
+    unsafe { launch(kernel, launch_config(threads, p), &mut args) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_rule_fills_the_machine_but_keeps_chunks_long() {
+        // gemma3: 1 kv head, 4 q heads -> 1 group; 264 blocks wanted, 40000 / 256 = 157 allowed.
+        assert_eq!(splits_for(40000, 1, 4, 1, 132, 256), 157);
+        // Qwen3-8B: 8 groups -> 33 splits.
+        assert_eq!(splits_for(40000, 1, 32, 8, 132, 256), 33);
+        assert_eq!(splits_for(1, 1, 32, 8, 132, 256), 1);
+        assert_eq!(head_groups(32, 8), 1);
+        assert_eq!(head_groups(64, 8), 2);
+        assert_eq!(work_floats(1, 4, 256, 3), 4 * 3 * 258 + 4);
+    }
+}

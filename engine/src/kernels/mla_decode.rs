@@ -1,0 +1,214 @@
+//! mla_decode: MLA absorbed decode attention over the latent cache `[max_ctx, kv_lora + rope]`
+//! (model-specs §6.3 steps 6–7), split over the rows with a last-block combine
+//! (templates/memra/mla_decode.cuh).
+
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+
+use crate::cuda::{Error, Kernel};
+use crate::kernels::checks::{self, GRID_Y_MAX};
+use crate::kernels::launch::{KernelArgs, launch};
+use crate::kernels::qk_norm_rope::CacheElem;
+
+pub const FAMILY: &str = "mla_decode";
+pub const THREADS: u32 = 256;
+/// Heads one block carries (`HB` in the template).
+pub const HEADS_PER_BLOCK: usize = 64;
+/// Largest dynamic shared memory per block on sm_90 (227 KiB).
+pub const MAX_SMEM: usize = 232_448;
+
+/// Kernel parameters in order (see the template's header comment).
+#[derive(KernelArgs)]
+#[kernel_args(family = "mla_decode")]
+pub struct MlaDecodeArgs<'a, C: CacheElem> {
+    pub q: CudaView<'a, f32>,
+    pub cache: CudaView<'a, C>,
+    pub pos: CudaView<'a, i32>,
+    pub out: CudaViewMut<'a, f32>,
+    pub work: CudaViewMut<'a, f32>,
+    pub n_head: i32,
+    pub kv_lora: i32,
+    pub rope: i32,
+    pub max_ctx: i32,
+    pub n_split: i32,
+    pub scale: f32,
+}
+
+/// The run-time numbers of one launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaDecodeParams {
+    pub n_head: usize,
+    pub kv_lora: usize,
+    pub rope: usize,
+    /// Rows of the cache.
+    pub max_ctx: usize,
+    /// Row chunks (grid.x); 1 = no workspace.
+    pub n_split: usize,
+    /// Softmax scale (model-specs §6.4: 1/16 for GLM-5).
+    pub scale: f32,
+}
+
+/// Rows per shared-memory tile for a cache element size.
+pub fn tile_rows(elem_bytes: usize) -> usize {
+    if elem_bytes == 2 { 16 } else { 8 }
+}
+
+/// Dynamic shared memory of one block (formula in the template's header).
+pub fn smem_bytes(n_head: usize, kv_lora: usize, rope: usize, elem_bytes: usize) -> usize {
+    let d = kv_lora + rope;
+    let tr = tile_rows(elem_bytes);
+    n_head.min(HEADS_PER_BLOCK) * (d + 4) * 4
+        + 2 * tr * (d * elem_bytes + 16)
+        + tr * HEADS_PER_BLOCK * 4
+        + 3 * HEADS_PER_BLOCK * 4
+}
+
+/// f32 slots of the workspace for `n_split > 1`: partials then u32 counters (allocate zeroed).
+pub fn work_floats(n_head: usize, kv_lora: usize, n_split: usize) -> usize {
+    n_head * n_split * (kv_lora + 2) + n_head.div_ceil(HEADS_PER_BLOCK)
+}
+
+/// A split count for up to `max_len` rows: one block per multiprocessor per head block, at least
+/// 64 rows per split.
+pub fn splits_for(max_len: usize, n_head: usize, sm_count: usize) -> usize {
+    let want = sm_count.div_ceil(n_head.div_ceil(HEADS_PER_BLOCK).max(1));
+    want.min(max_len.div_ceil(64)).clamp(1, i32::MAX as usize)
+}
+
+pub fn launch_config(p: &MlaDecodeParams, smem: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            p.n_split as u32,
+            p.n_head.div_ceil(HEADS_PER_BLOCK) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    }
+}
+
+/// Absorbed MLA decode for one token at device position `pos[0]` (rows `0..=pos` filled):
+/// `q` `[n_head, kv_lora + rope]`, `cache` `[max_ctx, kv_lora + rope]`, `out` `[n_head, kv_lora]`.
+/// `work`: at least [`work_floats`] slots, zeroed once when allocated, when `n_split > 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_decode<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    cache: &CudaView<'_, C>,
+    pos: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &MlaDecodeParams,
+) -> Result<(), Error> {
+    let threads = checks::threads(kernel, THREADS)?;
+    if threads != THREADS {
+        return Err(checks::invalid(
+            kernel,
+            format!("threads={threads}, the template needs {THREADS}"),
+        ));
+    }
+    let cache_t = checks::required_sym(kernel, "cache_t")?;
+    if cache_t != C::CACHE_T {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "cache buffer is {} but the variant reads cache_t={cache_t}",
+                C::CACHE_T
+            ),
+        ));
+    }
+    let elem = std::mem::size_of::<C>();
+    let d = p.kv_lora + p.rope;
+    if p.kv_lora == 0 || !p.kv_lora.is_multiple_of(128) || p.kv_lora > 512 {
+        return Err(checks::invalid(
+            kernel,
+            format!("kv_lora={} (needs a multiple of 128, <= 512)", p.kv_lora),
+        ));
+    }
+    if !(d * elem).is_multiple_of(16) || !d.is_multiple_of(4) {
+        return Err(checks::invalid(
+            kernel,
+            format!("row of kv_lora + rope = {d} elements is not 16-byte chunks"),
+        ));
+    }
+    if p.n_head == 0 || p.max_ctx == 0 || p.n_split == 0 || p.n_split > i32::MAX as usize {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "n_head={}, max_ctx={}, n_split={} must be positive",
+                p.n_head, p.max_ctx, p.n_split
+            ),
+        ));
+    }
+    if p.n_head.div_ceil(HEADS_PER_BLOCK) > GRID_Y_MAX as usize {
+        return Err(checks::invalid(
+            kernel,
+            format!("n_head={} too large", p.n_head),
+        ));
+    }
+    checks::check_dim(kernel, "n_head", p.n_head)?;
+    checks::check_dim(kernel, "kv_lora", p.kv_lora)?;
+    checks::check_dim(kernel, "rope", p.rope)?;
+    let smem = smem_bytes(p.n_head, p.kv_lora, p.rope, elem);
+    if smem > MAX_SMEM {
+        return Err(checks::invalid(
+            kernel,
+            format!("needs {smem} bytes of shared memory (> {MAX_SMEM})"),
+        ));
+    }
+    checks::check_len(kernel, "q", q.len(), p.n_head * d)?;
+    checks::check_len(kernel, "out", out.len(), p.n_head * p.kv_lora)?;
+    let cache_n = p
+        .max_ctx
+        .checked_mul(d)
+        .ok_or_else(|| checks::invalid(kernel, "cache size overflows"))?;
+    checks::check_len(kernel, "cache", cache.len(), cache_n)?;
+    checks::check_len(kernel, "pos", pos.len(), 1)?;
+    if p.n_split > 1 {
+        checks::check_len(
+            kernel,
+            "work",
+            work.len(),
+            work_floats(p.n_head, p.kv_lora, p.n_split),
+        )?;
+    }
+    checks::check_aligned16(kernel, "q", q)?;
+    checks::check_aligned16(kernel, "cache", cache)?;
+    checks::check_aligned16(kernel, "out", out)?;
+    if p.n_split > 1 {
+        checks::check_aligned16(kernel, "work", work)?;
+    }
+    crate::kernels::matvec::allow_smem(kernel, smem as u32)?;
+    let mut args = MlaDecodeArgs {
+        q: q.slice(..),
+        cache: cache.slice(..),
+        pos: pos.slice(..),
+        out: out.slice_mut(..),
+        work: work.slice_mut(..),
+        n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
+        kv_lora: checks::to_i32(kernel, "kv_lora", p.kv_lora)?,
+        rope: checks::to_i32(kernel, "rope", p.rope)?,
+        max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
+        n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
+        scale: p.scale,
+    };
+    // SAFETY: q holds n_head·D floats, cache max_ctx·D elements of the variant's type, out
+    // n_head·kv_lora floats, work the partials + counters when n_split > 1 (checked above); rows
+    // read are < pos + 1 ≤ max_ctx (other positions write NaN without reading); the dynamic
+    // shared memory is the template's formula and the function's limit was raised to it.
+    unsafe { launch(kernel, launch_config(p, smem), &mut args) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glm5_block_fits_in_shared_memory() {
+        // 64 heads · 580 · 4 + 2 · 16 · 1168 + 16 · 256 + 768
+        assert_eq!(smem_bytes(64, 512, 64, 2), 148_480 + 37_376 + 4096 + 768);
+        assert!(smem_bytes(64, 512, 64, 4) <= MAX_SMEM);
+        assert_eq!(splits_for(131_072, 64, 132), 132);
+        assert_eq!(splits_for(7, 64, 132), 1);
+        assert_eq!(work_floats(64, 512, 2), 64 * 2 * 514 + 1);
+    }
+}

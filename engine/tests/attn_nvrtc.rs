@@ -1,0 +1,169 @@
+//! CPU-only: the attention families (attn_decode, mla_decode) compile with NVRTC for sm_90,
+//! specialized at real model dims and generic, with no spills and no stack frame; their Rust
+//! argument structs match the kernels' PTX parameter lists. Skips (one SKIP line) without NVRTC.
+
+mod dense_common;
+
+use dense_common::{V, headers, variant};
+use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use memra_engine::kernels::launch::check_params;
+use memra_engine::kernels::registry::KernelVariant;
+use memra_engine::kernels::{attn_decode, mla_decode};
+
+/// gemma3-270M (4/1/256), Qwen3-8B (32/8/128), a group of 8 (64/8/128), MQA head_dim 64, each
+/// with bf16 and f32 caches; GLM-5 MLA (64 heads, 512 + 64); the generic variants.
+fn all_variants() -> Vec<&'static KernelVariant> {
+    let mut v = Vec::new();
+    for cache in ["bf16", "f32"] {
+        for (hd, nh, nkv) in [
+            (256i64, 4i64, 1i64),
+            (128, 32, 8),
+            (128, 64, 8),
+            (64, 16, 1),
+        ] {
+            v.push(variant(
+                "attn_decode",
+                &[
+                    ("head_dim", V::I(hd)),
+                    ("n_head", V::I(nh)),
+                    ("n_kv", V::I(nkv)),
+                    ("cache_t", V::S(cache)),
+                ],
+            ));
+        }
+        v.push(variant("attn_decode", &[("cache_t", V::S(cache))]));
+        v.push(variant(
+            "mla_decode",
+            &[
+                ("n_head", V::I(64)),
+                ("kv_lora", V::I(512)),
+                ("rope", V::I(64)),
+                ("cache_t", V::S(cache)),
+            ],
+        ));
+        v.push(variant("mla_decode", &[("cache_t", V::S(cache))]));
+    }
+    v
+}
+
+#[test]
+fn attention_templates_compile_for_sm90_without_spills() {
+    if library::nvrtc_or_skip("attention_templates_compile_for_sm90_without_spills").is_none() {
+        return;
+    }
+    let variants = all_variants();
+    let cache = KernelCache::new(CacheConfig::memory_only());
+    let results = compile_variants(&cache, &variants, headers(), SmArch(90));
+    let mut failures = Vec::new();
+    for (v, r) in variants.iter().zip(results) {
+        match r {
+            Err(e) => failures.push(format!("{}: {e}", v.name)),
+            Ok(c) => {
+                let rep = c.cubin.report();
+                eprintln!(
+                    "{:<60} regs {:>3}  spill st/ld {}/{}  stack {}  smem {}",
+                    v.name,
+                    rep.registers.unwrap_or(0),
+                    rep.spill_stores.unwrap_or(0),
+                    rep.spill_loads.unwrap_or(0),
+                    rep.stack_frame.unwrap_or(0),
+                    rep.static_smem.unwrap_or(0)
+                );
+                if rep.registers.is_none() {
+                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
+                }
+                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
+                    failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn attention_args_structs_match_kernel_parameters() {
+    if library::nvrtc_or_skip("attention_args_structs_match_kernel_parameters").is_none() {
+        return;
+    }
+    let h = headers();
+    let sm = SmArch(90);
+    let check = |n: Result<usize, memra_engine::cuda::Error>| n.unwrap_or_else(|e| panic!("{e}"));
+    check(check_params::<attn_decode::AttnDecodeArgs<'static, u16>>(
+        &[
+            variant(
+                "attn_decode",
+                &[
+                    ("head_dim", V::I(256)),
+                    ("n_head", V::I(4)),
+                    ("n_kv", V::I(1)),
+                ],
+            ),
+            variant("attn_decode", &[]),
+        ],
+        h,
+        sm,
+    ));
+    check(check_params::<attn_decode::AttnDecodeArgs<'static, f32>>(
+        &[variant("attn_decode", &[("cache_t", V::S("f32"))])],
+        h,
+        sm,
+    ));
+    check(check_params::<mla_decode::MlaDecodeArgs<'static, u16>>(
+        &[
+            variant(
+                "mla_decode",
+                &[
+                    ("n_head", V::I(64)),
+                    ("kv_lora", V::I(512)),
+                    ("rope", V::I(64)),
+                ],
+            ),
+            variant("mla_decode", &[]),
+        ],
+        h,
+        sm,
+    ));
+}
+
+#[test]
+fn attention_variants_are_named_like_planned_ones() {
+    let v = variant(
+        "attn_decode",
+        &[
+            ("head_dim", V::I(256)),
+            ("n_head", V::I(4)),
+            ("n_kv", V::I(1)),
+        ],
+    );
+    assert!(v.name.starts_with("attn_decode__"), "{}", v.name);
+    assert!(
+        v.source
+            .contains("static constexpr memra::CacheType CACHE_T = memra::CacheType::BF16;"),
+        "{}",
+        v.source
+    );
+    assert!(
+        v.source.contains("static constexpr int HEAD_DIM = 256;"),
+        "{}",
+        v.source
+    );
+    let g = variant("mla_decode", &[]);
+    assert!(g.name.starts_with("mla_decode__generic"), "{}", g.name);
+    assert!(
+        g.source.contains("static constexpr int N_HEAD = 0;"),
+        "{}",
+        g.source
+    );
+    assert!(
+        g.source.contains("MEMRA_DEFINE_MLA_DECODE("),
+        "{}",
+        g.source
+    );
+}

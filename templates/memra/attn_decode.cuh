@@ -1,0 +1,362 @@
+// memra/attn_decode.cuh — GQA decode attention (one query token per sequence) over a KV cache,
+// flash-decoding split over the keys with a last-block-combines step.
+//
+// Cfg fields:
+//   HEAD_DIM        int              head_dim (q/k/v); 0 = run time (64, 128 or 256 supported)
+//   N_HEAD          int              query heads; 0 = run time
+//   N_KV            int              key/value heads (N_HEAD % N_KV == 0); 0 = run time
+//   CACHE_T         memra::CacheType cache element type (BF16 or F32)
+//   THREADS         int              threads per block (multiple of 32; 128 recommended)
+//   MIN_SPLIT_ROWS  int              host-side split rule only: the fewest keys per split the
+//                                    wrapper chooses (the kernel takes n_split at run time)
+// Kernel parameters:
+//   (const float* q, const void* k_cache, const void* v_cache, const int* pos, float* out,
+//    float* work, int n_seq, int head_dim, int n_head, int n_kv, int max_ctx, int window,
+//    int n_split, float scale)
+//   q [n_seq, n_head, hd] f32; caches [n_seq, max_ctx, n_kv, hd] CACHE_T; pos [n_seq] (device);
+//   out [n_seq, n_head, hd] f32. Sequence b attends with query position p = pos[b] to keys
+//   s ∈ [0, p] with p − s < window (window 0 = no window): out = Σ_s softmax(scale·q·k_s)·v_s.
+//   p ∉ [0, max_ctx) writes NaN to that sequence's output (a visible slip, never a fault).
+// Work split: G = n_head / n_kv q heads share a kv head; a block processes HP = (G ≤ 4 ? G : 4)
+//   heads (generic: G rounded up to 1, 2, 4) of one kv head, so each K/V row is read once
+//   per head group. The visible keys are cut into n_split equal chunks (grid.y). n_split = 1:
+//   the block writes out directly and `work` is unused (may be null). n_split > 1: each block
+//   writes (max, sum, unnormalized accumulator) to `work`; the last block of a head group (an
+//   atomic counter) combines them and resets the counter to 0.
+//   work (f32 units): acc [n_seq, n_head, n_split, hd], then (m, l) [n_seq, n_head, n_split, 2],
+//   then u32 counters [n_seq, n_head] zeroed once when allocated (the kernel leaves them 0).
+// Geometry: n_hg = ceil(G / 4); grid (n_kv · n_hg, n_split, n_seq), block THREADS, no dynamic
+//   shared memory (static: (THREADS/32)·HP·hd·4 bytes ≤ 40 KiB, e.g. THREADS 128 at hd 256).
+// Inside a block: K and V rows are read with 16-byte loads; a row is split over LPR = min(32,
+// hd/VEC) lanes (VEC = 8 bf16 or 4 f32), so a warp takes 32/LPR rows at once, two such rows per
+// lane group per step (loads in flight before the math). Online softmax in base 2 per lane group,
+// then merged across lane groups (shuffles) and warps (shared memory).
+#pragma once
+#include "memra/common.cuh"
+
+namespace memra {
+namespace attn_detail {
+
+constexpr float LOG2E = 1.4426950408889634f;
+// Most q heads one block carries in registers (q and accumulator: 2·HP·hd/LPR floats a lane);
+// larger groups are split over blocks that re-read K/V (from L2).
+constexpr int HP_CAP = 4;
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+template <CacheType C> struct CacheTraits;
+template <> struct CacheTraits<CacheType::BF16> {
+    static constexpr int VEC = 8;   // elements per 16-byte chunk
+    static constexpr int BYTES = 2;
+};
+template <> struct CacheTraits<CacheType::F32> {
+    static constexpr int VEC = 4;
+    static constexpr int BYTES = 4;
+};
+
+__device__ __forceinline__ float4 ld16(const void* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+// The i-th element (0 ≤ i < VEC) of a raw 16-byte chunk.
+template <CacheType C> __device__ __forceinline__ float elem(const float4& raw, int i) {
+    if constexpr (C == CacheType::F32) {
+        return i == 0 ? raw.x : i == 1 ? raw.y : i == 2 ? raw.z : raw.w;
+    } else {
+        const float w = i < 2 ? raw.x : i < 4 ? raw.y : i < 6 ? raw.z : raw.w;
+        const u32 bits = __float_as_uint(w);
+        return __uint_as_float((i & 1) ? (bits & 0xffff0000u) : (bits << 16));
+    }
+}
+
+// Weight of a partial with running max m in a merge whose max is M (M finite).
+__device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf() ? 0.0f : exp2f(m - M); }
+
+template <CacheType C, int HD, int HP, int THREADS>
+__device__ __forceinline__ void block(const float* __restrict__ q, const void* __restrict__ k_cache,
+                                      const void* __restrict__ v_cache, float* __restrict__ out, float* work_acc,
+                                      float* work_ml, u32* counters, float* smem, int b, int h0, int nh, int n_head, int n_kv, int kvh, int max_ctx, int c0,
+                                      int c1, int n_split, int sp, float scale_log2) {
+    using T = CacheTraits<C>;
+    constexpr int VEC = T::VEC;
+    constexpr int CH = HD / VEC;
+    constexpr int LPR = CH < WARP_SIZE ? CH : WARP_SIZE;
+    constexpr int CPL = CH / LPR;
+    constexpr int RPW = WARP_SIZE / LPR;
+    constexpr int W = THREADS / WARP_SIZE;
+    constexpr int U = 2;
+    constexpr int STEP = W * RPW;
+    static_assert(HD % VEC == 0 && CH % LPR == 0 && (LPR & (LPR - 1)) == 0, "head_dim must be 16-byte chunks, a power of two or a multiple of 32");
+    // smem: acc [W][HP][HD], then m [W][HP], l [W][HP] (the caller sizes it for the largest HP/HD).
+    float* s_acc = smem;
+    float* s_m = smem + W * HP * HD;
+    float* s_l = s_m + W * HP;
+
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int sub = lane / LPR, li = lane % LPR;
+
+    float qr[HP][CPL][VEC];
+#pragma unroll
+    for (int h = 0; h < HP; ++h) {
+        const float* qh = q + ((i64)b * n_head + h0 + h) * HD;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qr[h][j][e] = h < nh ? qh[(li + j * LPR) * VEC + e] * scale_log2 : 0.0f;
+        }
+    }
+    float acc[HP][CPL][VEC], m[HP], l[HP];
+#pragma unroll
+    for (int h = 0; h < HP; ++h) {
+        m[h] = neg_inf();
+        l[h] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[h][j][e] = 0.0f;
+        }
+    }
+
+    const i64 row_stride = (i64)n_kv * HD;  // elements between cache rows
+    const i64 seq_base = ((i64)b * max_ctx) * row_stride + (i64)kvh * HD;
+    const char* kb = static_cast<const char*>(k_cache);
+    const char* vb = static_cast<const char*>(v_cache);
+
+    for (int base = c0; base < c1; base += U * STEP) {
+        float4 kr[U][CPL], vr[U][CPL];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int s = base + u * STEP + warp * RPW + sub;
+            ok[u] = s < c1;
+            const i64 off = seq_base + (i64)s * row_stride;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+                const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
+                kr[u][j] = ok[u] ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vr[u][j] = ok[u] ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        float sc[U][HP];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int h = 0; h < HP; ++h) {
+                float d = 0.0f;
+#pragma unroll
+                for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) d = fmaf(qr[h][j][e], elem<C>(kr[u][j], e), d);
+                }
+#pragma unroll
+                for (int o = LPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
+                sc[u][h] = ok[u] ? d : neg_inf();
+            }
+        }
+        if (!ok[0]) continue;  // ok[1] implies ok[0]
+#pragma unroll
+        for (int h = 0; h < HP; ++h) {
+            float mx = sc[0][h];
+#pragma unroll
+            for (int u = 1; u < U; ++u) mx = fmaxf(mx, sc[u][h]);
+            const float mn = fmaxf(m[h], mx);
+            const float corr = exp2f(m[h] - mn);  // m = −inf → 0
+            float p[U];
+            float ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                p[u] = exp2f(sc[u][h] - mn);  // −inf → 0
+                ps += p[u];
+            }
+            l[h] = l[h] * corr + ps;
+            m[h] = mn;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    float a = acc[h][j][e] * corr;
+#pragma unroll
+                    for (int u = 0; u < U; ++u) a = fmaf(p[u], elem<C>(vr[u][j], e), a);
+                    acc[h][j][e] = a;
+                }
+            }
+        }
+    }
+
+    // Merge the lane groups of a warp (rows were interleaved across them).
+#pragma unroll
+    for (int o = LPR; o < WARP_SIZE; o <<= 1) {
+#pragma unroll
+        for (int h = 0; h < HP; ++h) {
+            const float mo = __shfl_xor_sync(FULL_MASK, m[h], o);
+            const float lo = __shfl_xor_sync(FULL_MASK, l[h], o);
+            const float M = fmaxf(m[h], mo);
+            const float a = M == neg_inf() ? 0.0f : merge_w(m[h], M);
+            const float c = M == neg_inf() ? 0.0f : merge_w(mo, M);
+            l[h] = l[h] * a + lo * c;
+            m[h] = M;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const float ao = __shfl_xor_sync(FULL_MASK, acc[h][j][e], o);
+                    acc[h][j][e] = acc[h][j][e] * a + ao * c;
+                }
+            }
+        }
+    }
+
+    if (sub == 0) {
+#pragma unroll
+        for (int h = 0; h < HP; ++h) {
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s_acc[(warp * HP + h) * HD + (li + j * LPR) * VEC + e] = acc[h][j][e];
+            }
+            if (li == 0) {
+                s_m[warp * HP + h] = m[h];
+                s_l[warp * HP + h] = l[h];
+            }
+        }
+    }
+    __syncthreads();
+
+    const i64 head_base = (i64)b * n_head + h0;  // row of out / work for head 0 of this block
+    for (int idx = threadIdx.x; idx < nh * HD; idx += THREADS) {
+        const int h = idx / HD, d = idx % HD;
+        float M = neg_inf();
+#pragma unroll
+        for (int w = 0; w < W; ++w) M = fmaxf(M, s_m[w * HP + h]);
+        float L = 0.0f, A = 0.0f;
+        if (M != neg_inf()) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                const float wt = merge_w(s_m[w * HP + h], M);
+                L = fmaf(s_l[w * HP + h], wt, L);
+                A = fmaf(s_acc[(w * HP + h) * HD + d], wt, A);
+            }
+        }
+        if (n_split == 1) {
+            out[(head_base + h) * HD + d] = L > 0.0f ? A / L : 0.0f;
+        } else {
+            const i64 part = (head_base + h) * n_split + sp;
+            work_acc[part * HD + d] = A;
+            if (d == 0) {
+                work_ml[part * 2] = M;
+                work_ml[part * 2 + 1] = L;
+            }
+        }
+    }
+    if (n_split == 1) return;
+
+    // Last block of this head group combines every split.
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[head_base], 1u) == (u32)(n_split - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const volatile float* vacc = work_acc;
+    const volatile float* vml = work_ml;
+    for (int idx = threadIdx.x; idx < nh * HD; idx += THREADS) {
+        const int h = idx / HD, d = idx % HD;
+        const i64 part0 = (head_base + h) * n_split;
+        float M = neg_inf();
+        for (int s = 0; s < n_split; ++s) M = fmaxf(M, vml[(part0 + s) * 2]);
+        float L = 0.0f, A = 0.0f;
+        if (M != neg_inf()) {
+            for (int s = 0; s < n_split; ++s) {
+                const float wt = merge_w(vml[(part0 + s) * 2], M);
+                L = fmaf(vml[(part0 + s) * 2 + 1], wt, L);
+                A = fmaf(vacc[(part0 + s) * HD + d], wt, A);
+            }
+        }
+        out[(head_base + h) * HD + d] = L > 0.0f ? A / L : 0.0f;
+    }
+    if (threadIdx.x == 0) counters[head_base] = 0u;
+}
+
+template <CacheType C, int HD, int HP_SPEC, int THREADS>
+__device__ __forceinline__ void dispatch_hp(const float* q, const void* kc, const void* vc, float* out, float* wa, float* wm,
+                                            u32* ctr, float* smem, int b,
+                                            int h0, int nh, int n_head, int n_kv, int kvh, int max_ctx, int c0, int c1,
+                                            int n_split, int sp, float sl2) {
+    if constexpr (HP_SPEC != 0) {
+        block<C, HD, HP_SPEC, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+    } else if (nh <= 1) {
+        block<C, HD, 1, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+    } else if (nh <= 2) {
+        block<C, HD, 2, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+    } else {
+        block<C, HD, 4, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+    }
+}
+
+}  // namespace attn_detail
+
+template <class Cfg>
+__device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_cache, const void* v_cache, const int* pos,
+                                                 float* out, float* work, int n_seq, int head_dim_rt, int n_head_rt,
+                                                 int n_kv_rt, int max_ctx, int window, int n_split, float scale) {
+    constexpr CacheType C = Cfg::CACHE_T;
+    constexpr bool G_FIXED = Cfg::N_HEAD != 0 && Cfg::N_KV != 0;
+    static_assert(!G_FIXED || Cfg::N_HEAD % (Cfg::N_KV == 0 ? 1 : Cfg::N_KV) == 0, "N_HEAD must be a multiple of N_KV");
+    constexpr int G_SPEC = G_FIXED ? Cfg::N_HEAD / Cfg::N_KV : 0;
+    constexpr int HP_CAP = attn_detail::HP_CAP;
+    constexpr int HP_SPEC = G_SPEC == 0 ? 0 : (G_SPEC < HP_CAP ? G_SPEC : HP_CAP);
+    const int hd = dim_or<Cfg::HEAD_DIM>(head_dim_rt);
+    const int n_head = dim_or<Cfg::N_HEAD>(n_head_rt), n_kv = dim_or<Cfg::N_KV>(n_kv_rt);
+    const int G = n_head / n_kv;
+    const int n_hg = (G + HP_CAP - 1) / HP_CAP;
+    const int b = blockIdx.z, sp = blockIdx.y;
+    const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
+    if (b >= n_seq || kvh >= n_kv) return;
+    const int h0 = kvh * G + hg * HP_CAP;
+    const int nh = min(HP_CAP, G - hg * HP_CAP);
+
+    const int p = pos[b];
+    if (p < 0 || p >= max_ctx) {
+        if (sp == 0) {
+            for (int i = threadIdx.x; i < nh * hd; i += Cfg::THREADS) out[((i64)b * n_head + h0) * hd + i] = __int_as_float(0x7fc00000);
+        }
+        return;
+    }
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int len = p - lo + 1;
+    const int chunk = (len + n_split - 1) / n_split;
+    const int c0 = lo + sp * chunk;
+    const int c1 = min(c0 + chunk, p + 1);
+    const float sl2 = scale * attn_detail::LOG2E;
+    const i64 n_part = (i64)n_seq * n_head * n_split;
+    float* work_acc = work;
+    float* work_ml = work + n_part * hd;
+    u32* counters = reinterpret_cast<u32*>(work_ml + n_part * 2);
+    // One merge buffer for every instantiation (separate __shared__ arrays would add up).
+    constexpr int W = Cfg::THREADS / WARP_SIZE;
+    constexpr int HP_MAX = HP_SPEC != 0 ? HP_SPEC : HP_CAP;
+    constexpr int HD_MAX = Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256;
+    static_assert(W * HP_MAX * (HD_MAX + 2) * 4 <= 40960, "shared merge buffer too large: lower THREADS");
+    __shared__ float smem[W * HP_MAX * (HD_MAX + 2)];
+
+#define MEMRA_ATTN_HD(HDV) \
+    attn_detail::dispatch_hp<C, HDV, HP_SPEC, Cfg::THREADS>(q, k_cache, v_cache, out, work_acc, work_ml, counters, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2)
+    if constexpr (Cfg::HEAD_DIM != 0) {
+        MEMRA_ATTN_HD(Cfg::HEAD_DIM);
+    } else if (hd == 128) {
+        MEMRA_ATTN_HD(128);
+    } else if (hd == 256) {
+        MEMRA_ATTN_HD(256);
+    } else if (hd == 64) {
+        MEMRA_ATTN_HD(64);
+    }
+#undef MEMRA_ATTN_HD
+}
+
+}  // namespace memra
+
+#define MEMRA_DEFINE_ATTN_DECODE(SYMBOL, CFG)                                                                   \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
+        SYMBOL(const float* q, const void* k_cache, const void* v_cache, const int* pos, float* out, float* work, \
+               int n_seq, int head_dim, int n_head, int n_kv, int max_ctx, int window, int n_split, float scale) { \
+        memra::attn_decode_impl<CFG>(q, k_cache, v_cache, pos, out, work, n_seq, head_dim, n_head, n_kv, max_ctx, \
+                                     window, n_split, scale);                                                  \
+    }
