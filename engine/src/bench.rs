@@ -296,7 +296,7 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 let mut types = vec![baked];
                 types.extend(MATVEC_EXTRA_TYPES.iter().copied().filter(|t| *t != baked));
                 for ty in types {
-                    if !matvec::k_multiple(ty).is_some_and(|m| k % m == 0) {
+                    if matvec::k_multiple(ty).is_none_or(|m| !k.is_multiple_of(m)) {
                         continue;
                     }
                     let (spec, rendered) = matvec_in_type(v, ty, k, n);
@@ -724,10 +724,10 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if cases.is_empty() {
         let built: Vec<&str> = registry::SPECIALIZED_FOR.iter().map(|(a, _)| *a).collect();
         return Err(format!(
-            "no specialized variants to measure (built for: {}; --arch {:?}, --family {:?}); build with --features model-<arch>",
+            "no specialized variants to measure (built for: {}; --arch {}, --family {}); build with --features model-<arch>",
             if built.is_empty() { "none".to_string() } else { built.join(", ") },
-            args.arch,
-            args.family
+            args.arch.as_deref().unwrap_or("any"),
+            args.family.as_deref().unwrap_or("any")
         )
         .into());
     }
