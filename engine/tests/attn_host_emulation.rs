@@ -1,0 +1,455 @@
+//! CPU emulation of the attention kernels (attn_decode, mla_decode): the templates are compiled
+//! as host C++ with stand-ins for the CUDA features they use (one std::thread per CUDA thread,
+//! std::barrier for __syncthreads and for the warp exchange behind __shfl_xor_sync, synchronous
+//! copies for cp.async, blocks run one after another) and compared with memra-reference on fresh
+//! random inputs (seed printed; replay with `MEMRA_SEED=<seed>`), bf16-rounded caches, NaN-poisoned
+//! outputs, two launches per case (the split counters must be back at zero: the harness exits 3
+//! otherwise). It checks indexing, masking, the online softmax and the split combine without a
+//! GPU; it says nothing about speed or memory ordering. Tolerance: relative L2 ≤ 1e-5 (f32
+//! arithmetic on the values the reference reads). Skips (one SKIP line) without a C++20 compiler.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use memra_reference::attention::{AttnShape, Mask, attention};
+use memra_reference::{Rng, rel_err};
+
+const TOL: f64 = 1e-5;
+
+const PRELUDE: &str = r#"#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <algorithm>
+#include <thread>
+#include <barrier>
+#include <vector>
+#include <atomic>
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+#define __align__(x)
+#define __global__
+#define __launch_bounds__(x)
+#define __shared__ static thread_local_block
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct Dim3 { unsigned x, y, z; };
+inline thread_local Dim3 threadIdx, blockIdx;
+inline std::barrier<>* g_block_barrier;
+inline std::vector<std::barrier<>*> g_warp_barriers;
+inline std::vector<float> g_xchg(1024);
+inline unsigned char* g_smem;
+#define thread_local_block
+#define __syncthreads() g_block_barrier->arrive_and_wait()
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+inline float4 __ldg(const float4* p) { return *p; }
+inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    int t = threadIdx.x; g_warp_barriers[t / 32]->arrive_and_wait(); g_xchg[t] = v; g_warp_barriers[t / 32]->arrive_and_wait();
+    float r = g_xchg[(t & ~31) | ((t & 31) ^ o)]; return r; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline void __threadfence() {}
+using std::min; using std::max;
+namespace memra {
+typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef unsigned long long u64; typedef long long i64;
+enum class CacheType : int { F32 = 0, BF16 = 1 };
+constexpr int WARP_SIZE = 32;
+constexpr unsigned FULL_MASK = 0xffffffffu;
+template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
+}
+"#;
+
+const MAIN: &str = r#"
+#include <cstdio>
+#include <functional>
+using namespace memra;
+static void run_grid(Dim3 grid, int threads, size_t smem, std::function<void()> body) {
+    std::vector<unsigned char> sm(smem + 16);
+    g_smem = sm.data();
+    for (unsigned z = 0; z < grid.z; ++z) for (unsigned y = 0; y < grid.y; ++y) for (unsigned x = 0; x < grid.x; ++x) {
+        std::barrier<> bb(threads);
+        std::vector<std::barrier<>*> wb; for (int w = 0; w < threads / 32; ++w) wb.push_back(new std::barrier<>(32));
+        g_block_barrier = &bb; g_warp_barriers = wb;
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { threadIdx = {(unsigned)t, 0, 0}; blockIdx = {x, y, z}; body(); });
+        for (auto& t : ts) t.join();
+        for (auto p : wb) delete p;
+    }
+}
+static std::vector<unsigned char> slurp(const char* path) {
+    FILE* f = fopen(path, "rb"); if (!f) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END); long n = ftell(f); fseek(f, 0, SEEK_SET);
+    std::vector<unsigned char> v(n + 16); if (fread(v.data(), 1, n, f) != (size_t)n) exit(2); fclose(f); return v; }
+template <int HD, int NH, int NKV, CacheType C> struct ACfg { static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 128; };
+template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
+// attn: kind=0 cfg n_seq hd nh nkv window n_split max_ctx q k v pos out
+// mla:  kind=1 cfg nh kvl rope max_ctx n_split pos q c out
+template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int n_split, int max_ctx, float scale, char** f) {
+    auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]), pos = slurp(f[3]);
+    std::vector<float> out(n_seq * nh * hd), work((size_t)n_seq * nh * n_split * (hd + 2) + n_seq * nh, 0.0f);
+    int G = nh / nkv, nhg = (G + 3) / 4;
+    for (int rep = 0; rep < 2; ++rep) {
+        std::fill(out.begin(), out.end(), NAN);
+        run_grid({(unsigned)(nkv * nhg), (unsigned)n_split, (unsigned)n_seq}, K::THREADS, 0, [&] {
+            attn_decode_impl<K>((const float*)q.data(), k.data(), v.data(), (const int*)pos.data(), out.data(), work.data(), n_seq, hd, nh, nkv, max_ctx, window, n_split, scale); });
+    }
+    const unsigned* ctr = (const unsigned*)(work.data() + (size_t)n_seq * nh * n_split * (hd + 2));
+    for (int i = 0; i < n_seq * nh; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    FILE* fo = fopen(f[4], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
+}
+template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split, int pos, float scale, int eb, char** f) {
+    auto q = slurp(f[0]), c = slurp(f[1]);
+    std::vector<float> out(nh * kvl), work((size_t)nh * n_split * (kvl + 2) + (nh + 63) / 64, 0.0f);
+    int D = kvl + rope, tr = eb == 2 ? 16 : 8;
+    size_t smem = std::min(nh, 64) * (D + 4) * 4 + 2 * tr * (D * eb + 16) + tr * 256 + 768;
+    for (int rep = 0; rep < 2; ++rep) {
+        std::fill(out.begin(), out.end(), NAN);
+        run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale); });
+    }
+    const unsigned* ctr = (const unsigned*)(work.data() + (size_t)nh * n_split * (kvl + 2));
+    for (int i = 0; i < (nh + 63) / 64; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    FILE* fo = fopen(f[2], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
+}
+int main(int argc, char** argv) {
+    using B = CacheType;
+    int kind = atoi(argv[1]), cfg = atoi(argv[2]);
+    if (kind == 0) {
+        int a[7]; for (int i = 0; i < 7; ++i) a[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[10]);
+        char** f = argv + 11;
+        switch (cfg) {
+        case 0: attn<ACfg<256, 4, 1, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
+        case 1: attn<ACfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
+        case 2: attn<ACfg<128, 32, 8, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
+        case 3: attn<ACfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
+        default: return 4;
+        }
+    } else {
+        int a[6]; for (int i = 0; i < 6; ++i) a[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[9]);
+        char** f = argv + 10;
+        switch (cfg) {
+        case 0: mla<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
+        case 1: mla<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
+        case 2: mla<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 4, f); break;
+        default: return 4;
+        }
+    }
+    return 0;
+}
+"#;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("engine/ has a parent")
+        .to_path_buf()
+}
+
+fn template(name: &str) -> String {
+    let path = workspace_root().join("templates/memra").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Replaces `text[from..to)` (by markers) with `with`; panics naming the marker if absent.
+fn splice(text: &str, from: &str, to: &str, with: &str, file: &str) -> String {
+    let a = text
+        .find(from)
+        .unwrap_or_else(|| panic!("{file}: no `{from}`"));
+    let b = a + text[a..]
+        .find(to)
+        .unwrap_or_else(|| panic!("{file}: no `{to}` after `{from}`"));
+    format!("{}{with}{}", &text[..a], &text[b..])
+}
+
+fn emulator_source() -> String {
+    let strip = |t: String| {
+        t.replace("#pragma once", "")
+            .replace("#include \"memra/common.cuh\"", "")
+    };
+    let attn = strip(template("attn_decode.cuh"));
+    let mut mla = strip(template("mla_decode.cuh"));
+    mla = splice(
+        &mla,
+        "__device__ __forceinline__ u32 smem_addr(",
+        "template <CacheType C> struct Elem;",
+        "inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, 16); }\ninline void commit() {}\ntemplate <int N> inline void wait() {}\n",
+        "mla_decode.cuh",
+    );
+    let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
+    assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
+    mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
+    format!("{PRELUDE}\n{attn}\n{mla}\n{MAIN}")
+}
+
+fn compiler() -> Option<String> {
+    [
+        std::env::var("CXX").ok(),
+        Some("c++".into()),
+        Some("g++".into()),
+        Some("clang++".into()),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The emulator binary, built once per test process (None = no compiler).
+fn emulator() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cxx = compiler()?;
+        let dir = std::env::temp_dir().join(format!("memra-attn-emu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let src = dir.join("emu.cpp");
+        std::fs::write(&src, emulator_source())
+            .unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        let bin = dir.join("emu");
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| panic!("{cxx}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cxx} failed on {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(bin)
+    })
+    .as_deref()
+}
+
+fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+    // SAFETY: plain-old-data slices (f32, u16, i32) viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+        .to_vec()
+}
+
+fn to_bf16(f: f32) -> u16 {
+    let b = f.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Random cache values: (bytes as the kernel reads them, the f32 values they stand for).
+fn cache(rng: &mut Rng, n: usize, f32_cache: bool) -> (Vec<u8>, Vec<f32>) {
+    let v = rng.normal_vec(n, 1.0);
+    if f32_cache {
+        (bytes(&v), v)
+    } else {
+        let bits: Vec<u16> = v.iter().map(|&x| to_bf16(x)).collect();
+        let vals = bits
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
+        (bytes(&bits), vals)
+    }
+}
+
+/// Writes `files`, runs the emulator with `args` + their paths + the output path, reads floats.
+fn run(
+    bin: &Path,
+    tag: &str,
+    args: &[String],
+    files: &[(&str, Vec<u8>)],
+    n_out: usize,
+) -> Vec<f32> {
+    let dir = bin.parent().unwrap().join(tag);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    for (name, data) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        cmd.arg(p);
+    }
+    let out_path = dir.join("out.bin");
+    cmd.arg(&out_path);
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    assert!(
+        out.status.success(),
+        "emulator {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let raw = std::fs::read(&out_path).unwrap_or_else(|e| panic!("{}: {e}", out_path.display()));
+    assert_eq!(raw.len(), n_out * 4, "emulator output size");
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attn_case(
+    bin: &Path,
+    rng: &mut Rng,
+    cfg: usize,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    window: usize,
+    n_split: usize,
+    positions: &[usize],
+    f32_cache: bool,
+) {
+    let n_seq = positions.len();
+    let max_ctx = positions.iter().max().unwrap() + 3;
+    let row = nkv * hd;
+    let q = rng.normal_vec(n_seq * nh * hd, 1.0);
+    let (kb, kv) = cache(rng, n_seq * max_ctx * row, f32_cache);
+    let (vb, vv) = cache(rng, n_seq * max_ctx * row, f32_cache);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let args: Vec<String> = [0, cfg, n_seq, hd, nh, nkv, window, n_split, max_ctx]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([format!("{scale:e}")])
+        .collect();
+    let tag = format!("attn-{cfg}-{hd}-{nh}-{nkv}-{window}-{n_split}-{n_seq}");
+    let got = run(
+        bin,
+        &tag,
+        &args,
+        &[
+            ("q.bin", bytes(&q)),
+            ("k.bin", kb),
+            ("v.bin", vb),
+            ("pos.bin", bytes(&pos)),
+        ],
+        q.len(),
+    );
+    let mut want = Vec::new();
+    for (b, &p) in positions.iter().enumerate() {
+        let base = b * max_ctx * row;
+        let mask = Mask {
+            q_pos: &[p],
+            window: (window > 0).then_some(window),
+            allowed: None,
+        };
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+        };
+        want.extend(attention(
+            &q[b * nh * hd..][..nh * hd],
+            &kv[base..][..(p + 1) * row],
+            &vv[base..][..(p + 1) * row],
+            p + 1,
+            shape,
+            &mask,
+            scale,
+        ));
+    }
+    let err = rel_err(&got, &want);
+    assert!(
+        err <= TOL,
+        "attn_decode emulation {tag} positions={positions:?}: relative L2 {err:e} > {TOL:e} (MEMRA_SEED={})",
+        rng.seed()
+    );
+}
+
+fn mla_case(
+    bin: &Path,
+    rng: &mut Rng,
+    cfg: usize,
+    nh: usize,
+    kvl: usize,
+    rope: usize,
+    t_kv: usize,
+    n_split: usize,
+    f32_cache: bool,
+) {
+    let d = kvl + rope;
+    let max_ctx = t_kv + 3;
+    let q = rng.normal_vec(nh * d, 1.0);
+    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let scale = 1.0f32 / 16.0;
+    let args: Vec<String> = [1, cfg, nh, kvl, rope, max_ctx, n_split, t_kv - 1]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([format!("{scale:e}")])
+        .collect();
+    let tag = format!("mla-{cfg}-{nh}-{kvl}-{rope}-{t_kv}-{n_split}");
+    let got = run(
+        bin,
+        &tag,
+        &args,
+        &[("q.bin", bytes(&q)), ("c.bin", cb)],
+        nh * kvl,
+    );
+    let latent: Vec<f32> = (0..t_kv)
+        .flat_map(|r| cv[r * d..][..kvl].iter().copied())
+        .collect();
+    let shape = AttnShape {
+        n_head: nh,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: kvl,
+    };
+    let want = attention(
+        &q,
+        &cv[..t_kv * d],
+        &latent,
+        t_kv,
+        shape,
+        &Mask::causal(&[t_kv - 1]),
+        scale,
+    );
+    let err = rel_err(&got, &want);
+    assert!(
+        err <= TOL,
+        "mla_decode emulation {tag}: relative L2 {err:e} > {TOL:e} (MEMRA_SEED={})",
+        rng.seed()
+    );
+}
+
+#[test]
+fn attn_decode_emulated_on_host_threads_matches_reference() {
+    let Some(bin) = emulator() else {
+        eprintln!("SKIP attn_decode_emulated_on_host_threads_matches_reference: no C++20 compiler");
+        return;
+    };
+    let mut rng = Rng::from_env_or_time("attn_decode_emulated_on_host_threads_matches_reference");
+    // cfg 0: gemma3 4/1/256 bf16; 1: generic bf16; 2: Qwen3-8B 32/8/128 bf16; 3: generic f32.
+    attn_case(bin, &mut rng, 0, 256, 4, 1, 16, 3, &[49], false); // window, splits
+    attn_case(bin, &mut rng, 0, 256, 4, 1, 0, 3, &[0], false); // one key, empty splits
+    attn_case(bin, &mut rng, 1, 256, 4, 1, 512, 2, &[70], false); // window longer than the context
+    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 1, &[69], false);
+    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 2, &[37, 3], false); // a batch
+    attn_case(bin, &mut rng, 1, 256, 6, 2, 5, 2, &[20], false); // group of 3
+    attn_case(bin, &mut rng, 1, 128, 16, 2, 0, 1, &[30], false); // group of 8: two head groups
+    attn_case(bin, &mut rng, 1, 64, 16, 1, 0, 2, &[40], false);
+    attn_case(bin, &mut rng, 3, 256, 4, 1, 0, 1, &[40], true);
+    attn_case(bin, &mut rng, 3, 64, 2, 1, 0, 3, &[40], true);
+}
+
+#[test]
+fn mla_decode_emulated_on_host_threads_matches_reference() {
+    let Some(bin) = emulator() else {
+        eprintln!("SKIP mla_decode_emulated_on_host_threads_matches_reference: no C++20 compiler");
+        return;
+    };
+    let mut rng = Rng::from_env_or_time("mla_decode_emulated_on_host_threads_matches_reference");
+    // cfg 0: GLM-5 64 heads 512 + 64 bf16; 1: generic bf16; 2: generic f32.
+    mla_case(bin, &mut rng, 0, 64, 512, 64, 40, 2, false); // a partial last tile, two splits
+    mla_case(bin, &mut rng, 0, 64, 512, 64, 1, 3, false); // one row, empty splits
+    mla_case(bin, &mut rng, 1, 16, 512, 64, 37, 1, false); // fewer heads than a block
+    mla_case(bin, &mut rng, 1, 128, 512, 64, 20, 2, false); // two head blocks
+    mla_case(bin, &mut rng, 2, 64, 256, 32, 19, 2, true);
+}
