@@ -364,6 +364,7 @@ fn attn_case(
     );
 }
 
+#[allow(clippy::too_many_arguments)]
 fn mla_case(
     bin: &Path,
     rng: &mut Rng,

@@ -26,7 +26,7 @@
 //   work (f32 units): acc [n_seq, n_head, n_split, hd], then (m, l) [n_seq, n_head, n_split, 2],
 //   then u32 counters [n_seq, n_head] zeroed once when allocated (the kernel leaves them 0).
 // Geometry: n_hg = ceil(G / 4); grid (n_kv · n_hg, n_split, n_seq), block THREADS, no dynamic
-//   shared memory (static: (THREADS/32)·HP·hd·4 bytes ≤ 40 KiB, e.g. THREADS 128 at hd 256).
+//   shared memory (static: (THREADS/32)·HP·(hd + 2)·4 bytes ≤ 40 KiB, e.g. THREADS 128 at hd 256).
 // Inside a block: K and V rows are read with 16-byte loads; a row is split over LPR = min(32,
 // hd/VEC) lanes (VEC = 8 bf16 or 4 f32), so a warp takes 32/LPR rows at once, two such rows per
 // lane group per step (loads in flight before the math). Online softmax in base 2 per lane group,
