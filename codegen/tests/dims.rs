@@ -146,20 +146,20 @@ fn rewrite(
     let file = Gguf::parse(w.to_bytes().unwrap()).unwrap();
     let mut out = GgufWriter::new();
     for (k, v) in file.metadata() {
-        if Some(k.as_str()) != skip_key {
-            out.add_meta(k.clone(), v.clone());
+        if Some(k) != skip_key {
+            out.add_meta(k, v);
         }
     }
     for t in file.tensors() {
-        if Some(t.name.as_str()) == skip_tensor {
+        if Some(t.name) == skip_tensor {
             continue;
         }
         let dims: Vec<u64> = match reshape {
             Some((name, shape)) if name == t.name => shape.to_vec(),
-            _ => t.dims.clone(),
+            _ => t.dims.to_vec(),
         };
         let n: u64 = dims[1..].iter().product::<u64>() * t.ggml_type.row_bytes(dims[0]).unwrap();
-        out.add_tensor_bytes(t.name.clone(), &dims, t.ggml_type, vec![0; n as usize])
+        out.add_tensor_bytes(t.name, &dims, t.ggml_type, vec![0; n as usize])
             .unwrap();
     }
     out.to_bytes().unwrap()
@@ -234,7 +234,7 @@ fn gguf_of_another_arch_or_wrong_type_is_rejected() {
         if k == "gemma3.attention.head_count" {
             w2.add_meta(k.clone(), "four");
         } else {
-            w2.add_meta(k.clone(), v.clone());
+            w2.add_meta(k, v);
         }
     }
     let e = dims::from_gguf(&s, &Gguf::parse(w2.to_bytes().unwrap()).unwrap())

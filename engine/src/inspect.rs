@@ -263,7 +263,7 @@ fn tokenizer_summary<B: AsRef<[u8]>>(f: &Gguf<B>) -> Option<TokenizerSummary> {
     if !f.metadata().iter().any(|(k, _)| k.starts_with("tokenizer.")) {
         return None;
     }
-    let array_len = |key| f.get_array(key).ok().map(MetaArray::len);
+    let array_len = |key| f.get_array(key).ok().map(|a| a.len());
     let id = |key| f.get_u64(key).ok();
     Some(TokenizerSummary {
         model: f.get_str("tokenizer.ggml.model").ok().map(str::to_string),
@@ -287,16 +287,16 @@ impl Report {
         let (hparams, other_metadata) = f
             .metadata()
             .iter()
-            .map(|(k, v)| entry(k, v))
+            .map(|(k, v)| entry(k, &v.into_owned()))
             .partition(|e| arch_prefix.as_ref().is_some_and(|p| e.key.starts_with(p)));
 
         let tensors: Vec<TensorRow> = f
             .tensors()
             .iter()
             .map(|t| TensorRow {
-                name: t.name.clone(),
+                name: t.name.to_string(),
                 ggml_type: t.ggml_type.name().to_string(),
-                shape: t.dims.clone(),
+                shape: t.dims.to_vec(),
                 bytes: t.n_bytes,
                 offset: t.offset,
             })

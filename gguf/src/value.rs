@@ -639,6 +639,12 @@ impl<'a> MetaValueRef<'a> {
     }
 }
 
+impl From<MetaValueRef<'_>> for MetaValue {
+    fn from(v: MetaValueRef<'_>) -> Self {
+        v.into_owned()
+    }
+}
+
 impl PartialEq<MetaValue> for MetaValueRef<'_> {
     fn eq(&self, other: &MetaValue) -> bool {
         self.into_owned() == *other

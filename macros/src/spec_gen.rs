@@ -439,7 +439,7 @@ fn gen_hparams(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
             /// Looks a tensor up and checks its shape; records a problem and returns `None` when
             /// it is missing (and `required`) or mis-shaped.
             #[doc(hidden)]
-            pub fn __tensor<'f, B: ::core::convert::AsRef<[u8]>>(file: &'f ::memra_gguf::Gguf<B>, name: &str, shape: &[::core::result::Result<i64, ::std::string::String>], shape_text: &str, required: bool, problems: &mut ::std::vec::Vec<::std::string::String>) -> ::core::option::Option<&'f ::memra_gguf::TensorInfo> {
+            pub fn __tensor<'f, B: ::core::convert::AsRef<[u8]>>(file: &'f ::memra_gguf::Gguf<B>, name: &str, shape: &[::core::result::Result<i64, ::std::string::String>], shape_text: &str, required: bool, problems: &mut ::std::vec::Vec<::std::string::String>) -> ::core::option::Option<::memra_gguf::TensorInfo<'f>> {
                 let mut expected: ::std::vec::Vec<u64> = ::std::vec::Vec::new();
                 for d in shape {
                     match d {
@@ -481,7 +481,7 @@ fn name_template(t: &TensorSpec) -> String {
 /// Expands to the weight structs, generic over the tensor handle `T`:
 /// `XLayerWeights<T> { pub attn_q: T, pub indexer_attn_k: Option<T>, ... }`, `XGlobalWeights<T>`,
 /// `XWeights<T> { global, layers }`, `try_map` to turn handles into device buffers, and
-/// `XWeights::<&TensorInfo>::from_gguf`, which checks every tensor's presence and shape.
+/// `XWeights::<TensorInfo>::from_gguf`, which checks every tensor's presence and shape.
 fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
     let Names {
         hparams: hp,
@@ -586,7 +586,7 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
         } else {
             None
         };
-        // Required fields hold `Option<&TensorInfo>` (None = missing, reported); optional ones
+        // Required fields hold `Option<TensorInfo>` (None = missing, reported); optional ones
         // `Option<Option<..>>` (outer None = absent or out of range).
         match (is_option(t), in_range) {
             (false, _) => quote!(#id: #lookup,),
@@ -657,7 +657,7 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
             }
         }
 
-        impl<'f> #weights<&'f ::memra_gguf::TensorInfo> {
+        impl<'f> #weights<::memra_gguf::TensorInfo<'f>> {
             /// Maps every tensor the spec lists to its GGUF tensor info, checking shapes against
             /// the spec's expressions; the error lists every missing or mis-shaped tensor.
             #[allow(unused_variables)]
@@ -675,7 +675,7 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
                 }
                 // Every required handle is present once no problem was recorded.
                 let found = #weights { global, layers };
-                found.try_map(|name, t: ::core::option::Option<&'f ::memra_gguf::TensorInfo>| {
+                found.try_map(|name, t: ::core::option::Option<::memra_gguf::TensorInfo<'f>>| {
                     t.ok_or_else(|| ::std::format!("tensor '{name}' is missing"))
                 })
                 .map_err(|p| #error { file: file.path().map(::std::path::Path::to_path_buf), problems: ::std::vec![p] })

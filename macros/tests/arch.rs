@@ -47,21 +47,21 @@ fn image(
     .unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in full.metadata() {
-        if !drop.contains(&k.as_str()) {
-            w.add_meta(k.clone(), v.clone());
+        if !drop.contains(&k) {
+            w.add_meta(k, v);
         }
     }
     for t in full.tensors() {
-        if drop.contains(&t.name.as_str()) {
+        if drop.contains(&t.name) {
             continue;
         }
         let dims = reshape
             .iter()
             .find(|(n, _)| *n == t.name)
             .map(|(_, s)| s.to_vec())
-            .unwrap_or_else(|| t.dims.clone());
+            .unwrap_or_else(|| t.dims.to_vec());
         let bytes = dims[1..].iter().product::<u64>() * t.ggml_type.row_bytes(dims[0]).unwrap();
-        w.add_tensor_bytes(t.name.clone(), &dims, t.ggml_type, vec![0; bytes as usize])
+        w.add_tensor_bytes(t.name, &dims, t.ggml_type, vec![0; bytes as usize])
             .unwrap();
     }
     w.to_bytes().unwrap()

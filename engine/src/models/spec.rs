@@ -92,7 +92,7 @@ mod tests {
         .unwrap();
         let mut w = GgufWriter::new();
         for (k, v) in full.metadata() {
-            w.add_meta(k.clone(), v.clone());
+            w.add_meta(k, v);
         }
         for t in full
             .tensors()
@@ -102,10 +102,10 @@ mod tests {
             let dims = if t.name == "blk.0.attn_output.weight" {
                 vec![1024, 512]
             } else {
-                t.dims.clone()
+                t.dims.to_vec()
             };
             let n = dims[1..].iter().product::<u64>() * t.ggml_type.row_bytes(dims[0]).unwrap();
-            w.add_tensor_bytes(t.name.clone(), &dims, t.ggml_type, vec![0; n as usize])
+            w.add_tensor_bytes(t.name, &dims, t.ggml_type, vec![0; n as usize])
                 .unwrap();
         }
         let file = Gguf::parse(w.to_bytes().unwrap()).unwrap();

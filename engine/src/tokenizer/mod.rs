@@ -227,7 +227,7 @@ impl Tokenizer {
         }
         // llama.cpp: a missing token_type array means every token is NORMAL.
         let types: Vec<TokenType> = match gguf.get_i32_array(KEY_TOKEN_TYPE) {
-            Ok(t) if t.len() == n_vocab => t.iter().map(|&v| TokenType::from_gguf(v)).collect(),
+            Ok(t) if t.len() == n_vocab => t.iter().map(TokenType::from_gguf).collect(),
             Ok(t) => {
                 return Err(TokenizerError::new(
                     path,
@@ -243,7 +243,7 @@ impl Tokenizer {
         let mut token_to_id = HashMap::with_capacity(n_vocab);
         for (id, text) in tokens.iter().enumerate() {
             // Duplicated texts: the first id wins, as in llama.cpp's token_to_id.
-            token_to_id.entry(text.clone()).or_insert(id as TokenId);
+            token_to_id.entry(text.to_string()).or_insert(id as TokenId);
         }
         let vocab = Vocab {
             tokens: tokens.to_vec(),

@@ -242,12 +242,12 @@ fn swa_layers<B: AsRef<[u8]>>(
     key: &str,
     n_layer: usize,
 ) -> Result<Vec<bool>, ModelError> {
-    use memra_gguf::{MetaArray, MetaValue};
+    use memra_gguf::{MetaArrayRef, MetaValueRef};
     let by_period = |p: usize| (0..n_layer).map(|il| p == 0 || il % p < p - 1).collect();
     match gguf.get(key) {
         None => Ok(by_period(DEFAULT_SWA_PERIOD)),
-        Some(MetaValue::Array(MetaArray::Bool(v))) if v.len() == n_layer => Ok(v.clone()),
-        Some(MetaValue::Array(a)) => {
+        Some(MetaValueRef::Array(MetaArrayRef::Bool(v))) if v.len() == n_layer => Ok(v.to_vec()),
+        Some(MetaValueRef::Array(a)) => {
             let ints = gguf.get_u64_array(key)?;
             if ints.len() != n_layer {
                 return Err(ModelError::new(

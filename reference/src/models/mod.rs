@@ -131,7 +131,7 @@ pub fn par_matmul(w: &[f32], k: usize, n: usize, x: &[f32], t: usize) -> Vec<f32
 pub(crate) fn tensor_info<'g, B: AsRef<[u8]>>(
     gguf: &'g Gguf<B>,
     name: &str,
-) -> Result<&'g TensorInfo, ModelError> {
+) -> Result<TensorInfo<'g>, ModelError> {
     gguf.tensor(name)
         .ok_or_else(|| ModelError::new(gguf.path(), format!("tensor '{name}' is missing")))
 }
@@ -144,7 +144,7 @@ pub(crate) fn load_f32<B: AsRef<[u8]>>(
     dims: &[usize],
 ) -> Result<Vec<f32>, ModelError> {
     let info = tensor_info(gguf, name)?;
-    let got: Vec<u64> = info.dims.clone();
+    let got: Vec<u64> = info.dims.to_vec();
     let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
     if got != want {
         return Err(ModelError::new(
@@ -152,7 +152,7 @@ pub(crate) fn load_f32<B: AsRef<[u8]>>(
             format!("tensor '{name}' has shape {got:?}, expected {want:?}"),
         ));
     }
-    dequantize_tensor(gguf, info)
+    dequantize_tensor(gguf, &info)
 }
 
 fn dequantize_tensor<B: AsRef<[u8]>>(
