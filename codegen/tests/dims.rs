@@ -232,7 +232,7 @@ fn gguf_of_another_arch_or_wrong_type_is_rejected() {
     let file = Gguf::parse(w.to_bytes().unwrap()).unwrap();
     for (k, v) in file.metadata() {
         if k == "gemma3.attention.head_count" {
-            w2.add_meta(k.clone(), "four");
+            w2.add_meta(k, "four");
         } else {
             w2.add_meta(k, v);
         }
