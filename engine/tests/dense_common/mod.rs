@@ -14,7 +14,10 @@ use memra_engine::cuda::HeaderSet;
 use memra_engine::kernels::registry::{KernelVariant, Param};
 
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("engine/ has a parent").to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("engine/ has a parent")
+        .to_path_buf()
 }
 
 fn catalogue() -> &'static Catalogue {
@@ -37,12 +40,16 @@ pub fn headers() -> &'static HeaderSet {
             .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
             .map(|p| {
                 let name = format!("memra/{}", p.file_name().unwrap().to_string_lossy());
-                let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                let text =
+                    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
                 (name, text)
             })
             .collect();
         files.sort();
-        let refs: Vec<(&str, &str)> = files.iter().map(|(n, t)| (n.as_str(), t.as_str())).collect();
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .collect();
         HeaderSet::new(&refs)
     })
 }
@@ -72,19 +79,28 @@ pub fn variant(family: &str, params: &[(&str, V)]) -> &'static KernelVariant {
     if let Some(v) = made.get(&key) {
         return v;
     }
-    let fam = catalogue().family(family).unwrap_or_else(|| panic!("templates/README.md has no family `{family}`"));
+    let fam = catalogue()
+        .family(family)
+        .unwrap_or_else(|| panic!("templates/README.md has no family `{family}`"));
     for (k, _) in params {
         assert!(fam.field(k).is_some(), "{family} has no Cfg field `{k}`");
     }
     let to_val = |ty: FieldType, text: &str| match ty {
-        FieldType::Int => ParamVal::Int(text.parse().unwrap_or_else(|_| panic!("{family}: default `{text}` is not an int"))),
+        FieldType::Int => ParamVal::Int(
+            text.parse()
+                .unwrap_or_else(|_| panic!("{family}: default `{text}` is not an int")),
+        ),
         _ => ParamVal::Sym(text.to_string()),
     };
     let mut planned = Vec::new();
     let mut specialized = false;
     for f in &fam.fields {
         let k = f.key();
-        let value = match (params.iter().find(|(p, _)| *p == k).map(|(_, v)| *v), f.kind, &f.default) {
+        let value = match (
+            params.iter().find(|(p, _)| *p == k).map(|(_, v)| *v),
+            f.kind,
+            &f.default,
+        ) {
             (Some(V::I(i)), _, _) => ParamVal::Int(i),
             (Some(V::S(s)), _, _) => ParamVal::Sym(s.to_string()),
             (None, FieldKind::Dim, _) => continue,
@@ -93,9 +109,22 @@ pub fn variant(family: &str, params: &[(&str, V)]) -> &'static KernelVariant {
         };
         specialized |= f.kind == FieldKind::Dim;
         let default = f.default.as_deref().map(|d| to_val(f.ty, d));
-        planned.push(PlannedParam { key: k, value, kind: f.kind, default });
+        planned.push(PlannedParam {
+            key: k,
+            value,
+            kind: f.kind,
+            default,
+        });
     }
-    let pv = PlannedVariant { family: family.to_string(), archs: if specialized { vec!["test".into()] } else { vec![] }, params: planned };
+    let pv = PlannedVariant {
+        family: family.to_string(),
+        archs: if specialized {
+            vec!["test".into()]
+        } else {
+            vec![]
+        },
+        params: planned,
+    };
     let source = render_cuda(&pv, fam).unwrap_or_else(|e| panic!("{e}"));
     let params: Vec<(&'static str, Param)> = pv
         .params
