@@ -2,3 +2,4 @@
 //! `specs/<arch>.toml`; each architecture's forward pass goes in `<arch>.rs` beside it.
 
 pub mod spec;
+pub mod validate;
