@@ -1,5 +1,6 @@
-//! `memra run`: generate text from a prompt. Only the CPU reference path (`--cpu`, gemma3)
-//! exists so far; the GPU forward comes later.
+//! `memra run`: generate text from a prompt on the GPU (the forward of the file's architecture,
+//! with this build's specialized kernels where the dims match) or, with `--cpu`, on the f32 CPU
+//! reference forward.
 
 use std::error::Error;
 use std::io::Write;
@@ -7,8 +8,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use memra_gguf::GgufFile;
-use memra_reference::models::Gemma3;
+use memra_reference::models::{Gemma3, Gemma3Cache};
 
+use crate::kernels::registry::Policy;
+use crate::models::{self, GpuModel, GpuOptions};
 use crate::sampling::{Sampler, SamplerConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -22,7 +25,7 @@ pub struct RunArgs {
     /// Number of tokens to generate (generation also stops at an end-of-generation token).
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
+    /// Sampling temperature; 0 is greedy (argmax on the GPU).
     #[arg(long, default_value_t = 0.8)]
     pub temp: f32,
     /// Keep only the K most likely tokens (0: off).
@@ -37,56 +40,99 @@ pub struct RunArgs {
     /// Run the f32 CPU reference forward instead of the GPU (slow; for checking).
     #[arg(long)]
     pub cpu: bool,
+    /// KV-cache size in positions (default: the model's training context).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Fail unless every kernel is a variant specialized for this model's dims.
+    #[arg(long, conflicts_with = "generic")]
+    pub require_specialized: bool,
+    /// Use the generic kernel variants only (the baseline specialization is measured against).
+    #[arg(long)]
+    pub generic: bool,
+    /// Launch every decode kernel separately instead of replaying a captured CUDA graph.
+    #[arg(long)]
+    pub no_graphs: bool,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+/// The forward a run uses.
+enum Backend {
+    Cpu(Box<Gemma3>, Gemma3Cache, Vec<f32>),
+    Gpu(Box<dyn GpuModel>),
+}
+
+impl Backend {
+    fn forward(&mut self, tokens: &[u32]) -> Result<(), Box<dyn Error>> {
+        match self {
+            Backend::Cpu(model, cache, logits) => *logits = model.forward(cache, tokens, false)?,
+            Backend::Gpu(model) => model.forward(tokens)?,
+        }
+        Ok(())
+    }
+
+    /// The next token from the last logits (greedy stays on the device).
+    fn next(&mut self, sampler: &mut Sampler, greedy: bool) -> Result<u32, Box<dyn Error>> {
+        Ok(match self {
+            Backend::Cpu(_, _, logits) => sampler.sample(logits),
+            Backend::Gpu(model) if greedy => model.argmax()?,
+            Backend::Gpu(model) => sampler.sample(&model.logits()?),
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Backend::Cpu(_, cache, _) => cache.len(),
+            Backend::Gpu(model) => model.len(),
+        }
+    }
 }
 
 pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
-    if !args.cpu {
-        return Err(
-            "the GPU forward is not built yet; add --cpu to run the CPU reference forward \
-                    (e.g. memra run MODEL.gguf -p \"...\" --cpu)"
-                .into(),
-        );
-    }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let config = SamplerConfig {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed,
-    };
+    let config = SamplerConfig { temperature: args.temp, top_k: args.top_k, top_p: args.top_p, seed };
     let mut sampler = Sampler::new(config)?;
+    let greedy = args.temp <= 0.0;
 
     let path = &args.model;
-    eprintln!(
-        "memra: loading {} on the CPU (dequantizing every weight to f32) ...",
-        path.display()
-    );
     let load_start = Instant::now();
     let gguf = GgufFile::open(path)?;
     let arch = gguf.architecture()?.to_string();
-    if arch != "gemma3" {
-        return Err(format!(
-            "{}: architecture \"{arch}\" has no CPU reference forward yet (only gemma3)",
-            path.display()
-        )
-        .into());
-    }
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let model = Gemma3::from_gguf(&gguf)?;
-    drop(gguf);
-    let hp = &model.hparams;
+    let (mut backend, max_ctx) = if args.cpu {
+        if arch != "gemma3" {
+            return Err(format!("{}: architecture \"{arch}\" has no CPU reference forward yet (only gemma3)", path.display()).into());
+        }
+        eprintln!("memra: loading {} on the CPU (dequantizing every weight to f32) ...", path.display());
+        let model = Gemma3::from_gguf(&gguf)?;
+        let cache = model.new_cache();
+        let n_ctx = model.hparams.n_ctx_train;
+        (Backend::Cpu(Box::new(model), cache, Vec::new()), n_ctx)
+    } else {
+        drop(gguf);
+        eprintln!("memra: loading {} on GPU {} ...", path.display(), args.device);
+        let policy = match (args.require_specialized, args.generic) {
+            (true, _) => Policy::RequireSpecialized,
+            (_, true) => Policy::GenericOnly,
+            _ => Policy::Best,
+        };
+        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs };
+        let model = models::load_gpu(path, &arch, &opts)?;
+        for line in model.report() {
+            eprintln!("memra: {line}");
+        }
+        let n_ctx = model.max_ctx();
+        (Backend::Gpu(model), n_ctx)
+    };
     eprintln!(
-        "memra: loaded {arch} ({} layers, n_embd {}, vocab {}, tokenizer {}) in {:.1} s; \
-         temp {} top-k {} top-p {} seed {seed}",
-        hp.n_layer,
-        hp.n_embd,
-        hp.n_vocab,
-        tokenizer.describe(),
+        "memra: {arch} ready in {:.1} s (tokenizer {}); temp {} top-k {} top-p {} seed {seed}",
         load_start.elapsed().as_secs_f64(),
+        tokenizer.describe(),
         config.temperature,
         config.top_k,
         config.top_p,
@@ -96,56 +142,42 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens and the model adds no BOS".into());
     }
-    if prompt.len() >= hp.n_ctx_train {
-        return Err(format!(
-            "the prompt has {} tokens; the context holds {}",
-            prompt.len(),
-            hp.n_ctx_train
-        )
-        .into());
+    if prompt.len() >= max_ctx {
+        return Err(format!("the prompt has {} tokens; the context holds {max_ctx}", prompt.len()).into());
     }
 
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;
     out.flush()?;
 
-    let mut cache = model.new_cache();
     let prefill_start = Instant::now();
-    let mut logits = model.forward(&mut cache, &prompt, false)?;
+    backend.forward(&prompt)?;
+    let mut token = backend.next(&mut sampler, greedy)?;
     let prefill_time = prefill_start.elapsed();
 
     let mut decoder = tokenizer.stream_decoder(false);
     let mut decode_time = Duration::ZERO;
     let mut decode_steps = 0usize;
     let mut generated = 0usize;
-    while generated < args.n_predict {
-        let token = sampler.sample(&logits);
-        if tokenizer.is_eog(token) {
-            break;
-        }
+    while generated < args.n_predict && !tokenizer.is_eog(token) {
         generated += 1;
         write!(out, "{}", decoder.push(token)?)?;
         out.flush()?;
-        if generated == args.n_predict || cache.len() >= hp.n_ctx_train {
+        if generated == args.n_predict || backend.len() >= max_ctx {
             break;
         }
         let step = Instant::now();
-        logits = model.forward(&mut cache, &[token], false)?;
+        backend.forward(&[token])?;
+        token = backend.next(&mut sampler, greedy)?;
         decode_time += step.elapsed();
         decode_steps += 1;
     }
     writeln!(out, "{}", decoder.finish())?;
     out.flush()?;
 
-    let rate = |n: usize, t: Duration| {
-        if t.as_secs_f64() > 0.0 {
-            n as f64 / t.as_secs_f64()
-        } else {
-            0.0
-        }
-    };
+    let rate = |n: usize, t: Duration| if t.as_secs_f64() > 0.0 { n as f64 / t.as_secs_f64() } else { 0.0 };
     eprintln!(
-        "memra: prefill {} tokens in {:.2} s ({:.2} tokens/s); decode {} tokens in {:.2} s ({:.2} tokens/s); {} generated",
+        "memra: prefill {} tokens in {:.3} s ({:.1} tokens/s); decode {} tokens in {:.3} s ({:.1} tokens/s); {} generated",
         prompt.len(),
         prefill_time.as_secs_f64(),
         rate(prompt.len(), prefill_time),

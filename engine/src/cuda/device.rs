@@ -33,9 +33,13 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(|e| Error::driver(format!("cuInit/context for device {ordinal}"), e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| Error::driver("cuDeviceGetAttribute(compute capability)", e))?;
         let name = ctx.name().map_err(|e| Error::driver("cuDeviceGetName", e))?;
-        // The legacy default stream: the engine issues work on one stream, so cudarc's
-        // multi-stream event tracking (on for every non-default stream) would only add cost.
-        let stream = ctx.default_stream();
+        // One explicit stream for all work: CUDA graphs cannot capture the legacy default
+        // stream, and with a single stream cudarc's per-buffer event tracking only adds cost
+        // (and events recorded during a capture would become graph nodes).
+        // SAFETY: every buffer of this context is used on `stream` only (Gpu hands out no other),
+        // so no cross-stream synchronization is needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| Error::driver("cuStreamCreate", e))?;
         Ok(Gpu {
             ctx,
             stream,
@@ -92,6 +96,13 @@ impl Gpu {
     pub fn load_one(&self, variant: &'static KernelVariant) -> Result<Kernel, Error> {
         let mut kernels = self.load(&[variant])?;
         kernels.remove(variant.name).ok_or_else(|| Error::NoSuchKernel { name: variant.name.to_string(), loaded: Vec::new() })
+    }
+
+    /// Streaming multiprocessors (sizes split-K grids).
+    pub fn sm_count(&self) -> Result<usize, Error> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let n = self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| Error::driver("cuDeviceGetAttribute(multiprocessor count)", e))?;
+        Ok(n.max(1) as usize)
     }
 
     /// Waits for all work on the stream.

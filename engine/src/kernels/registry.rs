@@ -87,6 +87,60 @@ pub fn select(family: &str, request: &[(&str, Param)], require_specialized: bool
     select_in(VARIANTS, family, request, require_specialized)
 }
 
+/// How a model run chooses between a specialized variant and its generic twin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// Specialized where one fits the model, else generic (one line says why).
+    #[default]
+    Best,
+    /// Specialized or an error (`--require-specialized`).
+    RequireSpecialized,
+    /// Generic everywhere (`--generic`: the baseline for benchmarks and cross-checks).
+    GenericOnly,
+}
+
+/// [`select`] under a [`Policy`].
+pub fn select_with(family: &str, request: &[(&str, Param)], policy: Policy) -> Result<Selection, Error> {
+    select_in_with(VARIANTS, family, request, policy)
+}
+
+/// [`select_in`] under a [`Policy`].
+pub fn select_in_with(
+    variants: &'static [KernelVariant],
+    family: &str,
+    request: &[(&str, Param)],
+    policy: Policy,
+) -> Result<Selection, Error> {
+    match policy {
+        Policy::Best => select_in(variants, family, request, false),
+        Policy::RequireSpecialized => select_in(variants, family, request, true),
+        Policy::GenericOnly => {
+            // Only the generic members take part; the reason says the choice was forced.
+            let generic: Vec<&'static KernelVariant> = variants.iter().filter(|v| v.family == family && v.is_generic()).collect();
+            let mut chosen = None;
+            for v in generic {
+                let fits = v.params.iter().all(|(k, baked)| match request.iter().find(|(rk, _)| rk == k) {
+                    Some((_, model)) => model == baked,
+                    None => true,
+                });
+                if fits {
+                    if chosen.is_some() {
+                        // Ambiguous: let the full rule explain it.
+                        return select_in(variants, family, request, false);
+                    }
+                    chosen = Some(v);
+                }
+            }
+            match chosen {
+                Some(v) => Ok(Selection { variant: v, specialized: false, reason: format!("{family}: generic {} (generic variants forced)", v.name) }),
+                None => select_in(variants, family, request, false).and_then(|s| {
+                    Err(Error::Selection { detail: format!("{family}: no generic variant fits (the rule would pick {})", s.variant.name) })
+                }),
+            }
+        }
+    }
+}
+
 /// [`select`] over an explicit variant list (tests).
 pub fn select_in(
     variants: &'static [KernelVariant],
@@ -188,6 +242,16 @@ mod tests {
         KernelVariant { name: "matvec__generic__q4_k", family: "matvec", arch: None, params: &[("qtype", Param::Sym("q4_k"))], source: SRC },
         KernelVariant { name: "matvec__generic__q8_0", family: "matvec", arch: None, params: &[("qtype", Param::Sym("q8_0"))], source: SRC },
     ];
+
+    #[test]
+    fn generic_only_skips_a_fitting_specialized_variant() {
+        let s = select_in_with(FIXTURE, "matvec", &[("k", Param::Int(640)), ("n", Param::Int(1024)), ("qtype", Param::Sym("q4_k"))], Policy::GenericOnly).unwrap();
+        assert_eq!(s.variant.name, "matvec__generic__q4_k");
+        assert!(!s.specialized && s.reason.contains("forced"), "{}", s.reason);
+        let best = select_in_with(FIXTURE, "matvec", &[("k", Param::Int(640)), ("n", Param::Int(1024)), ("qtype", Param::Sym("q4_k"))], Policy::Best).unwrap();
+        assert_eq!(best.variant.name, "matvec__k640_n1024_q4_k");
+        assert!(select_in_with(FIXTURE, "matvec", &[("qtype", Param::Sym("q6_k"))], Policy::GenericOnly).is_err());
+    }
 
     #[test]
     fn specialized_when_every_baked_dim_matches() {

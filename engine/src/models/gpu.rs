@@ -1,0 +1,217 @@
+//! Building blocks of the GPU forwards (one file per architecture beside this one): weights on
+//! the device, the model's kernel plan (one selection per need, one parallel load), linear layers
+//! that pick matvec for one token and matmul for many, and the bf16 KV cache.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
+use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
+
+use crate::cuda::{Error as CudaError, Gpu, Kernel, Kernels};
+use crate::kernels::registry::{self, KernelVariant, Param, Policy, Selection};
+use crate::kernels::{matmul, matvec};
+
+/// Why a model cannot be loaded or run on the GPU. Messages name the file, tensor, kernel or
+/// size involved.
+#[derive(Debug, Clone)]
+pub struct GpuModelError(pub String);
+
+impl fmt::Display for GpuModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for GpuModelError {}
+
+impl From<CudaError> for GpuModelError {
+    fn from(e: CudaError) -> Self {
+        GpuModelError(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, GpuModelError>;
+
+pub fn err(msg: impl Into<String>) -> GpuModelError {
+    GpuModelError(msg.into())
+}
+
+/// Bytes as MiB for messages.
+pub fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// A device allocation of `n` zeroed elements; out-of-memory names what and how much.
+pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, n: usize, what: &str) -> Result<CudaSlice<T>> {
+    gpu.stream().alloc_zeros::<T>(n.max(1)).map_err(|e| {
+        err(format!(
+            "out of GPU memory allocating {what}: {} ({n} × {} bytes): {e:?}",
+            mib(n * std::mem::size_of::<T>()),
+            std::mem::size_of::<T>()
+        ))
+    })
+}
+
+/// A weight matrix (or vector) in its GGUF encoding on the device. `k` = ne0 (the row length),
+/// `n` = the number of rows (product of the other dims).
+pub struct DeviceTensor {
+    pub name: String,
+    pub ty: GgmlType,
+    pub k: usize,
+    pub n: usize,
+    pub data: CudaSlice<u8>,
+}
+
+impl DeviceTensor {
+    pub fn upload<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, t: &TensorInfo<'_>) -> Result<DeviceTensor> {
+        let bytes = file.tensor_data(*t);
+        if bytes.len() as u64 != t.n_bytes {
+            return Err(err(format!("tensor '{}': {} data bytes in the file, {} expected (truncated?)", t.name, bytes.len(), t.n_bytes)));
+        }
+        let mut data = alloc::<u8>(gpu, bytes.len(), &format!("tensor '{}'", t.name))?;
+        gpu.stream().memcpy_htod(bytes, &mut data).map_err(|e| err(format!("copying tensor '{}' to the GPU: {e:?}", t.name)))?;
+        Ok(DeviceTensor { name: t.name.to_string(), ty: t.ggml_type, k: t.row_len() as usize, n: t.n_rows() as usize, data })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// A small f32 tensor (norm weights) dequantized on the host and uploaded.
+pub fn upload_f32<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, t: &TensorInfo<'_>) -> Result<CudaSlice<f32>> {
+    let bytes = file.tensor_data(*t);
+    let values = quant::dequantize(t.ggml_type, bytes, t.n_elements() as usize)
+        .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
+    let mut buf = alloc::<f32>(gpu, values.len(), &format!("tensor '{}'", t.name))?;
+    gpu.stream().memcpy_htod(&values, &mut buf).map_err(|e| err(format!("copying tensor '{}' to the GPU: {e:?}", t.name)))?;
+    Ok(buf)
+}
+
+/// The kernels a model needs: each `want` selects one variant under the policy (specialized
+/// where the model's dims match the build, else generic, saying why); `load` compiles or fetches
+/// them all at once.
+pub struct KernelPlan {
+    policy: Policy,
+    picks: BTreeMap<&'static str, Selection>,
+}
+
+impl KernelPlan {
+    pub fn new(policy: Policy) -> KernelPlan {
+        KernelPlan { policy, picks: BTreeMap::new() }
+    }
+
+    /// The variant name for `family` at the model's `request` (dims and enum tokens).
+    pub fn want(&mut self, family: &str, request: &[(&str, Param)]) -> Result<&'static str> {
+        let s = registry::select_with(family, request, self.policy)?;
+        let name = s.variant.name;
+        self.picks.entry(name).or_insert(s);
+        Ok(name)
+    }
+
+    /// A matvec (decode) and a matmul (prefill) variant for a weight matrix.
+    pub fn linear(&mut self, w: DeviceTensor) -> Result<Linear> {
+        let qtype = Param::Sym(qtype_token(matvec::FAMILY, w.ty).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?);
+        let req = [("k", Param::Int(w.k as i64)), ("n", Param::Int(w.n as i64)), ("qtype", qtype)];
+        let matvec = self.want(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
+        let matmul = self.want(matmul::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
+        Ok(Linear { w, matvec, matmul })
+    }
+
+    /// One line per generic fallback (grouped by reason) and a count.
+    pub fn report(&self) -> Vec<String> {
+        let specialized = self.picks.values().filter(|s| s.specialized).count();
+        let mut lines: Vec<String> = Vec::new();
+        for s in self.picks.values().filter(|s| !s.specialized) {
+            if !lines.contains(&s.reason) {
+                lines.push(s.reason.clone());
+            }
+        }
+        lines.push(format!(
+            "kernels: {} variants, {specialized} specialized, {} generic",
+            self.picks.len(),
+            self.picks.len() - specialized
+        ));
+        lines
+    }
+
+    pub fn variants(&self) -> Vec<&'static KernelVariant> {
+        self.picks.values().map(|s| s.variant).collect()
+    }
+
+    pub fn load(&self, gpu: &Gpu) -> Result<Kernels> {
+        Ok(gpu.load(&self.variants())?)
+    }
+}
+
+/// The registry token (`q4_k`) of a GGUF type among the `family` variants of this build, or an
+/// error naming the type when no kernel of the family reads it.
+pub fn qtype_token(family: &str, ty: GgmlType) -> Result<&'static str> {
+    registry::family(family)
+        .iter()
+        .find_map(|v| match v.param("qtype") {
+            Some(Param::Sym(s)) if GgmlType::from_name(s) == Some(ty) => Some(s),
+            _ => None,
+        })
+        .ok_or_else(|| err(format!("no {family} kernel in this build reads {} data", ty.name())))
+}
+
+/// A weight matrix with its decode and prefill kernels: `y[t] = W · x[t]`.
+pub struct Linear {
+    pub w: DeviceTensor,
+    matvec: &'static str,
+    matmul: &'static str,
+}
+
+impl Linear {
+    /// `x`: `[t, k]` packed, `y`: `[t, n]` packed. One token runs the matvec, more the matmul.
+    pub fn forward(&self, kernels: &Kernels, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f32>, t: usize) -> Result<()> {
+        let (k, n) = (self.w.k, self.w.n);
+        let w = self.w.data.slice(..);
+        let res = if t == 1 {
+            matvec::matvec(kernels.get(self.matvec)?, &w, x, y, k, n, 1, k, n)
+        } else {
+            matmul::matmul(kernels.get(self.matmul)?, &w, x, y, t, k, n, k, n)
+        };
+        res.map_err(|e| err(format!("tensor '{}': {e}", self.w.name)))
+    }
+}
+
+/// A kernel by name (loaded by the plan).
+pub fn kernel<'k>(kernels: &'k Kernels, name: &str) -> Result<&'k Kernel> {
+    Ok(kernels.get(name)?)
+}
+
+/// Per layer bf16 K and V caches `[max_ctx, n_kv, head_dim]` (bf16 as u16 bits).
+pub struct KvCache {
+    pub k: Vec<CudaSlice<u16>>,
+    pub v: Vec<CudaSlice<u16>>,
+    pub max_ctx: usize,
+    /// Positions filled so far (the next token goes to `len`).
+    pub len: usize,
+}
+
+impl KvCache {
+    pub fn new(gpu: &Gpu, n_layer: usize, max_ctx: usize, n_kv: usize, head_dim: usize) -> Result<KvCache> {
+        let per = max_ctx
+            .checked_mul(n_kv * head_dim)
+            .ok_or_else(|| err(format!("KV cache of {max_ctx} positions overflows")))?;
+        let total = per * 2 * 2 * n_layer;
+        let mut k = Vec::with_capacity(n_layer);
+        let mut v = Vec::with_capacity(n_layer);
+        for il in 0..n_layer {
+            let what = format!(
+                "the KV cache (layer {il}; {n_layer} layers × {max_ctx} positions × {n_kv} kv heads × {head_dim} dims × bf16 × K,V = {} in all; lower it with --ctx)",
+                mib(total)
+            );
+            k.push(alloc::<u16>(gpu, per, &what)?);
+            v.push(alloc::<u16>(gpu, per, &what)?);
+        }
+        Ok(KvCache { k, v, max_ctx, len: 0 })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|b| b.len() * 2).sum()
+    }
+}
