@@ -25,4 +25,5 @@ pub use registry::{KernelVariant, Param, Selection, select};
 
 // Attention families (H-attn).
 pub mod attn_decode;
+pub mod attn_prefill;
 pub mod mla_decode;
