@@ -79,6 +79,16 @@ pub struct BenchArgs {
     /// Print the planned cases and exit (no GPU needed).
     #[arg(long)]
     pub list: bool,
+    /// Measure this whole model end to end (prefill and decode tokens/s, specialized and
+    /// generic kernels) instead of the kernel families.
+    #[arg(long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// Prompt tokens of the `--model` prefill.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Greedy decode steps of the `--model` run.
+    #[arg(long, default_value_t = 128)]
+    pub decode_tokens: usize,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -716,6 +726,9 @@ pub fn geomeans(rows: &[Row]) -> Vec<(&'static str, f64, usize)> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(model) = &args.model {
+        return run_model(args, model);
+    }
     let cases = plan(args.arch.as_deref(), args.family.as_deref());
     if args.list {
         list(&cases);
@@ -811,6 +824,39 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
+        let text = serde_json::to_string_pretty(&doc)?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--model`: copy bandwidth, then the model end to end (crate::bench_model).
+fn run_model(args: &BenchArgs, model: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    if args.prompt_tokens == 0 || args.decode_tokens == 0 {
+        return Err("--prompt-tokens and --decode-tokens must be at least 1".into());
+    }
+    let gpu = Gpu::new(args.device).map_err(|e| format!("memra bench needs a CUDA GPU: {e}"))?;
+    let driver = driver_version().unwrap_or_else(|| "unknown".into());
+    let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
+    eprintln!("memra bench: {} ({}), {driver}; copy bandwidth {copy_gbps:.0} GB/s", gpu.name(), gpu.arch());
+    let name = gpu.name().to_string();
+    let sm = gpu.arch().to_string();
+    drop(gpu);
+    let models = crate::bench_model::run(model, args.device, copy_gbps, args.prompt_tokens, args.decode_tokens)?;
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "schema": 1,
+            "device": name,
+            "sm": sm,
+            "driver": driver,
+            "date": utc_now(),
+            "commit": commit(args),
+            "memra_version": env!("CARGO_PKG_VERSION"),
+            "copy_bytes": 2 * COPY_BYTES,
+            "copy_gbps": copy_gbps,
+            "models": models,
+        });
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());

@@ -4,6 +4,7 @@
 extern crate self as memra_engine;
 
 pub mod bench;
+pub mod bench_model;
 pub mod cuda;
 pub mod inspect;
 pub mod run;

@@ -82,6 +82,7 @@ struct Net {
     kernels: Kernels,
     names: Names,
     sm_count: usize,
+    weight_bytes: usize,
 }
 
 /// What a forward writes besides the activations: the KV cache and the last logits.
@@ -214,7 +215,7 @@ impl Gemma3Gpu {
             best_val: gpu::alloc(&gpu, 1, "argmax")?,
             argmax_scratch,
         };
-        let net = Net { hp, sem, layers, lm_head, output_norm, kernels, names, sm_count };
+        let net = Net { hp, sem, layers, lm_head, output_norm, kernels, names, sm_count, weight_bytes: bytes };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         Ok(Gemma3Gpu { gpu, net, state, step, use_graphs: opts.graphs, graph: None, report })
     }
@@ -513,6 +514,10 @@ impl GpuModel for Gemma3Gpu {
 
     fn n_vocab(&self) -> usize {
         self.net.n_vocab()
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.net.weight_bytes
     }
 
     fn reset(&mut self) {

@@ -50,6 +50,8 @@ pub trait GpuModel {
     /// KV-cache capacity in positions.
     fn max_ctx(&self) -> usize;
     fn n_vocab(&self) -> usize;
+    /// Bytes of weights on the device (what one decode step must read at least).
+    fn weight_bytes(&self) -> usize;
     /// Forgets the cached positions (the next forward starts at position 0).
     fn reset(&mut self);
     /// What was loaded and which kernel variants were chosen (one line each).

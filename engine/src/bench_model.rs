@@ -1,0 +1,124 @@
+//! `memra bench --model FILE`: end-to-end prefill and decode throughput of a whole model on the
+//! GPU, with the specialized kernels and with the generic ones, against the decode bandwidth
+//! floor (weight bytes / copy bandwidth measured in the same run).
+
+use std::path::Path;
+use std::time::Instant;
+
+use memra_gguf::GgufFile;
+use memra_reference::Rng;
+use serde_json::{Value, json};
+
+use crate::kernels::registry::Policy;
+use crate::models::{self, GpuModel, GpuOptions};
+
+/// The measured figures of one model under one kernel policy.
+pub struct ModelRow {
+    pub policy: &'static str,
+    pub prefill_tokens: usize,
+    pub prefill_tok_s: f64,
+    pub decode_tokens: usize,
+    pub decode_tok_s: f64,
+    pub decode_step_us: f64,
+    pub weight_bytes: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Prefill `prompt_tokens` random tokens (median of `reps` fresh prefills), then decode
+/// `decode_tokens` greedily one at a time (each step waits for its token, as generation does).
+pub fn measure(
+    path: &Path,
+    device: usize,
+    policy: Policy,
+    prompt_tokens: usize,
+    decode_tokens: usize,
+    reps: usize,
+) -> Result<ModelRow, Box<dyn std::error::Error>> {
+    let arch = GgufFile::open(path)?.architecture()?.to_string();
+    let max_ctx = prompt_tokens + decode_tokens + 1;
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true };
+    let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
+    for line in model.report() {
+        eprintln!("  {line}");
+    }
+    let mut rng = Rng::from_env_or_time("memra bench --model");
+    let prompt: Vec<u32> = (0..prompt_tokens).map(|_| rng.below(model.n_vocab()) as u32).collect();
+    // Warm-up: kernels loaded, graph captured, clocks up.
+    model.forward(&prompt)?;
+    for _ in 0..8 {
+        let t = model.argmax()?;
+        model.forward(&[t])?;
+    }
+    model.sync()?;
+    let mut prefill = Vec::new();
+    for _ in 0..reps.max(1) {
+        model.reset();
+        let start = Instant::now();
+        model.forward(&prompt)?;
+        model.sync()?;
+        prefill.push(start.elapsed().as_secs_f64());
+    }
+    let mut token = model.argmax()?;
+    let start = Instant::now();
+    for _ in 0..decode_tokens {
+        model.forward(&[token])?;
+        token = model.argmax()?;
+    }
+    let decode = start.elapsed().as_secs_f64();
+    let prefill_s = median(prefill);
+    Ok(ModelRow {
+        policy: match policy {
+            Policy::GenericOnly => "generic",
+            _ => "specialized",
+        },
+        prefill_tokens: prompt_tokens,
+        prefill_tok_s: prompt_tokens as f64 / prefill_s,
+        decode_tokens,
+        decode_tok_s: decode_tokens as f64 / decode,
+        decode_step_us: decode * 1e6 / decode_tokens as f64,
+        weight_bytes: model.weight_bytes(),
+    })
+}
+
+/// Both policies, printed as a table; returns the JSON entries (benches/results/SCHEMA.md `models`).
+pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, decode_tokens: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    let mut rows = Vec::new();
+    for policy in [Policy::Best, Policy::GenericOnly] {
+        eprintln!("memra bench: {} with {:?} kernels", path.display(), policy);
+        rows.push(measure(path, device, policy, prompt_tokens, decode_tokens, 3)?);
+    }
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");
+    println!("{:<12} {:>14} {:>14} {:>12} {:>16}", "kernels", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
+    for r in &rows {
+        let floor_us = r.weight_bytes as f64 / (copy_gbps * 1e9) * 1e6;
+        println!(
+            "{:<12} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
+            r.policy, r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
+        );
+        out.push(json!({
+            "model": name,
+            "kernels": r.policy,
+            "prefill_tokens": r.prefill_tokens,
+            "prefill_tok_s": r.prefill_tok_s,
+            "decode_tokens": r.decode_tokens,
+            "decode_tok_s": r.decode_tok_s,
+            "decode_step_us": r.decode_step_us,
+            "weight_bytes": r.weight_bytes,
+            "decode_floor_us": floor_us,
+        }));
+    }
+    if let [s, g] = &rows[..] {
+        println!(
+            "specialized/generic: prefill {:.2}x, decode {:.2}x",
+            s.prefill_tok_s / g.prefill_tok_s,
+            s.decode_tok_s / g.decode_tok_s
+        );
+    }
+    Ok(out)
+}
