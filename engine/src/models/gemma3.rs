@@ -2,8 +2,9 @@
 //! `h = attn_norm(x)`, q/k/v projections, per-head QK-norm + NEOX RoPE (local base on
 //! sliding-window layers) written into the bf16 KV cache, GQA attention (window on local layers),
 //! output projection, sandwich norm + residual (fused with the next pre-norm), GeGLU FFN likewise,
-//! tied LM head. Batched prefill and token-by-token decode share the kernels; a decode step is
-//! captured once as a CUDA graph and replayed.
+//! tied LM head. Batched prefill (matmul + tensor-core prefill attention) and token-by-token
+//! decode (matvec + split-K decode attention); a decode step is captured as a CUDA graph and
+//! replayed.
 
 use std::path::Path;
 use std::time::Instant;
@@ -17,6 +18,7 @@ use super::spec::gemma3::{Gemma3Hparams, Gemma3Weights};
 use super::{GpuModel, GpuOptions};
 use crate::cuda::{Gpu, Kernels};
 use crate::kernels::attn_decode::{self, AttnDecodeParams};
+use crate::kernels::attn_prefill::{self, AttnPrefillParams};
 use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
 use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
@@ -51,6 +53,7 @@ struct Names {
     add_rmsnorm: &'static str,
     qk_norm_rope: &'static str,
     attn_decode: &'static str,
+    attn_prefill: &'static str,
     geglu: &'static str,
     argmax: &'static str,
 }
@@ -189,6 +192,10 @@ impl Gemma3Gpu {
                 attn_decode::FAMILY,
                 &[("head_dim", int(hd)), ("n_head", int(n_head)), ("n_kv", int(n_kv)), ("cache_t", Param::Sym("bf16"))],
             )?,
+            attn_prefill: plan.want(
+                attn_prefill::FAMILY,
+                &[("head_dim", int(hd)), ("n_head", int(n_head)), ("n_kv", int(n_kv)), ("cache_t", Param::Sym("bf16"))],
+            )?,
             geglu: plan.want(geglu::FAMILY, &[("n_ff", int(hparam(hp.n_ff)))])?,
             argmax: plan.want(argmax::FAMILY, &[("n_vocab", int(n_vocab))])?,
         };
@@ -325,7 +332,8 @@ impl Net {
         Ok(())
     }
 
-    /// Attention of `t` query rows at positions `pos0..` over the layer's cache.
+    /// Attention of `t` query rows at positions `pos0..` over the layer's cache: the split-K
+    /// decode kernel for one row, the tensor-core prefill kernel for more.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -343,36 +351,17 @@ impl Net {
         let hp = &self.hp;
         let (n_head, n_kv, hd) = (hparam(hp.n_head), hparam(hp.n_head_kv), hparam(hp.head_dim));
         let qd = n_head * hd;
-        let kernel = self.kernels.get(self.names.attn_decode)?;
         let (kc, vc) = (cache.k[il].slice(..), cache.v[il].slice(..));
-        // Prefill runs one decode-attention launch per query row until a prefill kernel lands.
-        for row in 0..t {
-            let visible = l.window.map_or(pos0 + row + 1, |w| w.min(pos0 + row + 1));
-            let split = if t == 1 { n_split } else { attn_decode::splits_for(visible, 1, n_head, n_kv, self.sm_count, attn_decode::min_split_rows(kernel)) };
-            let p = AttnDecodeParams {
-                n_seq: 1,
-                head_dim: hd,
-                n_head,
-                n_kv,
-                max_ctx: cache.max_ctx,
-                window: l.window,
-                n_split: split,
-                scale: self.sem.attn_scale,
-            };
-            attn_decode::attn_decode(
-                kernel,
-                &q.slice(row * qd..(row + 1) * qd),
-                &kc,
-                &vc,
-                &pos.slice(row..row + 1),
-                &mut att.slice_mut(row * qd..(row + 1) * qd),
-                &mut work.slice_mut(..),
-                &p,
-            )?;
+        let scale = self.sem.attn_scale;
+        if t > 1 {
+            let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, pos0, window: l.window, scale };
+            attn_prefill::attn_prefill(self.kernels.get(self.names.attn_prefill)?, &q.slice(..t * qd), &kc, &vc, &mut att.slice_mut(..t * qd), &p)?;
+            return Ok(());
         }
+        let p = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, window: l.window, n_split, scale };
+        attn_decode::attn_decode(self.kernels.get(self.names.attn_decode)?, &q.slice(..qd), &kc, &vc, &pos.slice(..1), &mut att.slice_mut(..qd), &mut work.slice_mut(..), &p)?;
         Ok(())
     }
-
 }
 
 impl Gemma3Gpu {
@@ -430,9 +419,7 @@ impl Gemma3Gpu {
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let t = chunk.len();
             let pos0 = self.state.cache.len;
-            // The per-row attention launches size their own splits; give them room.
-            let max_split = self.net.splits(pos0 + t)?.into_iter().max().unwrap_or(1);
-            let mut bufs = Bufs::new(&self.gpu, hp, t, max_split.max(2))?;
+            let mut bufs = Bufs::new(&self.gpu, hp, t, 1)?;
             let ids: Vec<i32> = chunk.iter().map(|&v| v as i32).collect();
             let positions: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
             let stream = self.gpu.stream().clone();
