@@ -156,7 +156,7 @@ fn memra_model_gguf_specializes_to_the_files_dims() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("llama.toml: no such spec (specs: gemma3, glm-dsa, olmoe, qwen3"),
+        e.contains("llama.toml: no such spec (specs: deepseek2, gemma3, glm-dsa, olmoe, qwen3"),
         "{e}"
     );
 }

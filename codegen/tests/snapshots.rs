@@ -102,6 +102,11 @@ fn gemma3_snapshot() {
 }
 
 #[test]
+fn deepseek2_snapshot() {
+    check("deepseek2", &arch_snapshot("deepseek2"));
+}
+
+#[test]
 fn generic_snapshot() {
     let g = generate(&[]);
     let mut out = String::from("==== generic variants\n");

@@ -20,6 +20,10 @@ pub mod gemma3 {
     memra_macros::arch!("gemma3");
 }
 
+pub mod deepseek2 {
+    memra_macros::arch!("deepseek2");
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;

@@ -113,6 +113,7 @@ macro_rules! architectures {
 }
 
 architectures! {
+    deepseek2: Deepseek2, Deepseek2Hparams, Deepseek2Weights;
     gemma3: Gemma3, Gemma3Hparams, Gemma3Weights;
     glm_dsa: GlmDsa, GlmDsaHparams, GlmDsaWeights;
     olmoe: Olmoe, OlmoeHparams, OlmoeWeights;
