@@ -1,0 +1,54 @@
+//! Host C++ stand-ins for the warp-level tensor-core PTX the templates use (ldmatrix .x4 and
+//! .x4.trans, mma.sync.m16n8k16 bf16 → f32, cvt.rn.bf16x2), written from the PTX ISA fragment
+//! layouts, for the host emulation tests that compile templates as C++ on std::threads.
+//!
+//! [`FNS`] is a run of C++ functions to paste inside the namespace the template's wrappers live
+//! in (`mma` in matmul.cuh, `ptx` in attn_prefill.cuh). It expects, from the including prelude:
+//! `u16` / `u32`, `threadIdx` (thread_local, x = thread in block), `__syncwarp()` (a barrier of
+//! the 32 threads of a warp), `memcpy`, and `g_smem` (the block's shared-memory base, for the
+//! overloads taking a shared-window address as an offset from it). Warps exchange fragments
+//! through per-thread slots between two `__syncwarp()`s; mma accumulates the 16 products in
+//! f64 before rounding to f32 (the tensor core's f32 accumulation is at least as coarse).
+#![allow(dead_code)]
+
+pub const FNS: &str = r#"
+inline u16 bf16_rn(float f) { u32 u; memcpy(&u, &f, 4); if ((u & 0x7fffffff) > 0x7f800000) return (u >> 16) | 0x40; u32 r = u + 0x7fff + ((u >> 16) & 1); return r >> 16; }
+inline float bf16f(u16 h) { u32 u = (u32)h << 16; float f; memcpy(&f, &u, 4); return f; }
+inline u32 pack_bf16x2(float lo, float hi) { return (u32)bf16_rn(lo) | ((u32)bf16_rn(hi) << 16); }
+struct Slot { const void* p; u32 a[4]; u32 b[2]; };
+inline Slot* slots() { static Slot s[1024]; return s; }
+// Matrix i's row addresses come from lanes 8i .. 8i+7. Plain: lane l holds row l/4, columns
+// 2(l%4), 2(l%4)+1 of each matrix; .trans: rows 2(l%4), 2(l%4)+1 of column l/4.
+inline void ldmatrix_x4_any(u32 (&r)[4], const void* smem, bool trans) {
+    int t = threadIdx.x, base = t & ~31, lane = t & 31;
+    slots()[t].p = smem; __syncwarp();
+    for (int i = 0; i < 4; ++i) {
+        if (!trans) {
+            const u16* row = (const u16*)slots()[base + 8 * i + lane / 4].p;
+            r[i] = (u32)row[2 * (lane % 4)] | ((u32)row[2 * (lane % 4) + 1] << 16);
+        } else {
+            const u16* r0 = (const u16*)slots()[base + 8 * i + 2 * (lane % 4)].p;
+            const u16* r1 = (const u16*)slots()[base + 8 * i + 2 * (lane % 4) + 1].p;
+            r[i] = (u32)r0[lane / 4] | ((u32)r1[lane / 4] << 16);
+        }
+    }
+    __syncwarp(); }
+inline void ldmatrix_x4(u32 (&r)[4], const void* smem) { ldmatrix_x4_any(r, smem, false); }
+inline void ldmatrix_x4_trans(u32 (&r)[4], const void* smem) { ldmatrix_x4_any(r, smem, true); }
+inline void ldmatrix_x4(u32 (&r)[4], u32 smem) { ldmatrix_x4_any(r, g_smem + smem, false); }
+inline void ldmatrix_x4_trans(u32 (&r)[4], u32 smem) { ldmatrix_x4_any(r, g_smem + smem, true); }
+inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    int t = threadIdx.x, base = t & ~31, lane = t & 31;
+    Slot& s = slots()[t]; for (int i = 0; i < 4; ++i) s.a[i] = a[i]; s.b[0] = b0; s.b[1] = b1;
+    __syncwarp();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) { const Slot& q = slots()[base + l]; int g = l / 4, tt = l % 4;
+        auto lo = [](u32 v) { return bf16f(v & 0xffff); }; auto hi = [](u32 v) { return bf16f(v >> 16); };
+        A[g][2*tt] = lo(q.a[0]); A[g][2*tt+1] = hi(q.a[0]); A[g+8][2*tt] = lo(q.a[1]); A[g+8][2*tt+1] = hi(q.a[1]);
+        A[g][2*tt+8] = lo(q.a[2]); A[g][2*tt+9] = hi(q.a[2]); A[g+8][2*tt+8] = lo(q.a[3]); A[g+8][2*tt+9] = hi(q.a[3]);
+        B[2*tt][g] = lo(q.b[0]); B[2*tt+1][g] = hi(q.b[0]); B[2*tt+8][g] = lo(q.b[1]); B[2*tt+9][g] = hi(q.b[1]); }
+    __syncwarp();
+    int g = lane / 4, tt = lane % 4;
+    for (int e = 0; e < 4; ++e) { int row = g + (e / 2) * 8, col = 2 * tt + (e % 2); double acc = d[e];
+        for (int kk = 0; kk < 16; ++kk) acc += (double)A[row][kk] * B[kk][col]; d[e] = (float)acc; } }
+"#;
