@@ -12,9 +12,10 @@
 //! Tolerances. The kernel rounds q (and an f32 cache) to bf16 and the softmax weights P to bf16
 //! for P·V; everything else is f32. (1) Against the reference fed the bf16-rounded q, k, v, the
 //! only error left is P's rounding (relative 2^-9 per weight, about 1e-3 relative L2 on the
-//! output for random v; 0.7e-3 to 1.5e-3 seen) plus f32 arithmetic: bound 5e-3 — one wrongly visible key among ~100 moves the output by ~1e-2, an indexing slip by O(1)
-//! outputs by O(1). (2) Against the reference on the unrounded f32 inputs: DESIGN.md's bf16 bound
-//! 1e-2. Skips (one SKIP line) without a C++20 compiler.
+//! output for random v; 0.7e-3 to 1.5e-3 seen) plus f32 arithmetic: bound 5e-3. One wrongly
+//! visible key among ~100 moves the output by ~1e-2, an indexing slip by O(1). (2) Against the
+//! reference on the unrounded f32 inputs: DESIGN.md's bf16 bound 1e-2. Skips (one SKIP line)
+//! without a C++20 compiler.
 
 mod mma_host;
 
