@@ -1,10 +1,10 @@
 //! Whole-model GPU forwards against the CPU reference forward, under DESIGN.md's logit verdict
 //! (argmax flips only on a near-tie ≤ 1.0, full-vocab max diff ≤ 8.0):
-//! - a micro gemma3 written from specs/gemma3.toml with random weights in the preset's quant
-//!   types (7 layers: local and global, window 8, so short contexts cross the window), under
-//!   each kernel policy, with and without CUDA graphs: batched prefill vs CPU, every decode step
-//!   vs CPU, and GPU prefill vs GPU token-by-token decode; a long prompt crosses attention
-//!   split-count changes (graph re-capture);
+//! - the micro models of gemma3 and qwen3 (fixture::micro_model: every layer kind, random
+//!   weights in the preset's quant types; gemma3's window is 4 positions so short contexts cross
+//!   it), under each kernel policy, with and without CUDA graphs: batched prefill vs CPU, every
+//!   decode step vs CPU, and GPU prefill vs GPU token-by-token decode; a long prompt crosses
+//!   attention split-count changes (graph re-capture);
 //! - the real Gemma 3 270M (when present): 32 greedy tokens equal the CPU path's on several
 //!   prompts (a divergence is allowed only where the verdict allows it).
 //!
@@ -12,86 +12,102 @@
 
 use std::path::{Path, PathBuf};
 
-use memra_codegen::dims;
-use memra_codegen::fixture::{self, Fill};
-use memra_codegen::spec::{ArchSpec, Value};
+use memra_codegen::fixture;
+use memra_codegen::spec::ArchSpec;
 use memra_engine::kernels::registry::Policy;
 use memra_engine::models::{self, GpuModel, GpuOptions};
 use memra_gguf::Gguf;
 use memra_reference::compare::logit_verdict;
-use memra_reference::models::Gemma3;
+use memra_reference::models::{Gemma3, Gemma3Cache, Qwen3, Qwen3Cache};
 use memra_reference::Rng;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// A 7-layer gemma3 with small dims and random weights, written to a temp file.
-fn micro_gemma3(seed: u64) -> PathBuf {
-    let spec = ArchSpec::load(&root().join("specs/gemma3.toml")).unwrap_or_else(|e| panic!("{e}"));
-    let int = Value::Int;
-    let d = dims::from_preset_with(
-        &spec,
-        None,
-        &[
-            ("block_count", int(7)),
-            ("n_ctx_train", int(2048)),
-            ("n_embd", int(256)),
-            ("n_ff", int(512)),
-            ("n_head", int(2)),
-            ("n_head_kv", int(1)),
-            ("head_dim", int(128)),
-            ("head_dim_v", int(128)),
-            ("sliding_window", int(8)),
-            ("n_vocab", int(512)),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let bytes = fixture::writer_for(&spec, &d, Fill::Random(seed)).unwrap_or_else(|e| panic!("{e}")).to_bytes().unwrap();
-    let path = std::env::temp_dir().join(format!("memra-micro-gemma3-{seed}-{}.gguf", std::process::id()));
+/// The micro model of `arch` (fixture::micro_model: every layer kind, random weights in the
+/// preset's types, a small vocabulary) written to a temp file.
+fn micro(arch: &str, seed: u64) -> PathBuf {
+    let spec = ArchSpec::load(&root().join(format!("specs/{arch}.toml"))).unwrap_or_else(|e| panic!("{e}"));
+    let bytes = fixture::micro_model(&spec, seed).unwrap_or_else(|e| panic!("{e}"));
+    let path = std::env::temp_dir().join(format!("memra-micro-{arch}-{seed}-{}.gguf", std::process::id()));
     std::fs::write(&path, bytes).unwrap();
     path
 }
 
-fn load(path: &Path, policy: Policy, graphs: bool) -> Box<dyn GpuModel> {
-    let opts = GpuOptions { policy, graphs, max_ctx: Some(1024), ..GpuOptions::default() };
-    models::load_gpu(path, "gemma3", &opts).unwrap_or_else(|e| panic!("{e}"))
+/// The CPU reference forward of a micro model, with its cache.
+enum Cpu {
+    Gemma3(Gemma3, Gemma3Cache),
+    Qwen3(Qwen3, Qwen3Cache),
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gemma3_micro_matches_the_cpu_reference() {
-    let mut rng = Rng::from_env_or_time("gpu_gemma3_micro");
-    let seed = rng.seed();
-    let path = micro_gemma3(seed);
-    let cpu = Gemma3::from_gguf(&Gguf::parse(std::fs::read(&path).unwrap()).unwrap()).unwrap();
-    let n_vocab = cpu.hparams.n_vocab;
-    let prompt: Vec<u32> = (0..20).map(|_| rng.below(n_vocab) as u32).collect();
-    let steps = 12;
+impl Cpu {
+    fn load(arch: &str, path: &Path) -> Cpu {
+        let file = Gguf::parse(std::fs::read(path).unwrap()).unwrap();
+        match arch {
+            "gemma3" => {
+                let m = Gemma3::from_gguf(&file).unwrap();
+                let c = m.new_cache();
+                Cpu::Gemma3(m, c)
+            }
+            "qwen3" => {
+                let m = Qwen3::from_gguf(&file).unwrap();
+                let c = m.new_cache();
+                Cpu::Qwen3(m, c)
+            }
+            other => panic!("no CPU forward wired for {other}"),
+        }
+    }
 
+    fn forward(&mut self, tokens: &[u32]) -> Vec<f32> {
+        match self {
+            Cpu::Gemma3(m, c) => m.forward(c, tokens, false).unwrap(),
+            Cpu::Qwen3(m, c) => m.forward(c, tokens, false).unwrap(),
+        }
+    }
+
+    fn reset(&mut self) {
+        match self {
+            Cpu::Gemma3(m, c) => *c = m.new_cache(),
+            Cpu::Qwen3(m, c) => *c = m.new_cache(),
+        }
+    }
+}
+
+fn load(arch: &str, path: &Path, policy: Policy, graphs: bool) -> Box<dyn GpuModel> {
+    let opts = GpuOptions { policy, graphs, max_ctx: Some(1024), ..GpuOptions::default() };
+    models::load_gpu(path, arch, &opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// GPU vs CPU on the micro model of `arch`: prefill, decode steps, and GPU prefill vs GPU
+/// token-by-token decode, under each kernel policy, with and without CUDA graphs.
+fn micro_matches_the_cpu_reference(arch: &str) {
+    let mut rng = Rng::from_env_or_time(&format!("gpu_{arch}_micro"));
+    let seed = rng.seed();
+    let path = micro(arch, seed);
+    let mut cpu = Cpu::load(arch, &path);
+    let prompt: Vec<u32> = (0..20).map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32).collect();
+    let steps = 12;
     for (policy, graphs) in [(Policy::Best, true), (Policy::GenericOnly, false), (Policy::Best, false)] {
-        let what = format!("seed {seed}, {policy:?}, graphs {graphs}");
-        let mut gpu = load(&path, policy, graphs);
-        let mut cache = cpu.new_cache();
-        let want = cpu.forward(&mut cache, &prompt, false).unwrap();
+        let what = format!("{arch} seed {seed}, {policy:?}, graphs {graphs}");
+        let mut gpu = load(arch, &path, policy, graphs);
+        cpu.reset();
+        let want = cpu.forward(&prompt);
         gpu.forward(&prompt).unwrap();
         logit_verdict(&want, &gpu.logits().unwrap(), &format!("{what}: prefill of {}", prompt.len())).unwrap();
+        assert_eq!(gpu.argmax().unwrap() as usize, argmax(&gpu.logits().unwrap()), "{what}: device argmax vs host argmax");
         let mut seq = prompt.clone();
         let mut next = argmax(&want) as u32;
-        assert_eq!(gpu.argmax().unwrap() as usize, argmax(&gpu.logits().unwrap()), "{what}: device argmax vs host argmax");
         for step in 0..steps {
             seq.push(next);
-            let want = cpu.forward(&mut cache, &[next], false).unwrap();
+            let want = cpu.forward(&[next]);
             gpu.forward(&[next]).unwrap();
-            let got = gpu.logits().unwrap();
-            logit_verdict(&want, &got, &format!("{what}: decode step {step} (position {})", seq.len() - 1)).unwrap();
+            logit_verdict(&want, &gpu.logits().unwrap(), &format!("{what}: decode step {step} (position {})", seq.len() - 1)).unwrap();
             next = argmax(&want) as u32;
         }
         assert_eq!(gpu.len(), seq.len());
-
-        // The same sequence one token at a time on the GPU vs its batched prefill.
         let batched = {
-            let mut g = load(&path, policy, graphs);
+            let mut g = load(arch, &path, policy, graphs);
             g.forward(&seq).unwrap();
             g.logits().unwrap()
         };
@@ -107,21 +123,32 @@ fn gpu_gemma3_micro_matches_the_cpu_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gpu_gemma3_micro_matches_the_cpu_reference() {
+    micro_matches_the_cpu_reference("gemma3");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_qwen3_micro_matches_the_cpu_reference() {
+    micro_matches_the_cpu_reference("qwen3");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_gemma3_micro_long_context_and_cache_limits() {
     let mut rng = Rng::from_env_or_time("gpu_gemma3_micro_long");
     let seed = rng.seed();
-    let path = micro_gemma3(seed);
-    let cpu = Gemma3::from_gguf(&Gguf::parse(std::fs::read(&path).unwrap()).unwrap()).unwrap();
-    let prompt: Vec<u32> = (0..700).map(|_| rng.below(cpu.hparams.n_vocab) as u32).collect();
-    let mut gpu = load(&path, Policy::Best, true);
-    let mut cache = cpu.new_cache();
-    let want = cpu.forward(&mut cache, &prompt, false).unwrap();
+    let path = micro("gemma3", seed);
+    let mut cpu = Cpu::load("gemma3", &path);
+    let prompt: Vec<u32> = (0..700).map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32).collect();
+    let mut gpu = load("gemma3", &path, Policy::Best, true);
+    let want = cpu.forward(&prompt);
     gpu.forward(&prompt).unwrap();
     logit_verdict(&want, &gpu.logits().unwrap(), &format!("seed {seed}: prefill of 700")).unwrap();
     // Decode across 768 (a split-count change for the global layers: a new graph).
     let mut next = argmax(&want) as u32;
     for step in 0..80 {
-        let want = cpu.forward(&mut cache, &[next], false).unwrap();
+        let want = cpu.forward(&[next]);
         gpu.forward(&[next]).unwrap();
         logit_verdict(&want, &gpu.logits().unwrap(), &format!("seed {seed}: decode step {step} at {}", 700 + step)).unwrap();
         next = argmax(&want) as u32;
@@ -131,7 +158,7 @@ fn gpu_gemma3_micro_long_context_and_cache_limits() {
     let err = gpu.forward(&vec![1; 1024 - before + 1]).unwrap_err().to_string();
     assert!(err.contains("context full") && err.contains("1024"), "{err}");
     assert_eq!(gpu.len(), before);
-    let err = gpu.forward(&[cpu.hparams.n_vocab as u32]).unwrap_err().to_string();
+    let err = gpu.forward(&[fixture::MICRO_N_VOCAB as u32]).unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
     let _ = std::fs::remove_file(&path);
 }
@@ -154,7 +181,7 @@ fn gpu_gemma3_real_greedy_matches_the_cpu_path() {
     let tok = memra_engine::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     let cpu = Gemma3::from_gguf(&file).unwrap();
     drop(file);
-    let mut gpu = load(&path, Policy::RequireSpecialized, true);
+    let mut gpu = load("gemma3", &path, Policy::RequireSpecialized, true);
     for line in gpu.report() {
         println!("{line}");
     }
@@ -196,7 +223,7 @@ fn argmax(v: &[f32]) -> usize {
 #[test]
 fn gpu_load_without_a_gpu_is_an_error_not_a_panic() {
     // On a machine with a GPU this loads; without one it must fail with a message.
-    let path = micro_gemma3(7);
+    let path = micro("gemma3", 7);
     match models::load_gpu(&path, "gemma3", &GpuOptions { max_ctx: Some(64), ..GpuOptions::default() }) {
         Ok(m) => assert_eq!(m.max_ctx(), 64),
         Err(e) => assert!(!e.to_string().is_empty()),

@@ -2,8 +2,10 @@
 //! `specs/<arch>.toml`; each architecture's GPU forward pass goes in `<arch>.rs` beside it, on
 //! the shared building blocks of `gpu.rs`, and registers its loader in [`GPU_FORWARDS`].
 
+pub mod decoder;
 pub mod gemma3;
 pub mod gpu;
+pub mod qwen3;
 pub mod spec;
 pub mod validate;
 
@@ -61,7 +63,10 @@ pub trait GpuModel {
 type Loader = fn(&Path, &GpuOptions) -> Result<Box<dyn GpuModel>>;
 
 /// The architectures with a GPU forward, by GGUF `general.architecture`.
-pub static GPU_FORWARDS: &[(&str, Loader)] = &[("gemma3", |p, o| Ok(Box::new(gemma3::Gemma3Gpu::load(p, o)?)))];
+pub static GPU_FORWARDS: &[(&str, Loader)] = &[
+    ("gemma3", |p, o| Ok(Box::new(gemma3::load(p, o)?))),
+    ("qwen3", |p, o| Ok(Box::new(qwen3::load(p, o)?))),
+];
 
 /// Loads the model at `path` on the GPU with the forward of its architecture.
 pub fn load_gpu(path: &Path, arch: &str, opts: &GpuOptions) -> Result<Box<dyn GpuModel>> {

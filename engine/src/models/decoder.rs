@@ -1,0 +1,609 @@
+//! The GQA decoder stack on the GPU, shared by the architectures whose attention is GQA
+//! (gemma3, qwen3, ...): each `<arch>.rs` maps its spec-generated weights and capabilities to a
+//! [`DecoderSpec`]; this file uploads it, plans the kernels and runs it.
+//!
+//! Per layer: `h = attn_norm(x)`, q/k/v projections, QK-norm (per head, full or none) + RoPE
+//! fused with the bf16 KV-cache write, attention (split-K decode kernel for one token,
+//! tensor-core prefill kernel for many; sliding window per layer), output projection, then the
+//! residual add fused with the next pre-norm — with the branch RMS-normalized first for sandwich
+//! norms — and the gated FFN likewise. Logits of the last token through the LM head, argmax on
+//! the device. A decode step is captured as a CUDA graph and replayed (re-captured only when the
+//! attention split counts change, every few hundred positions).
+
+use std::path::Path;
+use std::time::Instant;
+
+use cudarc::driver::{CudaGraph, CudaSlice, sys};
+use memra_gguf::{Gguf, TensorInfo};
+
+use super::gpu::{self, DeviceTensor, GpuModelError, KernelPlan, KvCache, Linear, Result, err, upload_f32};
+use super::{GpuModel, GpuOptions};
+use crate::cuda::{Gpu, Kernels};
+use crate::kernels::attn_decode::{self, AttnDecodeParams};
+use crate::kernels::attn_prefill::{self, AttnPrefillParams};
+use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
+use crate::kernels::registry::Param;
+use crate::kernels::swiglu::GluLayout;
+use crate::kernels::{add_rmsnorm, argmax, embed, geglu, rmsnorm, swiglu};
+
+/// Prompt tokens per prefill pass (bounds the activation buffers).
+const PREFILL_CHUNK: usize = 2048;
+
+/// Where the norms sit (spec capability `norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// `x += f(norm(x))`.
+    Pre,
+    /// `x += post_norm(f(norm(x)))` (gemma3).
+    Sandwich,
+}
+
+/// The gated activation of the FFN (spec capability `ffn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    Swiglu,
+    Geglu,
+}
+
+impl NormPlacement {
+    /// From the spec's `norm` capability token.
+    pub fn from_token(token: &str) -> Result<NormPlacement> {
+        match token {
+            "pre" => Ok(NormPlacement::Pre),
+            "sandwich" => Ok(NormPlacement::Sandwich),
+            other => Err(err(format!("norm placement `{other}` has no GPU decoder path"))),
+        }
+    }
+}
+
+impl Glu {
+    /// From the spec's `ffn` capability token (dense gated FFNs).
+    pub fn from_token(token: &str) -> Result<Glu> {
+        match token {
+            "swiglu" => Ok(Glu::Swiglu),
+            "geglu" => Ok(Glu::Geglu),
+            other => Err(err(format!("ffn `{other}` has no dense GPU decoder path"))),
+        }
+    }
+
+    fn family(self) -> &'static str {
+        match self {
+            Glu::Swiglu => swiglu::FAMILY,
+            Glu::Geglu => geglu::FAMILY,
+        }
+    }
+}
+
+/// The embedding multiplier of the spec's `embedding_scale` capability token.
+pub fn embed_scale(token: &str, n_embd: usize) -> Result<f32> {
+    match token {
+        "none" => Ok(1.0),
+        "sqrt_n_embd" => Ok((n_embd as f32).sqrt()),
+        other => Err(err(format!("embedding scale `{other}` has no GPU decoder path"))),
+    }
+}
+
+/// The capabilities and scalars a forward needs, from the spec and the file.
+#[derive(Clone, Debug)]
+pub struct DecoderConfig {
+    pub arch: &'static str,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_ff: usize,
+    pub n_ctx_train: usize,
+    pub eps: f32,
+    /// `per_head`, `full` or `none` (the qk_norm_rope enum token).
+    pub qk_norm: &'static str,
+    /// `neox` or `interleaved`.
+    pub rope_mode: &'static str,
+    pub norm: NormPlacement,
+    pub glu: Glu,
+    /// Multiplies the embedding rows (gemma3: sqrt(n_embd)).
+    pub embed_scale: f32,
+    /// Softmax scale of q·k.
+    pub attn_scale: f32,
+}
+
+/// One layer's tensors in the file plus its RoPE and window.
+pub struct LayerSpec<'f> {
+    pub attn_norm: TensorInfo<'f>,
+    pub attn_q: TensorInfo<'f>,
+    pub attn_k: TensorInfo<'f>,
+    pub attn_v: TensorInfo<'f>,
+    /// QK-norm weights (`[head_dim]` per head or the full width), absent for `none`.
+    pub attn_q_norm: Option<TensorInfo<'f>>,
+    pub attn_k_norm: Option<TensorInfo<'f>>,
+    pub attn_output: TensorInfo<'f>,
+    /// Sandwich norms only.
+    pub post_attention_norm: Option<TensorInfo<'f>>,
+    pub ffn_norm: TensorInfo<'f>,
+    pub ffn_gate: TensorInfo<'f>,
+    pub ffn_up: TensorInfo<'f>,
+    pub ffn_down: TensorInfo<'f>,
+    pub post_ffw_norm: Option<TensorInfo<'f>>,
+    pub rope_base: f32,
+    /// Linear RoPE scaling as 1/factor.
+    pub rope_scale: f32,
+    pub window: Option<usize>,
+}
+
+/// Everything an architecture file hands over.
+pub struct DecoderSpec<'f> {
+    pub config: DecoderConfig,
+    pub layers: Vec<LayerSpec<'f>>,
+    pub token_embd: TensorInfo<'f>,
+    pub output_norm: TensorInfo<'f>,
+    /// Untied LM head; `None` = logits through `token_embd`.
+    pub output: Option<TensorInfo<'f>>,
+}
+
+struct Layer {
+    attn_norm: CudaSlice<f32>,
+    attn_q: Linear,
+    attn_k: Linear,
+    attn_v: Linear,
+    qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    attn_output: Linear,
+    post_attention_norm: Option<CudaSlice<f32>>,
+    ffn_norm: CudaSlice<f32>,
+    ffn_gate: Linear,
+    ffn_up: Linear,
+    ffn_down: Linear,
+    post_ffw_norm: Option<CudaSlice<f32>>,
+    rope_base: f32,
+    rope_scale: f32,
+    window: Option<usize>,
+}
+
+/// Variant names of the non-linear kernels.
+struct Names {
+    embed: &'static str,
+    rmsnorm: &'static str,
+    add_rmsnorm: &'static str,
+    qk_norm_rope: &'static str,
+    attn_decode: &'static str,
+    attn_prefill: &'static str,
+    glu: &'static str,
+    argmax: &'static str,
+}
+
+/// What a forward reads: weights, kernels, dims.
+struct Net {
+    cfg: DecoderConfig,
+    layers: Vec<Layer>,
+    /// The embedding table when the LM head is untied (else `lm_head.w` is the table).
+    token_embd: Option<DeviceTensor>,
+    lm_head: Linear,
+    output_norm: CudaSlice<f32>,
+    kernels: Kernels,
+    names: Names,
+    sm_count: usize,
+    weight_bytes: usize,
+}
+
+/// What a forward writes besides the activations: the KV cache and the last logits.
+struct State {
+    cache: KvCache,
+    logits: CudaSlice<f32>,
+    best_idx: CudaSlice<i32>,
+    best_val: CudaSlice<f32>,
+    argmax_scratch: CudaSlice<u8>,
+}
+
+/// Activations for a number of tokens.
+struct Bufs {
+    tokens: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    ff: CudaSlice<f32>,
+    work: CudaSlice<f32>,
+}
+
+/// A GQA decoder model loaded on the GPU.
+pub struct Decoder {
+    gpu: Gpu,
+    net: Net,
+    state: State,
+    /// Decode activations (one token), reused by every step and the captured graph.
+    step: Bufs,
+    use_graphs: bool,
+    /// The captured decode step and the split counts it was captured with.
+    graph: Option<(CudaGraph, Vec<usize>)>,
+    report: Vec<String>,
+}
+
+impl Decoder {
+    pub fn load<B: AsRef<[u8]>>(path: &Path, file: &Gguf<B>, spec: DecoderSpec<'_>, opts: &GpuOptions) -> Result<Decoder> {
+        let start = Instant::now();
+        let cfg = spec.config;
+        let (e, n_head, n_kv, hd) = (cfg.n_embd, cfg.n_head, cfg.n_kv, cfg.head_dim);
+        let max_ctx = opts.max_ctx.unwrap_or(cfg.n_ctx_train).min(cfg.n_ctx_train).max(1);
+
+        let gpu = Gpu::new(opts.device)?;
+        let sm_count = gpu.sm_count()?;
+        let mut plan = KernelPlan::new(opts.policy);
+        let mut bytes = 0usize;
+        let mut upload = |t: &TensorInfo<'_>| -> Result<DeviceTensor> {
+            let d = DeviceTensor::upload(&gpu, file, t)?;
+            bytes += d.bytes();
+            Ok(d)
+        };
+        let f32s = |t: &TensorInfo<'_>| upload_f32(&gpu, file, t);
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for l in &spec.layers {
+            let mut lin = |t: &TensorInfo<'_>| -> Result<Linear> { plan.linear(upload(t)?) };
+            let (attn_q, attn_k, attn_v, attn_output) = (lin(&l.attn_q)?, lin(&l.attn_k)?, lin(&l.attn_v)?, lin(&l.attn_output)?);
+            let (ffn_gate, ffn_up, ffn_down) = (lin(&l.ffn_gate)?, lin(&l.ffn_up)?, lin(&l.ffn_down)?);
+            let qk_norm = match (&l.attn_q_norm, &l.attn_k_norm) {
+                (Some(q), Some(k)) => Some((f32s(q)?, f32s(k)?)),
+                _ => None,
+            };
+            layers.push(Layer {
+                attn_norm: f32s(&l.attn_norm)?,
+                attn_q,
+                attn_k,
+                attn_v,
+                qk_norm,
+                attn_output,
+                post_attention_norm: l.post_attention_norm.as_ref().map(f32s).transpose()?,
+                ffn_norm: f32s(&l.ffn_norm)?,
+                ffn_gate,
+                ffn_up,
+                ffn_down,
+                post_ffw_norm: l.post_ffw_norm.as_ref().map(f32s).transpose()?,
+                rope_base: l.rope_base,
+                rope_scale: l.rope_scale,
+                window: l.window,
+            });
+        }
+        let embd = upload(&spec.token_embd)?;
+        let embd_qtype = gpu::qtype_token(embed::FAMILY, embd.ty).map_err(|e| err(format!("token_embd.weight: {e}")))?;
+        let n_vocab = embd.n;
+        let (token_embd, lm_head) = match &spec.output {
+            Some(out) => (Some(embd), plan.linear(upload(out)?)?),
+            None => (None, plan.linear(embd)?),
+        };
+        if lm_head.w.n != n_vocab {
+            return Err(err(format!("{}: output.weight has {} rows, token_embd.weight {n_vocab}", path.display(), lm_head.w.n)));
+        }
+        let output_norm = f32s(&spec.output_norm)?;
+
+        let int = |v: usize| Param::Int(v as i64);
+        let sandwich = cfg.norm == NormPlacement::Sandwich;
+        let attn_dims = [("head_dim", int(hd)), ("n_head", int(n_head)), ("n_kv", int(n_kv)), ("cache_t", Param::Sym("bf16"))];
+        let names = Names {
+            embed: plan.want(embed::FAMILY, &[("n_embd", int(e)), ("qtype", Param::Sym(embd_qtype))])?,
+            rmsnorm: plan.want(rmsnorm::FAMILY, &[("n", int(e))])?,
+            add_rmsnorm: plan.want(add_rmsnorm::FAMILY, &[("n", int(e)), ("delta_norm", Param::Int(sandwich as i64))])?,
+            qk_norm_rope: plan.want(
+                qk_norm_rope::FAMILY,
+                &[
+                    ("head_dim", int(hd)),
+                    ("n_head", int(n_head)),
+                    ("n_kv", int(n_kv)),
+                    ("n_rot", int(cfg.n_rot)),
+                    ("rope_mode", Param::Sym(cfg.rope_mode)),
+                    ("qk_norm", Param::Sym(cfg.qk_norm)),
+                    ("cache_t", Param::Sym("bf16")),
+                ],
+            )?,
+            attn_decode: plan.want(attn_decode::FAMILY, &attn_dims)?,
+            attn_prefill: plan.want(attn_prefill::FAMILY, &attn_dims)?,
+            glu: plan.want(cfg.glu.family(), &[("n_ff", int(cfg.n_ff))])?,
+            argmax: plan.want(argmax::FAMILY, &[("n_vocab", int(n_vocab))])?,
+        };
+        let mut report = vec![format!(
+            "{}: {}, {} layers, n_embd {e}, {n_head} q / {n_kv} kv heads × {hd}, vocab {n_vocab}; weights {} on {}",
+            path.display(),
+            cfg.arch,
+            layers.len(),
+            gpu::mib(bytes),
+            gpu.name()
+        )];
+        report.extend(plan.report());
+        let compile = Instant::now();
+        let kernels = plan.load(&gpu)?;
+        report.push(format!("kernels ready in {:.2} s", compile.elapsed().as_secs_f64()));
+        let cache = KvCache::new(&gpu, layers.len(), max_ctx, n_kv, hd)?;
+        report.push(format!("KV cache: {max_ctx} positions, bf16, {}", gpu::mib(cache.bytes())));
+
+        let min_rows = attn_decode::min_split_rows(kernels.get(names.attn_decode)?);
+        let max_split = attn_decode::splits_for(max_ctx, 1, n_head, n_kv, sm_count, min_rows).max(2);
+        let step = Bufs::new(&gpu, &cfg, 1, max_split)?;
+        let state = State {
+            cache,
+            logits: gpu::alloc(&gpu, n_vocab, "the logits")?,
+            best_idx: gpu::alloc(&gpu, 1, "argmax")?,
+            best_val: gpu::alloc(&gpu, 1, "argmax")?,
+            argmax_scratch: argmax::alloc_scratch(kernels.get(names.argmax)?, 1, n_vocab)?,
+        };
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, weight_bytes: bytes };
+        report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
+        Ok(Decoder { gpu, net, state, step, use_graphs: opts.graphs, graph: None, report })
+    }
+}
+
+impl Net {
+    fn n_vocab(&self) -> usize {
+        self.lm_head.w.n
+    }
+
+    fn embd_table(&self) -> &DeviceTensor {
+        self.token_embd.as_ref().unwrap_or(&self.lm_head.w)
+    }
+
+    /// The attention split count per layer for keys up to `len`.
+    fn splits(&self, len: usize) -> Result<Vec<usize>> {
+        let min_rows = attn_decode::min_split_rows(self.kernels.get(self.names.attn_decode)?);
+        let c = &self.cfg;
+        Ok(self
+            .layers
+            .iter()
+            .map(|l| {
+                let visible = l.window.map_or(len, |w| w.min(len));
+                attn_decode::splits_for(visible.max(1), 1, c.n_head, c.n_kv, self.sm_count, min_rows)
+            })
+            .collect())
+    }
+
+    /// Enqueues the forward of `t` tokens (ids and positions `pos0..pos0+t` already in `bufs`),
+    /// leaving the last token's logits in `state.logits` and its argmax in `state.best_idx`.
+    fn enqueue(&self, state: &mut State, bufs: &mut Bufs, t: usize, pos0: usize, splits: &[usize]) -> Result<()> {
+        let c = &self.cfg;
+        let (e, hd, n_ff, eps) = (c.n_embd, c.head_dim, c.n_ff, c.eps);
+        let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
+        let k = &self.kernels;
+        let n_vocab = self.n_vocab();
+        let Bufs { tokens, pos, x, h, q, k: kb, v, att, o, gate, up, ff, work } = bufs;
+
+        let table = self.embd_table();
+        embed::embed(k.get(self.names.embed)?, &tokens.slice(..t), &table.data.slice(..), &mut x.slice_mut(..t * e), t, e, n_vocab, c.embed_scale)?;
+        rmsnorm::rmsnorm(k.get(self.names.rmsnorm)?, &x.slice(..t * e), &self.layers[0].attn_norm.slice(..), &mut h.slice_mut(..t * e), t, e, eps)?;
+        for (il, l) in self.layers.iter().enumerate() {
+            l.attn_q.forward(k, &h.slice(..t * e), &mut q.slice_mut(..t * qd), t)?;
+            l.attn_k.forward(k, &h.slice(..t * e), &mut kb.slice_mut(..t * kvd), t)?;
+            l.attn_v.forward(k, &h.slice(..t * e), &mut v.slice_mut(..t * kvd), t)?;
+            let mut p = QkNormRopeParams::packed(t, hd, c.n_head, c.n_kv, c.n_rot, state.cache.max_ctx, l.rope_base, eps);
+            p.freq_scale = l.rope_scale;
+            let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
+            qk_norm_rope::qk_norm_rope(
+                k.get(self.names.qk_norm_rope)?,
+                &mut q.slice_mut(..t * qd),
+                &mut kb.slice_mut(..t * kvd),
+                &v.slice(..t * kvd),
+                norm_w.as_ref().map(|(a, b)| (a, b)),
+                &pos.slice(..t),
+                &mut state.cache.k[il].slice_mut(..),
+                &mut state.cache.v[il].slice_mut(..),
+                &p,
+            )?;
+            self.attend(&state.cache, l, il, q, pos, att, work, t, pos0, splits[il])?;
+            l.attn_output.forward(k, &att.slice(..t * qd), &mut o.slice_mut(..t * e), t)?;
+            add_rmsnorm::add_rmsnorm(
+                k.get(self.names.add_rmsnorm)?,
+                &mut x.slice_mut(..t * e),
+                &o.slice(..t * e),
+                l.post_attention_norm.as_ref().map(|w| w.slice(..)).as_ref(),
+                &l.ffn_norm.slice(..),
+                &mut h.slice_mut(..t * e),
+                t,
+                e,
+                eps,
+            )?;
+            l.ffn_gate.forward(k, &h.slice(..t * e), &mut gate.slice_mut(..t * n_ff), t)?;
+            l.ffn_up.forward(k, &h.slice(..t * e), &mut up.slice_mut(..t * n_ff), t)?;
+            let glu = match c.glu {
+                Glu::Swiglu => swiglu::swiglu,
+                Glu::Geglu => geglu::geglu,
+            };
+            glu(k.get(self.names.glu)?, &gate.slice(..t * n_ff), &up.slice(..t * n_ff), &mut ff.slice_mut(..t * n_ff), t, n_ff, GluLayout::separate(n_ff))?;
+            l.ffn_down.forward(k, &ff.slice(..t * n_ff), &mut o.slice_mut(..t * e), t)?;
+            let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |n| &n.attn_norm);
+            add_rmsnorm::add_rmsnorm(
+                k.get(self.names.add_rmsnorm)?,
+                &mut x.slice_mut(..t * e),
+                &o.slice(..t * e),
+                l.post_ffw_norm.as_ref().map(|w| w.slice(..)).as_ref(),
+                &next_norm.slice(..),
+                &mut h.slice_mut(..t * e),
+                t,
+                e,
+                eps,
+            )?;
+        }
+        let last = (t - 1) * e;
+        self.lm_head.forward(k, &h.slice(last..last + e), &mut state.logits.slice_mut(..), 1)?;
+        argmax::argmax(
+            k.get(self.names.argmax)?,
+            &state.logits.slice(..),
+            &mut state.best_idx.slice_mut(..),
+            &mut state.best_val.slice_mut(..),
+            &mut state.argmax_scratch.slice_mut(..),
+            1,
+            n_vocab,
+        )?;
+        Ok(())
+    }
+
+    /// Attention of `t` query rows at positions `pos0..` over the layer's cache: the split-K
+    /// decode kernel for one row, the tensor-core prefill kernel for more.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        cache: &KvCache,
+        l: &Layer,
+        il: usize,
+        q: &CudaSlice<f32>,
+        pos: &CudaSlice<i32>,
+        att: &mut CudaSlice<f32>,
+        work: &mut CudaSlice<f32>,
+        t: usize,
+        pos0: usize,
+        n_split: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (n_head, n_kv, hd) = (c.n_head, c.n_kv, c.head_dim);
+        let qd = n_head * hd;
+        let (kc, vc) = (cache.k[il].slice(..), cache.v[il].slice(..));
+        let scale = c.attn_scale;
+        if t > 1 {
+            let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, pos0, window: l.window, scale };
+            attn_prefill::attn_prefill(self.kernels.get(self.names.attn_prefill)?, &q.slice(..t * qd), &kc, &vc, &mut att.slice_mut(..t * qd), &p)?;
+            return Ok(());
+        }
+        let p = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, window: l.window, n_split, scale };
+        attn_decode::attn_decode(self.kernels.get(self.names.attn_decode)?, &q.slice(..qd), &kc, &vc, &pos.slice(..1), &mut att.slice_mut(..qd), &mut work.slice_mut(..), &p)?;
+        Ok(())
+    }
+}
+
+impl Decoder {
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let n_vocab = self.net.n_vocab();
+        if tokens.is_empty() {
+            return Err(err("forward: no tokens"));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(err(format!("token id {bad} is out of range (n_vocab {n_vocab})")));
+        }
+        let cache = &self.state.cache;
+        if cache.len + tokens.len() > cache.max_ctx {
+            return Err(err(format!(
+                "context full: {} cached + {} new positions > {} (the KV cache size; --ctx raises it up to the model's {})",
+                cache.len,
+                tokens.len(),
+                cache.max_ctx,
+                self.net.cfg.n_ctx_train
+            )));
+        }
+        Ok(())
+    }
+
+    fn decode_step(&mut self, token: u32) -> Result<()> {
+        let pos0 = self.state.cache.len;
+        let stream = self.gpu.stream().clone();
+        let copy = |what: &str, e: cudarc::driver::DriverError| err(format!("copying {what} to the GPU: {e:?}"));
+        stream.memcpy_htod(&[token as i32], &mut self.step.tokens).map_err(|e| copy("the token", e))?;
+        stream.memcpy_htod(&[pos0 as i32], &mut self.step.pos).map_err(|e| copy("the position", e))?;
+        let splits = self.net.splits(pos0 + 1)?;
+        if !self.use_graphs {
+            return self.net.enqueue(&mut self.state, &mut self.step, 1, pos0, &splits);
+        }
+        // The graph bakes every pointer and scalar; token and position live in device buffers,
+        // so only a change of split counts needs a new capture.
+        if self.graph.as_ref().is_none_or(|(_, s)| *s != splits) {
+            self.graph = None;
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| err(format!("cuStreamBeginCapture: {e:?}")))?;
+            let r = self.net.enqueue(&mut self.state, &mut self.step, 1, pos0, &splits);
+            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            r?;
+            let graph = graph.map_err(|e| err(format!("capturing the decode step as a CUDA graph: {e:?}")))?;
+            let graph = graph.ok_or_else(|| err("capturing the decode step produced an empty graph"))?;
+            self.graph = Some((graph, splits));
+        }
+        let (graph, _) = self.graph.as_ref().expect("captured above");
+        graph.launch().map_err(|e| err(format!("cuGraphLaunch: {e:?}")))
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let t = chunk.len();
+            let pos0 = self.state.cache.len;
+            let mut bufs = Bufs::new(&self.gpu, &self.net.cfg, t, 1)?;
+            let ids: Vec<i32> = chunk.iter().map(|&v| v as i32).collect();
+            let positions: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
+            let stream = self.gpu.stream().clone();
+            stream.memcpy_htod(&ids, &mut bufs.tokens).map_err(|e| err(format!("copying the prompt to the GPU: {e:?}")))?;
+            stream.memcpy_htod(&positions, &mut bufs.pos).map_err(|e| err(format!("copying positions to the GPU: {e:?}")))?;
+            self.net.enqueue(&mut self.state, &mut bufs, t, pos0, &vec![1; self.net.layers.len()])?;
+            self.state.cache.len += t;
+            // `bufs` is freed on return; its frees are stream-ordered after the work.
+        }
+        Ok(())
+    }
+}
+
+impl Bufs {
+    fn new(gpu: &Gpu, c: &DecoderConfig, t: usize, max_split: usize) -> Result<Bufs> {
+        let (e, qd, kvd) = (c.n_embd, c.n_head * c.head_dim, c.n_kv * c.head_dim);
+        let a = |n: usize, what: &str| gpu::alloc::<f32>(gpu, t * n, &format!("activations ({what}, {t} tokens)"));
+        Ok(Bufs {
+            tokens: gpu::alloc(gpu, t, "token ids")?,
+            pos: gpu::alloc(gpu, t, "positions")?,
+            x: a(e, "residual")?,
+            h: a(e, "normed")?,
+            q: a(qd, "q")?,
+            k: a(kvd, "k")?,
+            v: a(kvd, "v")?,
+            att: a(qd, "attention")?,
+            o: a(e, "projection")?,
+            gate: a(c.n_ff, "gate")?,
+            up: a(c.n_ff, "up")?,
+            ff: a(c.n_ff, "ffn")?,
+            work: gpu::alloc(gpu, attn_decode::work_floats(1, c.n_head, c.head_dim, max_split), "attention workspace")?,
+        })
+    }
+}
+
+impl GpuModel for Decoder {
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        self.check_tokens(tokens)?;
+        if tokens.len() == 1 {
+            self.decode_step(tokens[0])?;
+            self.state.cache.len += 1;
+            Ok(())
+        } else {
+            self.prefill(tokens)
+        }
+    }
+
+    fn logits(&self) -> Result<Vec<f32>> {
+        self.gpu.stream().clone_dtoh(&self.state.logits).map_err(|e| GpuModelError(format!("copying the logits to the host: {e:?}")))
+    }
+
+    fn argmax(&self) -> Result<u32> {
+        let v = self.gpu.stream().clone_dtoh(&self.state.best_idx).map_err(|e| GpuModelError(format!("copying the argmax to the host: {e:?}")))?;
+        Ok(v[0].max(0) as u32)
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(self.gpu.sync()?)
+    }
+
+    fn len(&self) -> usize {
+        self.state.cache.len
+    }
+
+    fn max_ctx(&self) -> usize {
+        self.state.cache.max_ctx
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.net.n_vocab()
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.net.weight_bytes
+    }
+
+    fn reset(&mut self) {
+        self.state.cache.len = 0;
+    }
+
+    fn report(&self) -> &[String] {
+        &self.report
+    }
+}
