@@ -2,7 +2,9 @@
 //! hits, damaged entries, concurrent writers, unwritable dirs, MEMRA_NO_NVRTC.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use memra_engine::cuda::cache::{CacheConfig, CacheOutcome, CompileJob, KernelCache};
 use memra_engine::cuda::nvrtc::HeaderSet;
@@ -142,6 +144,29 @@ fn corrupted_truncated_and_foreign_entries_are_rebuilt() {
     );
     damaged_entry_is_rebuilt("empty", |p| std::fs::write(p, b"").unwrap(), "not a memra cache entry");
     damaged_entry_is_rebuilt(
+        "other-key",
+        |p| {
+            // A valid entry of another kernel under this kernel's file name.
+            let elsewhere = TempDir::new("other-key-src");
+            let headers = HeaderSet::new(&[]);
+            let cache = KernelCache::new(CacheConfig::at(&elsewhere.0));
+            cache.get_or_compile(&job(&OTHER, &headers)).unwrap();
+            let key = cache.key(&job(&OTHER, &headers)).unwrap();
+            std::fs::copy(cache.entry_path(&job(&OTHER, &headers), &key).unwrap(), p).unwrap();
+        },
+        "belongs to another key",
+    );
+    damaged_entry_is_rebuilt(
+        "huge-length",
+        |p| {
+            // A header claiming a cubin longer than any file.
+            let mut bytes = std::fs::read(p).unwrap();
+            bytes[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+            std::fs::write(p, bytes).unwrap();
+        },
+        "truncated",
+    );
+    damaged_entry_is_rebuilt(
         "foreign",
         |p| {
             // A bare cubin, as another tool would write it.
@@ -185,6 +210,93 @@ fn concurrent_compiles_with_separate_handles_all_succeed() {
     let headers = HeaderSet::new(&[]);
     let after = KernelCache::new(CacheConfig::at(&dir.0));
     assert_eq!(after.get_or_compile(&job(&TINY, &headers)).unwrap().1, CacheOutcome::Disk);
+}
+
+/// Set in the child processes of `separate_processes_compiling_at_once_all_succeed`.
+const CHILD_DIR_ENV: &str = "MEMRA_CACHE_TEST_CHILD_DIR";
+const CHILD_GO_ENV: &str = "MEMRA_CACHE_TEST_CHILD_GO";
+
+/// The child side of the test below: a no-op unless started by it. Waits for the go file so
+/// that every child compiles at the same moment, then compiles both kernels into the shared dir.
+#[test]
+fn cache_child_process() {
+    let (Some(dir), Some(go)) = (std::env::var_os(CHILD_DIR_ENV), std::env::var_os(CHILD_GO_ENV)) else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !Path::new(&go).exists() {
+        assert!(Instant::now() < deadline, "the parent never created the go file");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let cache = KernelCache::new(CacheConfig::at(PathBuf::from(dir)));
+    let headers = HeaderSet::new(&[]);
+    let results = compile_variants(&cache, &[&TINY, &OTHER], &headers, SmArch(90));
+    let outcomes: Vec<String> =
+        results.iter().map(|r| format!("{:?}", r.as_ref().expect("every process compiles").outcome)).collect();
+    assert!(cache.warnings().is_empty(), "{:?}", cache.warnings());
+    println!("CHILD-OK {}", outcomes.join(","));
+}
+
+#[test]
+fn separate_processes_compiling_at_once_all_succeed() {
+    if !have_nvrtc("separate_processes_compiling_at_once_all_succeed") {
+        return;
+    }
+    let dir = TempDir::new("processes");
+    let cache_dir = dir.0.join("kernels");
+    let go = dir.0.join("go");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["cache_child_process", "--exact", "--nocapture", "--test-threads", "1"])
+                .env(CHILD_DIR_ENV, &cache_dir)
+                .env(CHILD_GO_ENV, &go)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start a child test process")
+        })
+        .collect();
+    // Let the children load NVRTC and reach the wait before releasing them together.
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&go, b"").unwrap();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stdout.contains("CHILD-OK"), "child failed ({}):\n{stdout}\n{stderr}", out.status);
+        eprintln!("{}", stdout.lines().find(|l| l.contains("CHILD-OK")).unwrap_or_default());
+    }
+    let arch_dir = cache_dir.join(env!("CARGO_PKG_VERSION")).join("sm_90");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&arch_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "one entry per kernel and no temp files left: {names:?}");
+    let headers = HeaderSet::new(&[]);
+    let after = KernelCache::new(CacheConfig::at(&cache_dir));
+    for v in [&TINY, &OTHER] {
+        assert_eq!(after.get_or_compile(&job(v, &headers)).unwrap().1, CacheOutcome::Disk, "{}", v.name);
+    }
+    assert!(after.warnings().is_empty(), "{:?}", after.warnings());
+}
+
+#[test]
+fn clear_cache_command_removes_the_cache_dir() {
+    let dir = TempDir::new("clear-cli");
+    let entry_dir = dir.0.join("kernels").join("0.0.0").join("sm_90");
+    std::fs::create_dir_all(&entry_dir).unwrap();
+    std::fs::write(entry_dir.join("k-0123456789abcdef.cubin"), b"stale").unwrap();
+    let memra = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_memra")).args(args).env("MEMRA_CACHE", &dir.0).output().unwrap()
+    };
+    let out = memra(&["kernels", "--clear-cache"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("removed kernel cache") && stderr.contains(&dir.0.join("kernels").display().to_string()), "{stderr}");
+    assert!(!dir.0.join("kernels").exists());
+    let out = memra(&["kernels", "--clear-cache"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already empty"));
 }
 
 #[test]

@@ -279,7 +279,11 @@ fn decode_entry(bytes: &[u8], key: &[u8; 32]) -> Result<Cubin, String> {
     }
     let cubin_len = u64::from_le_bytes(bytes[40..48].try_into().expect("8-byte slice"));
     let log_len = u32::from_le_bytes(bytes[48..52].try_into().expect("4-byte slice")) as u64;
-    let expected = HEADER_LEN as u64 + cubin_len + log_len;
+    // Checked: a hostile header can make the sum wrap around to the file's length.
+    let expected = (HEADER_LEN as u64)
+        .checked_add(cubin_len)
+        .and_then(|n| n.checked_add(log_len))
+        .unwrap_or(u64::MAX);
     if bytes.len() as u64 != expected {
         let what = if (bytes.len() as u64) < expected { "truncated" } else { "too long" };
         return Err(format!("is {what} ({} bytes, header says {expected})", bytes.len()));
@@ -339,5 +343,19 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         assert!(decode_entry(&longer, &key).unwrap_err().contains("too long"));
+    }
+
+    #[test]
+    fn lengths_whose_sum_wraps_are_rejected_not_a_panic() {
+        // cubin_len = u64::MAX and log_len = 17: 84 + cubin_len + log_len wraps to 100, the
+        // file's length; unchecked, that sum passed and slicing the cubin panicked.
+        let key = [7u8; 32];
+        let mut bytes = vec![0u8; 100];
+        bytes[..8].copy_from_slice(MAGIC);
+        bytes[8..40].copy_from_slice(&key);
+        bytes[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        bytes[48..52].copy_from_slice(&17u32.to_le_bytes());
+        let err = decode_entry(&bytes, &key).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
     }
 }
