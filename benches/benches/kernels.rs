@@ -6,6 +6,9 @@
 //! `iters` back-to-back launches rotating among buffer sets larger than L2 together, between two
 //! CUDA events. Without a GPU these groups print that they were skipped; the bench still exits 0.
 //!
+//! `attn_prefill/<specialized|generic>/<model>_t<T>_...`: prefill attention chunks (gemma3-270M
+//! T = 512 with its window, Qwen3-8B T = 4096), throughput in useful FLOPs (criterion's elem/s).
+//!
 //! CPU groups: `nvrtc/cold/<variant>` (NVRTC → CUBIN with no cache), `nvrtc/warm/<variant>`
 //! (a disk-cache hit through a fresh `KernelCache`) for one glm-dsa variant per family, and
 //! `codegen/generate/glm-dsa` (spec + preset → every variant's CUDA and the registry, in memory).
@@ -66,6 +69,55 @@ fn gpu_kernels(c: &mut Criterion) {
                         .time_batch(&gpu, kernel, iters)
                         .unwrap_or_else(|e| panic!("{} {}: {e}", variant.name, shape.label()));
                     Duration::from_secs_f64(secs)
+                })
+            });
+            group.finish();
+        }
+    }
+}
+
+/// `attn_prefill/<specialized|generic>/<model>_t<T>`: one prefill chunk at pos0 = 0 (gemma3-270M
+/// local layer T = 512, window 512; Qwen3-8B T = 4096), bf16 cache, per-launch CUDA events after
+/// an L2 flush. Throughput in elements = useful FLOPs (4·hd per visible (q head, key) pair, masked
+/// work not counted), so criterion's elem/s reads as FLOP/s. Specialized variants need
+/// `--features model-gemma3,model-qwen3`; without them only the generic rows run.
+fn attn_prefill_gpu(c: &mut Criterion) {
+    use memra_engine::kernels::attn_prefill::{self, AttnPrefillParams};
+    use memra_engine::kernels::registry::Param;
+    let Ok(gpu) = Gpu::new(0) else {
+        eprintln!("attn_prefill: SKIPPED (no CUDA device or driver on this machine)");
+        return;
+    };
+    let bf16 = |v: &&KernelVariant| v.param("cache_t") == Some(Param::Sym("bf16"));
+    let generic = registry::family(attn_prefill::FAMILY).into_iter().find(|v| v.arch.is_none() && bf16(v));
+    let shapes = [("gemma3", 4, 1, 256, 512, Some(512)), ("qwen3", 32, 8, 128, 4096, None)];
+    let mut rng = Rng::from_env_or_time("attn_prefill bench");
+    let mut flush = gpu.stream().alloc_zeros::<u8>(2 * bench::l2_bytes(&gpu)).expect("L2 flush buffer");
+    for (arch, n_head, n_kv, hd, t, window) in shapes {
+        let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: t, pos0: 0, window, scale: 1.0 / (hd as f32).sqrt() };
+        let specialized = registry::family(attn_prefill::FAMILY).into_iter().find(|v| {
+            v.arch == Some(arch) && bf16(v) && v.param("n_head") == Some(Param::Int(n_head as i64)) && v.param("head_dim") == Some(Param::Int(hd as i64))
+        });
+        let s = gpu.stream();
+        let q = s.clone_htod(&rng.normal_vec(t * n_head * hd, 1.0)).expect("upload");
+        let cache: Vec<u16> = rng.normal_vec(t * n_kv * hd, 1.0).iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let (k, v) = (s.clone_htod(&cache).expect("upload"), s.clone_htod(&cache).expect("upload"));
+        let mut out = s.alloc_zeros::<f32>(t * n_head * hd).expect("alloc");
+        for (kind, variant) in [("specialized", specialized), ("generic", generic)] {
+            let Some(variant) = variant else {
+                eprintln!("attn_prefill/{kind}/{arch}: SKIPPED (variant not in this build)");
+                continue;
+            };
+            let kernels = gpu.load(&[variant]).unwrap_or_else(|e| panic!("{e}"));
+            let kernel = kernels.get(variant.name).unwrap_or_else(|e| panic!("{e}"));
+            let mut group = c.benchmark_group(format!("attn_prefill/{kind}"));
+            group.throughput(Throughput::Elements(attn_prefill::flops(&p)));
+            group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+            group.bench_function(format!("{arch}_t{t}_hd{hd}_{n_head}q{n_kv}kv"), |b| {
+                b.iter_custom(|iters| {
+                    let mut launch = |_| attn_prefill::attn_prefill(kernel, &q.as_view(), &k.as_view(), &v.as_view(), &mut out.as_view_mut(), &p);
+                    let us = bench::time_launches(&gpu, 1, iters as u32, &mut flush, &mut launch).unwrap_or_else(|e| panic!("{}: {e}", variant.name));
+                    Duration::from_secs_f64(us.iter().sum::<f64>() / 1e6)
                 })
             });
             group.finish();
@@ -146,6 +198,6 @@ fn codegen_generate(c: &mut Criterion) {
     });
 }
 
-criterion_group!(gpu, gpu_kernels);
+criterion_group!(gpu, gpu_kernels, attn_prefill_gpu);
 criterion_group!(cpu, nvrtc_compile, codegen_generate);
 criterion_main!(gpu, cpu);
