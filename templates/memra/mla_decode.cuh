@@ -71,9 +71,12 @@ template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {
     }
 }
 
-template <CacheType C, int DC, int KVLC>
-__device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache, float* __restrict__ out,
-                                    float* work, int n_head, int kvl_rt, int d_rt, int p, int n_split, float scale) {
+// T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read
+// as zero rows).
+template <CacheType C, int DC, int KVLC, bool SPARSE>
+__device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
+                                    const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale) {
     constexpr int TR = Elem<C>::TR;
     constexpr int EB = Elem<C>::BYTES;
     constexpr int RPT = TR / 4;  // rows per thread in the score phase
@@ -103,7 +106,6 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         *reinterpret_cast<float4*>(qs + h * QS + k4 * 4) = v;
     }
 
-    const int T = p + 1;
     int chunk = (T + n_split - 1) / n_split;
     chunk = (chunk + TR - 1) / TR * TR;
     const int c0 = min(sp * chunk, T);
@@ -117,8 +119,10 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         for (int i = tid; i < TR * CPR; i += 256) {
             const int r = i / CPR, c = i % CPR;
             const int g = g0 + r;
-            const bool ok = g < c1;
-            cp16(dst + r * RS + c * 16, cb + (ok ? (i64)g * D * EB + c * 16 : 0), ok ? 16 : 0);
+            int row = g;
+            if constexpr (SPARSE) row = g < c1 ? idx[g] : -1;
+            const bool ok = g < c1 && (!SPARSE || (row >= 0 && row < max_ctx));
+            cp16(dst + r * RS + c * 16, cb + (ok ? (i64)row * D * EB + c * 16 : 0), ok ? 16 : 0);
         }
         commit();
     };
@@ -306,7 +310,8 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
         return;
     }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
-    mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA>(q, cache, out, work, n_head, kvl, kvl + rope, p, n_split, scale);
+    mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1,
+                                                            max_ctx, n_split, scale);
 }
 
 }  // namespace memra

@@ -86,19 +86,16 @@ pub fn launch_config(p: &MlaDecodeParams, smem: usize) -> LaunchConfig {
     }
 }
 
-/// Absorbed MLA decode for one token at device position `pos[0]` (rows `0..=pos` filled):
-/// `q` `[n_head, kv_lora + rope]`, `cache` `[max_ctx, kv_lora + rope]`, `out` `[n_head, kv_lora]`.
-/// `work`: at least [`work_floats`] slots, zeroed once when allocated, when `n_split > 1`.
-#[allow(clippy::too_many_arguments)]
-pub fn mla_decode<C: CacheElem>(
+/// Checks shared with mla_sparse_decode: the variant, shapes, buffer lengths and alignment.
+/// Returns the dynamic shared memory, with the function's limit raised to it.
+pub(crate) fn check_launch<C: CacheElem>(
     kernel: &Kernel,
     q: &CudaView<'_, f32>,
     cache: &CudaView<'_, C>,
-    pos: &CudaView<'_, i32>,
-    out: &mut CudaViewMut<'_, f32>,
-    work: &mut CudaViewMut<'_, f32>,
+    out: &CudaViewMut<'_, f32>,
+    work: &CudaViewMut<'_, f32>,
     p: &MlaDecodeParams,
-) -> Result<(), Error> {
+) -> Result<usize, Error> {
     let threads = checks::threads(kernel, THREADS)?;
     if threads != THREADS {
         return Err(checks::invalid(
@@ -162,7 +159,6 @@ pub fn mla_decode<C: CacheElem>(
         .checked_mul(d)
         .ok_or_else(|| checks::invalid(kernel, "cache size overflows"))?;
     checks::check_len(kernel, "cache", cache.len(), cache_n)?;
-    checks::check_len(kernel, "pos", pos.len(), 1)?;
     if p.n_split > 1 {
         checks::check_len(
             kernel,
@@ -178,6 +174,24 @@ pub fn mla_decode<C: CacheElem>(
         checks::check_aligned16(kernel, "work", work)?;
     }
     crate::kernels::matvec::allow_smem(kernel, smem as u32)?;
+    Ok(smem)
+}
+
+/// Absorbed MLA decode for one token at device position `pos[0]` (rows `0..=pos` filled):
+/// `q` `[n_head, kv_lora + rope]`, `cache` `[max_ctx, kv_lora + rope]`, `out` `[n_head, kv_lora]`.
+/// `work`: at least [`work_floats`] slots, zeroed once when allocated, when `n_split > 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_decode<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    cache: &CudaView<'_, C>,
+    pos: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &MlaDecodeParams,
+) -> Result<(), Error> {
+    checks::check_len(kernel, "pos", pos.len(), 1)?;
+    let smem = check_launch(kernel, q, cache, out, work, p)?;
     let mut args = MlaDecodeArgs {
         q: q.slice(..),
         cache: cache.slice(..),

@@ -27,3 +27,6 @@ pub use registry::{KernelVariant, Param, Selection, select};
 pub mod attn_decode;
 pub mod attn_prefill;
 pub mod mla_decode;
+pub mod dsa_indexer;
+pub mod dsa_topk;
+pub mod mla_sparse_decode;

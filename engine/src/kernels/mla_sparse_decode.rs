@@ -1,0 +1,78 @@
+//! mla_sparse_decode: absorbed MLA decode over the DSA-selected latent rows `idx[0..count)`
+//! (model-specs §8.4 step 9); mla_decode's kernel body with a row list
+//! (templates/memra/mla_sparse_decode.cuh). Shapes, workspace and shared memory as mla_decode.
+
+use cudarc::driver::{CudaView, CudaViewMut};
+
+use crate::cuda::{Error, Kernel};
+use crate::kernels::checks;
+use crate::kernels::launch::{KernelArgs, launch};
+use crate::kernels::mla_decode::{self, MlaDecodeParams};
+use crate::kernels::qk_norm_rope::CacheElem;
+
+pub const FAMILY: &str = "mla_sparse_decode";
+
+/// Kernel parameters in order (see the template's header comment).
+#[derive(KernelArgs)]
+#[kernel_args(family = "mla_sparse_decode")]
+pub struct MlaSparseDecodeArgs<'a, C: CacheElem> {
+    pub q: CudaView<'a, f32>,
+    pub cache: CudaView<'a, C>,
+    pub idx: CudaView<'a, i32>,
+    pub count: CudaView<'a, i32>,
+    pub out: CudaViewMut<'a, f32>,
+    pub work: CudaViewMut<'a, f32>,
+    pub n_head: i32,
+    pub kv_lora: i32,
+    pub rope: i32,
+    pub max_ctx: i32,
+    pub idx_cap: i32,
+    pub n_split: i32,
+    pub scale: f32,
+}
+
+/// A split count for up to `top_k` selected rows (mla_decode's rule over the selected rows).
+pub fn splits_for(top_k: usize, n_head: usize, sm_count: usize) -> usize {
+    mla_decode::splits_for(top_k, n_head, sm_count)
+}
+
+/// Absorbed MLA decode for one token over the rows `idx[0..count[0])` (dsa_topk's outputs):
+/// `q` `[n_head, kv_lora + rope]`, `cache` `[max_ctx, kv_lora + rope]`, `idx` at least `top_k`
+/// ints (the selection capacity; a count above it gives NaN), `out` `[n_head, kv_lora]`; `work` as mla_decode.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_sparse_decode<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    cache: &CudaView<'_, C>,
+    idx: &CudaView<'_, i32>,
+    count: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+    work: &mut CudaViewMut<'_, f32>,
+    top_k: usize,
+    p: &MlaDecodeParams,
+) -> Result<(), Error> {
+    checks::check_len(kernel, "count", count.len(), 1)?;
+    if top_k == 0 {
+        return Err(checks::invalid(kernel, "top_k=0"));
+    }
+    checks::check_len(kernel, "idx", idx.len(), top_k)?;
+    let smem = mla_decode::check_launch(kernel, q, cache, out, work, p)?;
+    let mut args = MlaSparseDecodeArgs {
+        q: q.slice(..),
+        cache: cache.slice(..),
+        idx: idx.slice(..),
+        count: count.slice(..),
+        out: out.slice_mut(..),
+        work: work.slice_mut(..),
+        n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
+        kv_lora: checks::to_i32(kernel, "kv_lora", p.kv_lora)?,
+        rope: checks::to_i32(kernel, "rope", p.rope)?,
+        max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
+        idx_cap: checks::to_i32(kernel, "top_k", top_k)?,
+        n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
+        scale: p.scale,
+    };
+    // SAFETY: as mla_decode; the kernel reads idx[0..count) only for count ≤ idx_cap = top_k ≤
+    // idx.len() (else it writes NaN without reading), and no cache row outside [0, max_ctx).
+    unsafe { launch(kernel, mla_decode::launch_config(p, smem), &mut args) }
+}

@@ -1,0 +1,161 @@
+//! CPU-only: the DeepSeek Sparse Attention families (dsa_indexer, dsa_topk, mla_sparse_decode)
+//! compile with NVRTC for sm_90, specialized at GLM-5 dims and generic, bf16 and f32 caches,
+//! with no spills and no stack frame; their Rust argument structs match the kernels' PTX
+//! parameter lists. Skips (one SKIP line) without NVRTC.
+
+mod dense_common;
+
+use dense_common::{V, headers, variant};
+use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use memra_engine::kernels::launch::check_params;
+use memra_engine::kernels::registry::KernelVariant;
+use memra_engine::kernels::{dsa_indexer, dsa_topk, mla_sparse_decode};
+
+fn indexer(cache: &'static str, baked: bool) -> &'static KernelVariant {
+    if baked {
+        variant(
+            "dsa_indexer",
+            &[
+                ("n_idx_head", V::I(32)),
+                ("idx_head_dim", V::I(128)),
+                ("cache_t", V::S(cache)),
+            ],
+        )
+    } else {
+        variant("dsa_indexer", &[("cache_t", V::S(cache))])
+    }
+}
+
+fn sparse(cache: &'static str, baked: bool) -> &'static KernelVariant {
+    if baked {
+        variant(
+            "mla_sparse_decode",
+            &[
+                ("n_head", V::I(64)),
+                ("kv_lora", V::I(512)),
+                ("rope", V::I(64)),
+                ("cache_t", V::S(cache)),
+            ],
+        )
+    } else {
+        variant("mla_sparse_decode", &[("cache_t", V::S(cache))])
+    }
+}
+
+fn all_variants() -> Vec<&'static KernelVariant> {
+    let mut v = Vec::new();
+    for cache in ["bf16", "f32"] {
+        for baked in [true, false] {
+            v.push(indexer(cache, baked));
+            v.push(sparse(cache, baked));
+        }
+    }
+    v.push(variant("dsa_topk", &[("k", V::I(2048))]));
+    v.push(variant("dsa_topk", &[]));
+    v.push(variant(
+        "dsa_topk",
+        &[("k", V::I(2048)), ("threads", V::I(256))],
+    ));
+    v
+}
+
+#[test]
+fn dsa_templates_compile_for_sm90_without_spills() {
+    if library::nvrtc_or_skip("dsa_templates_compile_for_sm90_without_spills").is_none() {
+        return;
+    }
+    let variants = all_variants();
+    let cache = KernelCache::new(CacheConfig::memory_only());
+    let results = compile_variants(&cache, &variants, headers(), SmArch(90));
+    let mut failures = Vec::new();
+    for (v, r) in variants.iter().zip(results) {
+        match r {
+            Err(e) => failures.push(format!("{}: {e}", v.name)),
+            Ok(c) => {
+                let rep = c.cubin.report();
+                eprintln!(
+                    "{:<60} regs {:>3}  spill st/ld {}/{}  stack {}  smem {}",
+                    v.name,
+                    rep.registers.unwrap_or(0),
+                    rep.spill_stores.unwrap_or(0),
+                    rep.spill_loads.unwrap_or(0),
+                    rep.stack_frame.unwrap_or(0),
+                    rep.static_smem.unwrap_or(0)
+                );
+                if rep.registers.is_none() {
+                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
+                }
+                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
+                    failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn dsa_args_structs_match_kernel_parameters() {
+    if library::nvrtc_or_skip("dsa_args_structs_match_kernel_parameters").is_none() {
+        return;
+    }
+    let h = headers();
+    let sm = SmArch(90);
+    let check = |n: Result<usize, memra_engine::cuda::Error>| n.unwrap_or_else(|e| panic!("{e}"));
+    check(check_params::<dsa_indexer::DsaIndexerArgs<'static, u16>>(
+        &[indexer("bf16", true), indexer("bf16", false)],
+        h,
+        sm,
+    ));
+    check(check_params::<dsa_indexer::DsaIndexerArgs<'static, f32>>(
+        &[indexer("f32", false)],
+        h,
+        sm,
+    ));
+    check(check_params::<dsa_topk::DsaTopkArgs<'static>>(
+        &[
+            variant("dsa_topk", &[("k", V::I(2048))]),
+            variant("dsa_topk", &[]),
+        ],
+        h,
+        sm,
+    ));
+    check(check_params::<
+        mla_sparse_decode::MlaSparseDecodeArgs<'static, u16>,
+    >(&[sparse("bf16", true), sparse("bf16", false)], h, sm));
+}
+
+#[test]
+fn dsa_variants_are_named_like_planned_ones() {
+    let v = indexer("bf16", true);
+    assert!(v.name.starts_with("dsa_indexer__"), "{}", v.name);
+    assert!(
+        v.source.contains("static constexpr int N_IDX_HEAD = 32;"),
+        "{}",
+        v.source
+    );
+    assert!(
+        v.source.contains("MEMRA_DEFINE_DSA_INDEXER("),
+        "{}",
+        v.source
+    );
+    let g = variant("dsa_topk", &[]);
+    assert!(g.name.starts_with("dsa_topk__generic"), "{}", g.name);
+    assert!(
+        g.source.contains("static constexpr int THREADS = 1024;"),
+        "{}",
+        g.source
+    );
+    let s = sparse("bf16", false);
+    assert!(
+        s.source.contains("MEMRA_DEFINE_MLA_SPARSE_DECODE("),
+        "{}",
+        s.source
+    );
+}
