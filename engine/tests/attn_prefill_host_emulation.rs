@@ -3,10 +3,11 @@
 //! __syncthreads / __syncwarp and the warp exchange behind __shfl_xor_sync, synchronous copies for
 //! cp.async, ldmatrix / mma.sync m16n8k16 from the shared `mma_host` module, blocks run one after
 //! another) and compared with memra-reference's attention on fresh random inputs (seed printed;
-//! replay with `MEMRA_SEED=<seed>`), NaN-poisoned outputs. Shapes: T = 1, 7, 33 with pos0 = 0 and
-//! pos0 > 0 (chunked prefill), windows shorter than a key tile, longer than the context and none,
-//! groups G = 1, 3, 4, 8, head_dim 64 / 128 / 256, bf16 and f32 caches, specialized (gemma3-270M,
-//! Qwen3-8B) and generic variants. It checks indexing, tiling, masking, the online softmax and the
+//! replay with `MEMRA_SEED=<seed>`), NaN-poisoned outputs. Shapes: T = 1, 7, 33, 65, 130 with
+//! pos0 = 0 and pos0 > 0 (chunked prefill), windows of 1, shorter than a key tile, longer than the
+//! context and none, blocks whose first row sits on a key-tile edge, groups G = 1, 3, 4, 8,
+//! head_dim 64 / 128 / 256, bf16 and f32 caches, specialized (gemma3-270M, Qwen3-8B) and generic
+//! variants. It checks indexing, tiling, masking, the online softmax and the
 //! fragment layouts; it says nothing about speed or memory ordering.
 //!
 //! Tolerances. The kernel rounds q (and an f32 cache) to bf16 and the softmax weights P to bf16
@@ -354,6 +355,11 @@ fn attn_prefill_emulated_on_host_threads_matches_reference() {
         case(2, 33, 64, 8, 1, 3, 20),
         case(2, 7, 128, 6, 2, 64, 0),
         case(2, 1, 256, 4, 1, 0, 0),
+        // Tile-boundary edges: every block's first row at position ≡ 62 (mod 64), so the last key
+        // of its first tile is hidden from that row alone (the fully-visible-tile shortcut must
+        // not fire); window 1 with a row at position 63 (its only key ends a tile).
+        case(2, 130, 64, 2, 2, 62, 0),
+        case(3, 65, 64, 1, 1, 63, 1),
         // generic f32 cache (rounded while staged).
         case(3, 33, 64, 4, 1, 10, 9),
         case(3, 7, 256, 1, 1, 0, 0),
