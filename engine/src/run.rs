@@ -1,14 +1,15 @@
 //! `memra run`: generate text from a prompt on the GPU (the forward of the file's architecture,
 //! with this build's specialized kernels where the dims match) or, with `--cpu`, on the f32 CPU
-//! reference forward.
+//! reference forward. Without a model file it runs the embedded default: the micro model of the
+//! built architecture (random weights, so the text is noise; it shows the whole path works).
 
 use std::error::Error;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use memra_gguf::GgufFile;
-use memra_reference::models::{Gemma3, Gemma3Cache};
+use memra_gguf::{Gguf, GgufFile};
+use memra_reference::models::{self as cpu, ModelError};
 
 use crate::kernels::registry::Policy;
 use crate::models::{self, GpuModel, GpuOptions};
@@ -17,10 +18,10 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The GGUF model file.
-    pub model: PathBuf,
+    /// The GGUF model file; without one, the embedded micro model of the built architecture.
+    pub model: Option<PathBuf>,
     /// The prompt. Special tokens written in it (e.g. `<start_of_turn>`) are recognized.
-    #[arg(short, long)]
+    #[arg(short, long, default_value = "Once upon a time")]
     pub prompt: String,
     /// Number of tokens to generate (generation also stops at an end-of-generation token).
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
@@ -57,16 +58,60 @@ pub struct RunArgs {
     pub device: usize,
 }
 
+include!(concat!(env!("OUT_DIR"), "/micro_models.rs"));
+
+/// A CPU reference model with its cache.
+trait CpuModel {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError>;
+    fn len(&self) -> usize;
+}
+
+macro_rules! cpu_model {
+    ($($model:ident => $cache:ident),* $(,)?) => {
+        $(impl CpuModel for (cpu::$model, cpu::$cache) {
+            fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+                self.0.forward(&mut self.1, tokens, false)
+            }
+            fn len(&self) -> usize {
+                self.1.len()
+            }
+        })*
+    };
+}
+cpu_model!(Gemma3 => Gemma3Cache, Qwen3 => Qwen3Cache, Olmoe => OlmoeCache, GlmDsa => GlmDsaCache, Deepseek2 => Deepseek2Cache);
+
+type CpuLoader = fn(&Gguf<&[u8]>) -> Result<(Box<dyn CpuModel>, usize), ModelError>;
+
+macro_rules! cpu_loader {
+    ($model:ident, $n_ctx:expr) => {
+        |g| {
+            let m = cpu::$model::from_gguf(g)?;
+            let n_ctx = $n_ctx(&m);
+            let c = m.new_cache();
+            Ok((Box::new((m, c)), n_ctx))
+        }
+    };
+}
+
+/// The architectures with a CPU reference forward, by GGUF `general.architecture`.
+static CPU_FORWARDS: &[(&str, CpuLoader)] = &[
+    ("gemma3", cpu_loader!(Gemma3, |m: &cpu::Gemma3| m.hparams.n_ctx_train)),
+    ("qwen3", cpu_loader!(Qwen3, |m: &cpu::Qwen3| m.hparams.n_ctx_train)),
+    ("olmoe", cpu_loader!(Olmoe, |m: &cpu::Olmoe| m.hparams.n_ctx_train)),
+    ("glm-dsa", cpu_loader!(GlmDsa, |m: &cpu::GlmDsa| m.hparams().n_ctx_train)),
+    ("deepseek2", cpu_loader!(Deepseek2, |m: &cpu::Deepseek2| m.hparams().n_ctx_train)),
+];
+
 /// The forward a run uses.
 enum Backend {
-    Cpu(Box<Gemma3>, Gemma3Cache, Vec<f32>),
+    Cpu(Box<dyn CpuModel>, Vec<f32>),
     Gpu(Box<dyn GpuModel>),
 }
 
 impl Backend {
     fn forward(&mut self, tokens: &[u32]) -> Result<(), Box<dyn Error>> {
         match self {
-            Backend::Cpu(model, cache, logits) => *logits = model.forward(cache, tokens, false)?,
+            Backend::Cpu(model, logits) => *logits = model.forward(tokens)?,
             Backend::Gpu(model) => model.forward(tokens)?,
         }
         Ok(())
@@ -75,7 +120,7 @@ impl Backend {
     /// The next token from the last logits (greedy stays on the device).
     fn next(&mut self, sampler: &mut Sampler, greedy: bool) -> Result<u32, Box<dyn Error>> {
         Ok(match self {
-            Backend::Cpu(_, _, logits) => sampler.sample(logits),
+            Backend::Cpu(_, logits) => sampler.sample(logits),
             Backend::Gpu(model) if greedy => model.argmax()?,
             Backend::Gpu(model) => sampler.sample(&model.logits()?),
         })
@@ -83,10 +128,30 @@ impl Backend {
 
     fn len(&self) -> usize {
         match self {
-            Backend::Cpu(_, cache, _) => cache.len(),
+            Backend::Cpu(model, _) => model.len(),
             Backend::Gpu(model) => model.len(),
         }
     }
+}
+
+/// The model file to run: the given one, or the embedded micro model written to the cache.
+fn model_path(args: &RunArgs) -> Result<PathBuf, Box<dyn Error>> {
+    if let Some(p) = &args.model {
+        return Ok(p.clone());
+    }
+    let (arch, bytes) = MICRO_MODELS.first().ok_or("this build embeds no default model")?;
+    let dir = crate::cuda::library::memra_cache_root().join("micro");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("{arch}-{}.gguf", env!("CARGO_PKG_VERSION")));
+    if std::fs::read(&path).ok().as_deref() != Some(*bytes) {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    eprintln!(
+        "memra: no model given: running the embedded default, a micro {arch} written from specs/{arch}.toml \
+         with random weights (its text is noise); pass a GGUF file to run a real model"
+    );
+    Ok(path)
 }
 
 pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
@@ -99,20 +164,21 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     let mut sampler = Sampler::new(config)?;
     let greedy = args.temp <= 0.0;
 
-    let path = &args.model;
+    let path = &model_path(args)?;
     let load_start = Instant::now();
     let gguf = GgufFile::open(path)?;
     let arch = gguf.architecture()?.to_string();
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let (mut backend, max_ctx) = if args.cpu {
-        if arch != "gemma3" {
-            return Err(format!("{}: architecture \"{arch}\" has no CPU reference forward yet (only gemma3)", path.display()).into());
-        }
+        let Some((_, load)) = CPU_FORWARDS.iter().find(|(a, _)| *a == arch) else {
+            let known: Vec<&str> = CPU_FORWARDS.iter().map(|(a, _)| *a).collect();
+            return Err(format!("{}: architecture \"{arch}\" has no CPU reference forward (CPU forwards: {})", path.display(), known.join(", ")).into());
+        };
         eprintln!("memra: loading {} on the CPU (dequantizing every weight to f32) ...", path.display());
-        let model = Gemma3::from_gguf(&gguf)?;
-        let cache = model.new_cache();
-        let n_ctx = model.hparams.n_ctx_train;
-        (Backend::Cpu(Box::new(model), cache, Vec::new()), n_ctx)
+        let view = Gguf::parse(gguf.bytes())?;
+        let (model, n_ctx) = load(&view)?;
+        drop(view);
+        (Backend::Cpu(model, Vec::new()), n_ctx)
     } else {
         drop(gguf);
         eprintln!("memra: loading {} on GPU {} ...", path.display(), args.device);

@@ -112,3 +112,13 @@ fn run_errors_name_the_file_and_setting() {
     assert!(stderr.contains("top-p"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn run_without_a_model_runs_the_embedded_default_and_says_so() {
+    let out = memra(&["run", "-n", "3", "--temp", "0", "--cpu", "-p", "Hello"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("embedded default") && stderr.contains("random weights"), "{stderr}");
+    assert!(text(&out.stdout).starts_with("Hello"), "{}", text(&out.stdout));
+    assert!(stderr.lines().last().unwrap_or_default().contains("tokens/s"), "{stderr}");
+}
