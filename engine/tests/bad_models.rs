@@ -251,6 +251,34 @@ fn validate_path_accepts_the_good_fixture_on_disk() {
     assert_eq!(info.n_tensors, file.tensors().len());
 }
 
+#[test]
+fn the_real_gemma3_file_is_accepted() {
+    let path = match std::env::var_os("MEMRA_GEMMA3_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("MEMRA_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/memra")))
+            .unwrap_or_default()
+            .join("models/gemma-3-270m-q4_k_m.gguf"),
+    };
+    if !path.is_file() {
+        println!(
+            "SKIP: real gemma3 GGUF absent (set MEMRA_GEMMA3_GGUF or run scripts/fetch-gemma3-270m)"
+        );
+        return;
+    }
+    let (file, info) = validate::validate_path(&path).unwrap_or_else(|e| panic!("{e}"));
+    println!("{info:?}");
+    assert_eq!(
+        (info.arch, info.n_layer, info.n_tensors),
+        ("gemma3", 18, file.tensors().len())
+    );
+    let types: Vec<GgmlType> = info.types.iter().map(|(t, _)| *t).collect();
+    for t in [GgmlType::F32, GgmlType::Q4_K, GgmlType::Q6_K] {
+        assert!(types.contains(&t), "{t} missing from {types:?}");
+    }
+}
+
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("memra-bad-models-{}-{name}", std::process::id()))
 }
