@@ -262,6 +262,9 @@ mod tests {
         };
         // positions 4, 5, 6 see 5, 6, 6 keys.
         assert_eq!(flops(&p), 4 * 128 * 2 * (5 + 6 + 6));
-        assert_eq!(flops(&AttnPrefillParams { window: None, ..p }), 4 * 128 * 2 * (5 + 6 + 7));
+        assert_eq!(
+            flops(&AttnPrefillParams { window: None, ..p }),
+            4 * 128 * 2 * (5 + 6 + 7)
+        );
     }
 }
