@@ -1,0 +1,711 @@
+//! GPU tests of the DeepSeek Sparse Attention kernels (dsa_indexer, dsa_topk, mla_sparse_decode)
+//! against memra-reference at GLM-5 dims (indexer 32 heads × 128, top-k 2048, MLA 64 heads over
+//! the 512 + 64 latent cache, scale 1/16), specialized and generic variants, for contexts 1, 7,
+//! 2047, 2048, 2049, 40000 (and 131072 for indexer + top-k). Fresh random inputs (seed printed;
+//! replay with `MEMRA_SEED=<seed>`), outputs NaN-poisoned before every launch.
+//!
+//! Checks, per context:
+//! - indexer scores vs `dsa::indexer_scores` on the same bf16-rounded keys: relative L2 ≤ 1e-5
+//!   (the kernel's products keep ~16 bits of q, f32 accumulation);
+//! - top-k: the kernel's index list equals `dsa::top_k` run on the kernel's own scores (exact,
+//!   same tie rule), count = min(2048, visible), tail −1;
+//! - sparse attention vs `attention::attention` with the allow-list mask (the reference DSA path)
+//!   over the kernel's selection: relative L2 ≤ 1e-3 (as gpu_attention's mla_decode bound);
+//! - ≤ 2048 visible: sparse output bit-identical to dense mla_decode with the same split.
+//!
+//! Run on a GPU machine: `cargo test -p memra-engine --test gpu_dsa -- --ignored`.
+
+mod dense_common;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use dense_common::{V, bf16_to_f32, headers, variant};
+use memra_engine::cuda::module::load_modules;
+use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use memra_engine::kernels::dsa_indexer::{self, DsaIndexerParams};
+use memra_engine::kernels::dsa_topk::{self, DsaTopkParams};
+use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
+use memra_engine::kernels::mla_sparse_decode;
+use memra_engine::kernels::registry::KernelVariant;
+use memra_reference::attention::{AttnShape, Mask, attention};
+use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
+use memra_reference::{Rng, rel_err};
+
+const SMS: usize = 132;
+const IDX: IndexerDims = IndexerDims::GLM5;
+const TOP_K: usize = 2048;
+const N_HEAD: usize = 64;
+const KV_LORA: usize = 512;
+const ROPE: usize = 64;
+const SCALE: f32 = 1.0 / 16.0;
+const LENGTHS: [usize; 6] = [1, 7, 2047, 2048, 2049, 40000];
+const SCORE_TOL: f64 = 1e-5;
+const ATTN_TOL: f64 = 1e-3;
+
+// ---------------------------------------------------------------------------------------------
+// Harness.
+
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn load_all(gpu: &Gpu, vs: &[&'static KernelVariant]) -> Vec<Kernel> {
+    let compiled: Vec<_> = compile_variants(gpu.cache(), vs, headers(), gpu.arch())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let mut kernels =
+        load_modules(gpu.ctx(), gpu.stream(), &compiled).unwrap_or_else(|e| panic!("{e}"));
+    vs.iter()
+        .map(|v| kernels.remove(v.name).expect("loaded kernel"))
+        .collect()
+}
+
+fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
+    s.clone_htod(host).expect("upload")
+}
+
+fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
+    s: &Arc<CudaStream>,
+    dev: &CudaSlice<T>,
+) -> Vec<T> {
+    s.clone_dtoh(dev).expect("download")
+}
+
+fn to_bf16(f: f32) -> u16 {
+    let b = f.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Random values rounded to bf16: (device bits, the f32 values they stand for).
+fn bf16_vals(rng: &mut Rng, n: usize) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = rng.normal_vec(n, 1.0).iter().map(|&x| to_bf16(x)).collect();
+    let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+    (bits, vals)
+}
+
+#[track_caller]
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64, rng: &Rng) {
+    let err = rel_err(got, want);
+    let bad: Vec<_> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (a, b))| !(((**a - **b).abs() as f64) <= tol * (b.abs() as f64 + 1e-2)))
+        .take(5)
+        .collect();
+    assert!(
+        err <= tol,
+        "{what}: relative L2 error {err:e} > {tol:e} (MEMRA_SEED={}); first mismatches (index, (got, want)): {bad:?}",
+        rng.seed()
+    );
+    eprintln!("ok {what}: relative L2 {err:.2e}");
+}
+
+/// Reference index scores for keys `0..n` (query at position n − 1), spread over the host's cores.
+fn ref_scores(q: &[f32], w: &[f32], k: &[f32], n: usize) -> Vec<f32> {
+    let hd = IDX.head_dim;
+    let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
+    let chunk = n.div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        let parts: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|s0| {
+                let len = chunk.min(n - s0);
+                let ks = &k[s0 * hd..(s0 + len) * hd];
+                sc.spawn(move || indexer_scores(q, w, ks, IDX, &[len - 1]))
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().expect("reference thread"))
+            .collect()
+    })
+}
+
+struct Kernels {
+    indexer: Vec<Kernel>,
+    topk: Vec<Kernel>,
+    sparse: Vec<Kernel>,
+    dense: Vec<Kernel>,
+}
+
+fn kernels(gpu: &Gpu, cache_t: &'static str) -> Kernels {
+    let mla = |family: &str| {
+        [
+            variant(
+                family,
+                &[
+                    ("n_head", V::I(N_HEAD as i64)),
+                    ("kv_lora", V::I(KV_LORA as i64)),
+                    ("rope", V::I(ROPE as i64)),
+                ],
+            ),
+            variant(family, &[]),
+        ]
+    };
+    let vs = [
+        variant(
+            "dsa_indexer",
+            &[
+                ("n_idx_head", V::I(IDX.n_head as i64)),
+                ("idx_head_dim", V::I(IDX.head_dim as i64)),
+                ("cache_t", V::S(cache_t)),
+            ],
+        ),
+        variant("dsa_indexer", &[("cache_t", V::S(cache_t))]),
+        variant("dsa_topk", &[("k", V::I(TOP_K as i64))]),
+        variant("dsa_topk", &[]),
+    ];
+    let mut all: Vec<&'static KernelVariant> = vs.to_vec();
+    all.extend(mla("mla_sparse_decode"));
+    all.extend(mla("mla_decode"));
+    let mut k = load_all(gpu, &all).into_iter();
+    let mut take = |n: usize| (&mut k).take(n).collect::<Vec<_>>();
+    Kernels {
+        indexer: take(2),
+        topk: take(2),
+        sparse: take(2),
+        dense: take(2),
+    }
+}
+
+/// Index-key cache element on the host.
+trait KeyElem:
+    DeviceRepr
+    + ValidAsZeroBits
+    + Clone
+    + Default
+    + Copy
+    + memra_engine::kernels::qk_norm_rope::CacheElem
+{
+    fn encode(rng: &mut Rng, n: usize) -> (Vec<Self>, Vec<f32>);
+}
+impl KeyElem for u16 {
+    fn encode(rng: &mut Rng, n: usize) -> (Vec<u16>, Vec<f32>) {
+        bf16_vals(rng, n)
+    }
+}
+impl KeyElem for f32 {
+    fn encode(rng: &mut Rng, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let v = rng.normal_vec(n, 1.0);
+        (v.clone(), v)
+    }
+}
+
+/// Indexer (every variant) then top-k (every variant) for one query at position n − 1 over
+/// `keys` (device) / `kvals` (host values). Returns the last selection (idx, count) on the
+/// device and on the host.
+#[allow(clippy::too_many_arguments)]
+fn indexer_and_topk<C: KeyElem>(
+    gpu: &Gpu,
+    ks: &Kernels,
+    keys: &CudaSlice<C>,
+    kvals: &[f32],
+    max_ctx: usize,
+    n: usize,
+    rng: &mut Rng,
+) -> (CudaSlice<i32>, CudaSlice<i32>, Vec<usize>) {
+    let s = gpu.stream();
+    let (nh, hd) = (IDX.n_head, IDX.head_dim);
+    let q = rng.normal_vec(nh * hd, 1.0);
+    // Head weights as glm-dsa scales them (1/sqrt(d_I·H_I)), both signs.
+    let w: Vec<f32> = rng
+        .normal_vec(nh, 1.0)
+        .iter()
+        .map(|v| v / ((hd * nh) as f32).sqrt())
+        .collect();
+    let want = ref_scores(&q, &w, kvals, n);
+    let (dq, dw, dpos) = (up(s, &q), up(s, &w), up(s, &[(n - 1) as i32]));
+    let mut dscores = up(s, &vec![f32::NAN; max_ctx]);
+    for k in &ks.indexer {
+        let p = DsaIndexerParams {
+            n_q: 1,
+            n_idx_head: nh,
+            idx_head_dim: hd,
+            max_ctx,
+            ld_scores: max_ctx,
+            n_blk: dsa_indexer::blocks_for(n, std::mem::size_of::<C>(), 256, SMS),
+        };
+        dscores = up(s, &vec![f32::NAN; max_ctx]);
+        dsa_indexer::dsa_indexer(
+            k,
+            &dq.as_view(),
+            &dw.as_view(),
+            &keys.as_view(),
+            &dpos.as_view(),
+            &mut dscores.as_view_mut(),
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let got = down(s, &dscores);
+        assert_close(
+            &format!("{} n={n}", k.name()),
+            &got[..n],
+            &want,
+            SCORE_TOL,
+            rng,
+        );
+        assert!(
+            got[n..].iter().all(|v| v.is_nan()),
+            "{} n={n}: wrote past the visible keys (MEMRA_SEED={})",
+            k.name(),
+            rng.seed()
+        );
+    }
+    let scores = down(s, &dscores);
+    let want_sel = top_k(&scores[..n], TOP_K);
+    let mut last = None;
+    for k in &ks.topk {
+        let mut didx = up(s, &vec![i32::MIN; TOP_K]);
+        let mut dcount = up(s, &[i32::MIN]);
+        dsa_topk::dsa_topk(
+            k,
+            &dscores.as_view(),
+            &dpos.as_view(),
+            &mut didx.as_view_mut(),
+            &mut dcount.as_view_mut(),
+            &DsaTopkParams {
+                n_q: 1,
+                ld_scores: max_ctx,
+                k: TOP_K,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        check_selection(
+            k.name(),
+            &down(s, &didx),
+            down(s, &dcount)[0],
+            &want_sel,
+            rng,
+        );
+        last = Some((didx, dcount));
+    }
+    let (didx, dcount) = last.expect("top-k kernels");
+    (didx, dcount, want_sel)
+}
+
+#[track_caller]
+fn check_selection(name: &str, got: &[i32], count: i32, want: &[usize], rng: &Rng) {
+    assert_eq!(
+        count as usize,
+        want.len(),
+        "{name}: count (MEMRA_SEED={})",
+        rng.seed()
+    );
+    let sel: Vec<usize> = got[..want.len()].iter().map(|&i| i as usize).collect();
+    if sel != want {
+        let first = sel.iter().zip(want).position(|(a, b)| a != b);
+        panic!(
+            "{name}: top-{TOP_K} differs from dsa::top_k on the kernel's scores at list position {first:?} (of {}) (MEMRA_SEED={})",
+            want.len(),
+            rng.seed()
+        );
+    }
+    assert!(
+        got[want.len()..].iter().all(|&i| i == -1),
+        "{name}: tail of idx is not -1 (MEMRA_SEED={})",
+        rng.seed()
+    );
+    eprintln!("ok {name}: {} indices", want.len());
+}
+
+/// Sparse MLA over the selection vs the reference allow-list attention; for ≤ TOP_K visible
+/// keys also bit-equality with dense mla_decode at every split count.
+#[allow(clippy::too_many_arguments)]
+fn check_sparse(
+    gpu: &Gpu,
+    ks: &Kernels,
+    didx: &CudaSlice<i32>,
+    dcount: &CudaSlice<i32>,
+    sel: &[usize],
+    n: usize,
+    max_ctx: usize,
+    rng: &mut Rng,
+) {
+    let s = gpu.stream();
+    let d = KV_LORA + ROPE;
+    let q = rng.normal_vec(N_HEAD * d, 1.0);
+    let (c_bits, c_vals) = bf16_vals(rng, max_ctx * d);
+    let latent: Vec<f32> = (0..n)
+        .flat_map(|r| c_vals[r * d..][..KV_LORA].iter().copied())
+        .collect();
+    let allowed = [sel.to_vec()];
+    let p_last = [n - 1];
+    let mask = Mask {
+        q_pos: &p_last,
+        window: None,
+        allowed: Some(&allowed),
+    };
+    let shape = AttnShape {
+        n_head: N_HEAD,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: KV_LORA,
+    };
+    let want = attention(&q, &c_vals[..n * d], &latent, n, shape, &mask, SCALE);
+    let (dq, dc, dpos) = (up(s, &q), up(s, &c_bits), up(s, &[(n - 1) as i32]));
+    let auto = mla_sparse_decode::splits_for(sel.len(), N_HEAD, SMS);
+    let mut splits = vec![1, 3, auto];
+    splits.sort_unstable();
+    splits.dedup();
+    let mut work = s
+        .alloc_zeros::<f32>(mla_decode::work_floats(
+            N_HEAD,
+            KV_LORA,
+            *splits.last().unwrap(),
+        ))
+        .expect("alloc");
+    for (ki, k) in ks.sparse.iter().enumerate() {
+        for &n_split in &splits {
+            let p = MlaDecodeParams {
+                n_head: N_HEAD,
+                kv_lora: KV_LORA,
+                rope: ROPE,
+                max_ctx,
+                n_split,
+                scale: SCALE,
+            };
+            let mut dout = up(s, &vec![f32::NAN; N_HEAD * KV_LORA]);
+            mla_sparse_decode::mla_sparse_decode(
+                k,
+                &dq.as_view(),
+                &dc.as_view(),
+                &didx.as_view(),
+                &dcount.as_view(),
+                &mut dout.as_view_mut(),
+                &mut work.as_view_mut(),
+                TOP_K,
+                &p,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let got = down(s, &dout);
+            assert_close(
+                &format!("{} n={n} n_split={n_split}", k.name()),
+                &got,
+                &want,
+                ATTN_TOL,
+                rng,
+            );
+            if n <= TOP_K {
+                let dk = &ks.dense[ki];
+                let mut dense = up(s, &vec![f32::NAN; N_HEAD * KV_LORA]);
+                mla_decode::mla_decode(
+                    dk,
+                    &dq.as_view(),
+                    &dc.as_view(),
+                    &dpos.as_view(),
+                    &mut dense.as_view_mut(),
+                    &mut work.as_view_mut(),
+                    &p,
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+                let dense = down(s, &dense);
+                let same = got
+                    .iter()
+                    .zip(&dense)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} vs {} n={n} n_split={n_split}: sparse over all visible rows is not bit-equal to dense (rel L2 {:e}, MEMRA_SEED={})",
+                    k.name(),
+                    dk.name(),
+                    rel_err(&got, &dense),
+                    rng.seed()
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_glm5_indexer_topk_sparse_attention() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_glm5_indexer_topk_sparse_attention");
+    let ks = kernels(&gpu, "bf16");
+    for n in LENGTHS {
+        let max_ctx = n + 37;
+        let (kbits, kvals) = bf16_vals(&mut rng, max_ctx * IDX.head_dim);
+        let keys = up(gpu.stream(), &kbits);
+        let (didx, dcount, sel) = indexer_and_topk(&gpu, &ks, &keys, &kvals, max_ctx, n, &mut rng);
+        check_sparse(&gpu, &ks, &didx, &dcount, &sel, n, max_ctx, &mut rng);
+    }
+    eprintln!("PASS gpu_dsa_glm5_indexer_topk_sparse_attention");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_indexer_topk_131072() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_indexer_topk_131072");
+    let ks = kernels(&gpu, "bf16");
+    let n = 131_072;
+    let (kbits, kvals) = bf16_vals(&mut rng, n * IDX.head_dim);
+    let keys = up(gpu.stream(), &kbits);
+    indexer_and_topk(&gpu, &ks, &keys, &kvals, n, n, &mut rng);
+    eprintln!("PASS gpu_dsa_indexer_topk_131072");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_indexer_f32_cache() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_indexer_f32_cache");
+    let ks = kernels(&gpu, "f32");
+    for n in [1, 33, 2049, 40000] {
+        let max_ctx = n + 5;
+        let (kv, kvals) = <f32 as KeyElem>::encode(&mut rng, max_ctx * IDX.head_dim);
+        let keys = up(gpu.stream(), &kv);
+        indexer_and_topk(&gpu, &ks, &keys, &kvals, max_ctx, n, &mut rng);
+    }
+    eprintln!("PASS gpu_dsa_indexer_f32_cache");
+}
+
+/// dsa_topk on hand-made rows full of exact ties (a few distinct values, −0 and +0, ±∞) and on
+/// random rows, up to 200 000 keys, several query rows per launch with their own positions.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_topk_ties_and_batches() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_topk_ties_and_batches");
+    let topk = load_all(
+        &gpu,
+        &[
+            variant("dsa_topk", &[("k", V::I(TOP_K as i64))]),
+            variant("dsa_topk", &[]),
+            variant(
+                "dsa_topk",
+                &[("k", V::I(TOP_K as i64)), ("threads", V::I(256))],
+            ),
+        ],
+    );
+    let palette = [
+        -1.0f32,
+        -0.0,
+        0.0,
+        0.5,
+        2.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-30,
+    ];
+    let ld = 200_000;
+    // Rows: (position, kind) with kind 0 = random, 1 = palette ties, 2 = all equal.
+    let rows: [(usize, u8); 7] = [
+        (199_999, 1),
+        (150_000, 0),
+        (2048, 1),
+        (2047, 0),
+        (5000, 2),
+        (65_536, 1),
+        (0, 0),
+    ];
+    let mut scores = vec![f32::NAN; rows.len() * ld];
+    for (t, &(p, kind)) in rows.iter().enumerate() {
+        let row = &mut scores[t * ld..][..=p];
+        match kind {
+            0 => row.copy_from_slice(&rng.normal_vec(p + 1, 1.0)),
+            1 => row
+                .iter_mut()
+                .for_each(|v| *v = palette[rng.below(palette.len())]),
+            _ => row.iter_mut().for_each(|v| *v = 0.25),
+        }
+    }
+    let pos: Vec<i32> = rows.iter().map(|&(p, _)| p as i32).collect();
+    let (dsc, dpos) = (up(s, &scores), up(s, &pos));
+    for k in &topk {
+        let mut didx = up(s, &vec![i32::MIN; rows.len() * TOP_K]);
+        let mut dcount = up(s, &vec![i32::MIN; rows.len()]);
+        dsa_topk::dsa_topk(
+            k,
+            &dsc.as_view(),
+            &dpos.as_view(),
+            &mut didx.as_view_mut(),
+            &mut dcount.as_view_mut(),
+            &DsaTopkParams {
+                n_q: rows.len(),
+                ld_scores: ld,
+                k: TOP_K,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (idx, count) = (down(s, &didx), down(s, &dcount));
+        for (t, &(p, kind)) in rows.iter().enumerate() {
+            let want = top_k(&scores[t * ld..][..=p], TOP_K);
+            check_selection(
+                &format!("{} row {t} (pos {p}, kind {kind})", k.name()),
+                &idx[t * TOP_K..][..TOP_K],
+                count[t],
+                &want,
+                &rng,
+            );
+        }
+    }
+    eprintln!("PASS gpu_dsa_topk_ties_and_batches");
+}
+
+/// Bad device positions / counts give NaN scores, count −1 and NaN attention; bad shapes are
+/// refused by the wrappers before launch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_bad_positions_and_shapes() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let ks = kernels(&gpu, "bf16");
+    let (nh, hd) = (IDX.n_head, IDX.head_dim);
+    let max_ctx = 100;
+    let keys = up(s, &vec![0u16; max_ctx * hd]);
+    let dw = up(s, &vec![1.0f32; nh]);
+    let p = DsaIndexerParams {
+        n_q: 2,
+        n_idx_head: nh,
+        idx_head_dim: hd,
+        max_ctx,
+        ld_scores: max_ctx,
+        n_blk: 2,
+    };
+    let dq2 = up(s, &vec![1.0f32; 2 * nh * hd]);
+    let dw2 = up(s, &vec![1.0f32; 2 * nh]);
+    for bad in [-1i32, max_ctx as i32] {
+        let dpos = up(s, &[5, bad]);
+        let mut dsc = up(s, &vec![7.0f32; 2 * max_ctx]);
+        dsa_indexer::dsa_indexer(
+            &ks.indexer[0],
+            &dq2.as_view(),
+            &dw2.as_view(),
+            &keys.as_view(),
+            &dpos.as_view(),
+            &mut dsc.as_view_mut(),
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let sc = down(s, &dsc);
+        assert!(
+            sc[..6].iter().all(|&v| v == 0.0),
+            "row 0 (pos 5): {:?}",
+            &sc[..6]
+        );
+        assert!(
+            sc[6..max_ctx].iter().all(|&v| v == 7.0),
+            "row 0 written past pos"
+        );
+        assert!(
+            sc[max_ctx..].iter().all(|v| v.is_nan()),
+            "row 1 (pos {bad}) not NaN"
+        );
+        let mut didx = up(s, &vec![5i32; 2 * TOP_K]);
+        let mut dcount = up(s, &[5i32; 2]);
+        dsa_topk::dsa_topk(
+            &ks.topk[0],
+            &dsc.as_view(),
+            &dpos.as_view(),
+            &mut didx.as_view_mut(),
+            &mut dcount.as_view_mut(),
+            &DsaTopkParams {
+                n_q: 2,
+                ld_scores: max_ctx,
+                k: TOP_K,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(down(s, &dcount), vec![6, -1]);
+        assert!(down(s, &didx)[TOP_K..].iter().all(|&i| i == -1));
+    }
+    // Sparse attention with a count outside [1, min(max_ctx, top_k)].
+    let d = KV_LORA + ROPE;
+    let (dq, dc) = (
+        up(s, &vec![0.1f32; N_HEAD * d]),
+        up(s, &vec![0u16; max_ctx * d]),
+    );
+    let didx = up(s, &(0..TOP_K as i32).collect::<Vec<_>>());
+    let mut work = s.alloc_zeros::<f32>(1).expect("alloc");
+    let mp = MlaDecodeParams {
+        n_head: N_HEAD,
+        kv_lora: KV_LORA,
+        rope: ROPE,
+        max_ctx,
+        n_split: 1,
+        scale: SCALE,
+    };
+    for bad in [0i32, -1, max_ctx as i32 + 1] {
+        let dcount = up(s, &[bad]);
+        let mut dout = up(s, &vec![0.0f32; N_HEAD * KV_LORA]);
+        mla_sparse_decode::mla_sparse_decode(
+            &ks.sparse[0],
+            &dq.as_view(),
+            &dc.as_view(),
+            &didx.as_view(),
+            &dcount.as_view(),
+            &mut dout.as_view_mut(),
+            &mut work.as_view_mut(),
+            TOP_K,
+            &mp,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            down(s, &dout).iter().all(|v| v.is_nan()),
+            "count {bad}: out not NaN"
+        );
+    }
+    // Refused shapes.
+    let dpos = up(s, &[0i32]);
+    let mut dsc = up(s, &vec![0.0f32; max_ctx]);
+    let refused = |r: Result<(), memra_engine::cuda::Error>, what: &str| {
+        let e = r.expect_err(what);
+        eprintln!("refused ({what}): {e}");
+    };
+    for bad in [
+        DsaIndexerParams {
+            n_idx_head: 16,
+            n_q: 1,
+            ..p
+        }, // baked 32
+        DsaIndexerParams {
+            ld_scores: max_ctx - 1,
+            n_q: 1,
+            ..p
+        },
+        DsaIndexerParams {
+            idx_head_dim: 100,
+            n_q: 1,
+            ..p
+        },
+    ] {
+        refused(
+            dsa_indexer::dsa_indexer(
+                &ks.indexer[0],
+                &dq.as_view(),
+                &dw.as_view(),
+                &keys.as_view(),
+                &dpos.as_view(),
+                &mut dsc.as_view_mut(),
+                &bad,
+            ),
+            &format!("{bad:?}"),
+        );
+    }
+    let mut didx1 = up(s, &vec![0i32; TOP_K - 1]);
+    let mut dcount1 = up(s, &[0i32]);
+    refused(
+        dsa_topk::dsa_topk(
+            &ks.topk[0],
+            &dsc.as_view(),
+            &dpos.as_view(),
+            &mut didx1.as_view_mut(),
+            &mut dcount1.as_view_mut(),
+            &DsaTopkParams {
+                n_q: 1,
+                ld_scores: max_ctx,
+                k: TOP_K,
+            },
+        ),
+        "idx shorter than k",
+    );
+    eprintln!("PASS gpu_dsa_bad_positions_and_shapes");
+}
