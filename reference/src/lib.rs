@@ -28,5 +28,5 @@ pub mod norm;
 pub mod rng;
 pub mod rope;
 
-pub use compare::{max_abs_diff, rel_err};
+pub use compare::{logit_verdict, logit_verdict_rows, max_abs_diff, rel_err};
 pub use rng::Rng;

@@ -15,11 +15,15 @@ use std::path::Path;
 
 use memra_gguf::{Gguf, GgufFile};
 
-use super::{ModelError, load_f32, par_matmul};
+use super::common::{
+    GqaParams, GqaWeights, Head, KvCache, QkNorm, add_in_place, check_forward, gqa_block,
+    layer_tensor,
+};
+use super::{ModelError, par_matmul};
 use crate::act::geglu;
-use crate::attention::{AttnShape, Mask, attention};
+use crate::attention::AttnShape;
 use crate::norm::rms_norm;
-use crate::rope::{Rope, RopeMode, rope_tokens};
+use crate::rope::{Rope, RopeMode};
 
 /// llama.cpp `set_swa_pattern(6)` for gemma3: five sliding-window layers, then one global.
 pub const DEFAULT_SWA_PERIOD: usize = 6;
@@ -228,6 +232,15 @@ impl Gemma3Hparams {
         }
     }
 
+    pub fn shape(&self) -> AttnShape {
+        AttnShape {
+            n_head: self.n_head,
+            n_kv_head: self.n_head_kv,
+            head_dim_k: self.head_dim_k,
+            head_dim_v: self.head_dim_v,
+        }
+    }
+
     /// The sliding window of layer `il`, `None` on global layers.
     pub fn window(&self, il: usize) -> Option<usize> {
         self.sliding_window.filter(|_| self.is_swa[il])
@@ -267,12 +280,7 @@ fn swa_layers<B: AsRef<[u8]>>(
 /// One layer's weights, f32, named after their GGUF tensors (`blk.{i}.<name>.weight`).
 struct Layer {
     attn_norm: Vec<f32>,
-    attn_q: Vec<f32>,
-    attn_k: Vec<f32>,
-    attn_v: Vec<f32>,
-    attn_q_norm: Vec<f32>,
-    attn_k_norm: Vec<f32>,
-    attn_output: Vec<f32>,
+    attn: GqaWeights,
     post_attention_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
     ffn_gate: Vec<f32>,
@@ -284,30 +292,13 @@ struct Layer {
 /// The Gemma 3 model with f32 weights.
 pub struct Gemma3 {
     pub hparams: Gemma3Hparams,
-    token_embd: Vec<f32>,
-    /// `output.weight` if the file has one; otherwise the head is tied to `token_embd`.
-    output: Option<Vec<f32>>,
-    output_norm: Vec<f32>,
+    /// Tied to `token_embd` unless the file has `output.weight`.
+    head: Head,
     layers: Vec<Layer>,
 }
 
 /// KV cache: per layer, `[len, n_head_kv, head_dim]` rows for positions `0..len`.
-pub struct Gemma3Cache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    len: usize,
-}
-
-impl Gemma3Cache {
-    /// Positions stored so far; the next token gets this position.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
+pub type Gemma3Cache = KvCache;
 
 impl Gemma3 {
     /// Opens `path` and loads it (see [`Gemma3::from_gguf`]).
@@ -320,23 +311,12 @@ impl Gemma3 {
     pub fn from_gguf<B: AsRef<[u8]>>(gguf: &Gguf<B>) -> Result<Self, ModelError> {
         let hp = Gemma3Hparams::from_gguf(gguf)?;
         let (e, ff) = (hp.n_embd, hp.n_ff);
-        let q_dim = hp.n_head * hp.head_dim_k;
-        let k_dim = hp.n_head_kv * hp.head_dim_k;
-        let v_dim = hp.n_head_kv * hp.head_dim_v;
-        let o_dim = hp.n_head * hp.head_dim_v;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
-            let t = |name: &str, dims: &[usize]| {
-                load_f32(gguf, &format!("blk.{il}.{name}.weight"), dims)
-            };
+            let t = |name: &str, dims: &[usize]| layer_tensor(gguf, il, name, dims);
             layers.push(Layer {
                 attn_norm: t("attn_norm", &[e])?,
-                attn_q: t("attn_q", &[e, q_dim])?,
-                attn_k: t("attn_k", &[e, k_dim])?,
-                attn_v: t("attn_v", &[e, v_dim])?,
-                attn_q_norm: t("attn_q_norm", &[hp.head_dim_k])?,
-                attn_k_norm: t("attn_k_norm", &[hp.head_dim_k])?,
-                attn_output: t("attn_output", &[o_dim, e])?,
+                attn: GqaWeights::load(gguf, il, e, hp.shape(), QkNorm::PerHead)?,
                 post_attention_norm: t("post_attention_norm", &[e])?,
                 ffn_norm: t("ffn_norm", &[e])?,
                 ffn_gate: t("ffn_gate", &[e, ff])?,
@@ -345,28 +325,16 @@ impl Gemma3 {
                 post_ffw_norm: t("post_ffw_norm", &[e])?,
             });
         }
-        let token_embd = load_f32(gguf, "token_embd.weight", &[e, hp.n_vocab])?;
-        let output = match gguf.tensor("output.weight") {
-            Some(_) => Some(load_f32(gguf, "output.weight", &[e, hp.n_vocab])?),
-            None => None,
-        };
-        let output_norm = load_f32(gguf, "output_norm.weight", &[e])?;
+        let head = Head::load(gguf, e, hp.n_vocab, false)?;
         Ok(Gemma3 {
             hparams: hp,
-            token_embd,
-            output,
-            output_norm,
+            head,
             layers,
         })
     }
 
     pub fn new_cache(&self) -> Gemma3Cache {
-        let n = self.hparams.n_layer;
-        Gemma3Cache {
-            k: vec![Vec::new(); n],
-            v: vec![Vec::new(); n],
-            len: 0,
-        }
+        KvCache::new(self.hparams.n_layer)
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appending their K/V to `cache`: one call
@@ -379,79 +347,40 @@ impl Gemma3 {
         all_logits: bool,
     ) -> Result<Vec<f32>, ModelError> {
         let hp = &self.hparams;
-        if tokens.is_empty() {
-            return Err(ModelError::new(None, "forward: no tokens"));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
-            return Err(ModelError::new(
-                None,
-                format!("token id {bad} is out of range (n_vocab {})", hp.n_vocab),
-            ));
-        }
-        if cache.k.len() != hp.n_layer {
-            return Err(ModelError::new(
-                None,
-                "forward: the cache was made for another model",
-            ));
-        }
-        let t = tokens.len();
         let start = cache.len;
-        if start + t > hp.n_ctx_train {
-            return Err(ModelError::new(
-                None,
-                format!(
-                    "context full: {start} cached + {t} new positions > context_length {}",
-                    hp.n_ctx_train
-                ),
-            ));
-        }
+        check_forward(
+            tokens,
+            hp.n_vocab,
+            cache.k.len(),
+            hp.n_layer,
+            start,
+            hp.n_ctx_train,
+        )?;
+        let t = tokens.len();
         let positions: Vec<usize> = (start..start + t).collect();
         let e = hp.n_embd;
-
-        let embd_scale = (e as f32).sqrt();
-        let mut x = Vec::with_capacity(t * e);
-        for &tok in tokens {
-            x.extend(
-                self.token_embd[tok as usize * e..][..e]
-                    .iter()
-                    .map(|&v| v * embd_scale),
-            );
-        }
-
-        let shape = AttnShape {
-            n_head: hp.n_head,
-            n_kv_head: hp.n_head_kv,
-            head_dim_k: hp.head_dim_k,
-            head_dim_v: hp.head_dim_v,
-        };
-        let (q_dim, k_dim, v_dim) = (
-            hp.n_head * hp.head_dim_k,
-            hp.n_head_kv * hp.head_dim_k,
-            hp.n_head_kv * hp.head_dim_v,
-        );
+        let mut x = self.head.embed(tokens, (e as f32).sqrt());
         for (il, w) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &w.attn_norm, hp.eps);
-            let mut q = par_matmul(&w.attn_q, e, q_dim, &h, t);
-            let mut k = par_matmul(&w.attn_k, e, k_dim, &h, t);
-            let v = par_matmul(&w.attn_v, e, v_dim, &h, t);
-            // Per-head norm: each head vector is one row of length head_dim.
-            q = rms_norm(&q, &w.attn_q_norm, hp.eps);
-            k = rms_norm(&k, &w.attn_k_norm, hp.eps);
             let rope = hp.rope(il);
-            rope_tokens(&mut q, hp.n_head, hp.head_dim_k, &positions, &rope);
-            rope_tokens(&mut k, hp.n_head_kv, hp.head_dim_k, &positions, &rope);
-            for qv in &mut q {
-                *qv *= hp.attn_scale;
-            }
-            cache.k[il].extend_from_slice(&k);
-            cache.v[il].extend_from_slice(&v);
-            let mask = Mask {
-                q_pos: &positions,
+            let params = GqaParams {
+                shape: hp.shape(),
+                n_embd: e,
+                eps: hp.eps,
+                rope: &rope,
+                q_scale: hp.attn_scale,
+                kq_scale: 1.0,
                 window: hp.window(il),
-                allowed: None,
             };
-            let attn = attention(&q, &cache.k[il], &cache.v[il], start + t, shape, &mask, 1.0);
-            let o = par_matmul(&w.attn_output, hp.n_head * hp.head_dim_v, e, &attn, t);
+            let o = gqa_block(
+                &w.attn,
+                &params,
+                QkNorm::PerHead,
+                &h,
+                &positions,
+                &mut cache.k[il],
+                &mut cache.v[il],
+            );
             let o = rms_norm(&o, &w.post_attention_norm, hp.eps);
             add_in_place(&mut x, &o);
 
@@ -464,15 +393,7 @@ impl Gemma3 {
         }
         cache.len = start + t;
 
-        let out_rows = if all_logits {
-            &x[..]
-        } else {
-            &x[(t - 1) * e..]
-        };
-        let n_out = out_rows.len() / e;
-        let normed = rms_norm(out_rows, &self.output_norm, hp.eps);
-        let head = self.output.as_deref().unwrap_or(&self.token_embd);
-        let mut logits = par_matmul(head, e, hp.n_vocab, &normed, n_out);
+        let mut logits = self.head.logits(&x, all_logits, hp.eps);
         if let Some(cap) = hp.final_logit_softcap {
             for l in &mut logits {
                 *l = cap * (*l / cap).tanh();
@@ -485,11 +406,5 @@ impl Gemma3 {
     /// sequences exercise the window mask). `None` makes every layer attend globally.
     pub fn set_sliding_window(&mut self, window: Option<usize>) {
         self.hparams.sliding_window = window.filter(|&w| w > 0);
-    }
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }

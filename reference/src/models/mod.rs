@@ -5,14 +5,146 @@
 //! Unlike the ops, loading reads untrusted files: a missing key or tensor, a wrong shape or an
 //! unsupported type is a [`ModelError`] naming the file and the key or tensor, never a panic.
 
+pub mod common;
+pub mod deepseek2;
 pub mod gemma3;
+pub mod glm_dsa;
+pub mod mla_model;
+pub mod olmoe;
+pub mod qwen3;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use memra_gguf::{GgmlType, Gguf, TensorInfo};
+use memra_gguf::{GgmlType, Gguf, GgufFile, TensorInfo};
 
+pub use common::{KvCache, MoeHparams, Yarn};
+pub use deepseek2::{Deepseek2, Deepseek2Cache, Deepseek2Hparams};
 pub use gemma3::{Gemma3, Gemma3Cache, Gemma3Hparams};
+pub use glm_dsa::{GlmDsa, GlmDsaCache, GlmDsaHparams};
+pub use mla_model::{DsaSelections, IndexerHparams, MlaModelCache, MlaModelHparams};
+pub use olmoe::{Olmoe, OlmoeCache, OlmoeHparams};
+pub use qwen3::{Qwen3, Qwen3Cache, Qwen3Hparams};
+
+/// Any supported architecture, chosen by `general.architecture`.
+pub enum CpuModel {
+    Gemma3(Gemma3),
+    Qwen3(Qwen3),
+    Olmoe(Olmoe),
+    GlmDsa(GlmDsa),
+    Deepseek2(Deepseek2),
+}
+
+/// The cache of a [`CpuModel`].
+pub enum CpuCache {
+    /// gemma3, qwen3, olmoe.
+    Kv(KvCache),
+    Mla(MlaModelCache),
+}
+
+impl CpuCache {
+    /// Positions stored so far.
+    pub fn len(&self) -> usize {
+        match self {
+            CpuCache::Kv(c) => c.len(),
+            CpuCache::Mla(c) => c.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Architectures [`CpuModel`] loads (GGUF `general.architecture` values).
+pub const CPU_ARCHS: &[&str] = &["gemma3", "qwen3", "olmoe", "glm-dsa", "deepseek2"];
+
+impl CpuModel {
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        Self::from_gguf(&GgufFile::open(path.as_ref())?)
+    }
+
+    pub fn from_gguf<B: AsRef<[u8]>>(gguf: &Gguf<B>) -> Result<Self, ModelError> {
+        Ok(match gguf.architecture()? {
+            "gemma3" => CpuModel::Gemma3(Gemma3::from_gguf(gguf)?),
+            "qwen3" => CpuModel::Qwen3(Qwen3::from_gguf(gguf)?),
+            "olmoe" => CpuModel::Olmoe(Olmoe::from_gguf(gguf)?),
+            "glm-dsa" => CpuModel::GlmDsa(GlmDsa::from_gguf(gguf)?),
+            "deepseek2" => CpuModel::Deepseek2(Deepseek2::from_gguf(gguf)?),
+            other => {
+                return Err(ModelError::new(
+                    gguf.path(),
+                    format!(
+                        "general.architecture \"{other}\" has no CPU reference (supported: {})",
+                        CPU_ARCHS.join(", ")
+                    ),
+                ));
+            }
+        })
+    }
+
+    pub fn arch(&self) -> &'static str {
+        match self {
+            CpuModel::Gemma3(_) => "gemma3",
+            CpuModel::Qwen3(_) => "qwen3",
+            CpuModel::Olmoe(_) => "olmoe",
+            CpuModel::GlmDsa(_) => "glm-dsa",
+            CpuModel::Deepseek2(_) => "deepseek2",
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        match self {
+            CpuModel::Gemma3(m) => m.hparams.n_vocab,
+            CpuModel::Qwen3(m) => m.hparams.n_vocab,
+            CpuModel::Olmoe(m) => m.hparams.n_vocab,
+            CpuModel::GlmDsa(m) => m.hparams().n_vocab,
+            CpuModel::Deepseek2(m) => m.hparams().n_vocab,
+        }
+    }
+
+    /// `context_length`: the most positions a cache holds.
+    pub fn n_ctx(&self) -> usize {
+        match self {
+            CpuModel::Gemma3(m) => m.hparams.n_ctx_train,
+            CpuModel::Qwen3(m) => m.hparams.n_ctx_train,
+            CpuModel::Olmoe(m) => m.hparams.n_ctx_train,
+            CpuModel::GlmDsa(m) => m.hparams().n_ctx_train,
+            CpuModel::Deepseek2(m) => m.hparams().n_ctx_train,
+        }
+    }
+
+    pub fn new_cache(&self) -> CpuCache {
+        match self {
+            CpuModel::Gemma3(m) => CpuCache::Kv(m.new_cache()),
+            CpuModel::Qwen3(m) => CpuCache::Kv(m.new_cache()),
+            CpuModel::Olmoe(m) => CpuCache::Kv(m.new_cache()),
+            CpuModel::GlmDsa(m) => CpuCache::Mla(m.new_cache()),
+            CpuModel::Deepseek2(m) => CpuCache::Mla(m.new_cache()),
+        }
+    }
+
+    /// The model's `forward` (logits `[n_out, n_vocab]`, every position if `all_logits`).
+    /// A cache from another model is an error.
+    pub fn forward(
+        &self,
+        cache: &mut CpuCache,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>, ModelError> {
+        match (self, cache) {
+            (CpuModel::Gemma3(m), CpuCache::Kv(c)) => m.forward(c, tokens, all_logits),
+            (CpuModel::Qwen3(m), CpuCache::Kv(c)) => m.forward(c, tokens, all_logits),
+            (CpuModel::Olmoe(m), CpuCache::Kv(c)) => m.forward(c, tokens, all_logits),
+            (CpuModel::GlmDsa(m), CpuCache::Mla(c)) => m.forward(c, tokens, all_logits),
+            (CpuModel::Deepseek2(m), CpuCache::Mla(c)) => m.forward(c, tokens, all_logits),
+            _ => Err(ModelError::new(
+                None,
+                "forward: the cache was made for another model",
+            )),
+        }
+    }
+}
 
 /// A GGUF file that cannot be loaded as a model, or a bad forward input (token id out of
 /// range, context full).
