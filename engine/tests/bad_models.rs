@@ -160,6 +160,22 @@ fn absurd_layer_count_is_refused_before_the_weights_are_mapped() {
 }
 
 #[test]
+fn generated_weights_loader_refuses_an_absurd_layer_count_itself() {
+    use memra_engine::models::spec::gemma3::{Gemma3Hparams, Gemma3Weights};
+    let bytes = good();
+    let file = Gguf::parse(bytes.as_slice()).unwrap();
+    let mut hp = Gemma3Hparams::from_gguf(&file).unwrap();
+    hp.n_layer = u32::MAX;
+    let err = Gemma3Weights::from_gguf(&file, &hp)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("n_layer = 4294967295 exceeds the file's 15 tensors"),
+        "{err}"
+    );
+}
+
+#[test]
 fn missing_hparam_key_is_refused_naming_it() {
     let bytes = rewrite(
         &good(),

@@ -666,6 +666,11 @@ fn gen_weights(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
                 #(let #bind = hparams.#bind;)*
                 #(#prelude)*
                 let global = #global { #(#global_loads)* };
+                // Every layer has tensors: a larger count is a corrupt block_count, refused
+                // before the per-layer tables (and a message per missing tensor) are built.
+                if hparams.n_layer as usize > file.tensors().len() {
+                    return ::core::result::Result::Err(#error { file: file.path().map(::std::path::Path::to_path_buf), problems: ::std::vec![::std::format!("n_layer = {} exceeds the file's {} tensors", hparams.n_layer, file.tensors().len())] });
+                }
                 let mut layers = ::std::vec::Vec::with_capacity(hparams.n_layer as usize);
                 for i in 0..hparams.n_layer as usize {
                     layers.push(#layer { #(#layer_loads)* });
