@@ -96,8 +96,8 @@ static std::vector<unsigned char> slurp(const char* path) {
 template <class K> void run(int T, int hd, int nh, int nkv, int max_ctx, int pos0, int window, float scale, char** f) {
     auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]);
     std::vector<float> out((size_t)T * nh * hd, NAN);
-    const int G = nh / nkv, n_mt = (T * G + 63) / 64;
-    const unsigned smem = (64 + 2 * 64) * (hd + 8) * 2;
+    const int G = nh / nkv, bm = hd <= 128 ? 128 : 64, n_mt = (T * G + bm - 1) / bm;
+    const unsigned smem = (bm + 2 * 64) * (hd + 8) * 2;
     std::vector<unsigned char> sm(smem + 16, 0xCD);  // garbage, as on the GPU
     g_smem = sm.data(); g_smem_bytes = smem;
     for (int y = 0; y < nkv; ++y) for (int x = 0; x < n_mt; ++x) {

@@ -24,32 +24,41 @@
 // Work split: G = n_head / n_kv q heads share a kv head. The query rows of one kv head are the
 //   (token, head-of-group) pairs flattened as r = t·G + g, so the G heads of a token sit in
 //   consecutive rows and a K/V tile loaded once serves all of them (any G, no padding). A block
-//   owns BM = 64 consecutive rows of one kv head (grid.x, heaviest causal tiles first) and
-//   loops over 64-key tiles from its window start to its last token's position; tiles that are
-//   fully visible to all its rows skip the mask.
-// Geometry: grid (ceil(n_tokens·G / 64), n_kv), block 128, dynamic shared memory
-//   (64 + 2·64)·(hd + 8)·2 bytes (Q, K and V tiles in bf16, rows padded by 8 elements):
-//   27 648 (hd 64), 52 224 (hd 128), 101 376 (hd 256). The kernel traps if launched with less.
+//   owns BM consecutive rows of one kv head (grid.x, heaviest causal tiles first): BM = 128 for
+//   hd ≤ 128 (each warp two 16-row m-tiles, so a K/V fragment feeds two mma), 64 for hd 256. It
+//   loops over 64-key tiles from its window start to its last token's position; tiles fully
+//   visible to all its rows skip the mask.
+// Geometry: grid (ceil(n_tokens·G / BM), n_kv), block 128, dynamic shared memory
+//   (BM + 2·64)·(hd + 8)·2 bytes (Q, K and V tiles in bf16, rows padded by 8 elements):
+//   36 864 (hd 64), 69 632 (hd 128), 101 376 (hd 256). The kernel traps if launched with less.
 // Inside a block: Q tile staged once (f32 → bf16); K and V tiles single-buffered, bf16 caches
 //   copied with 16-byte cp.async (V(j) lands during Q·K(j)ᵀ, K(j+1) during P·V(j)), f32 caches
-//   loaded as float4 pairs and rounded. Each warp: S = Q·Kᵀ (16 × 64) with ldmatrix fragments,
-//   mask, online softmax in base 2 (row max/sum over the 4 lanes of a row), P repacked from the
-//   S accumulators as the A operand, O += P·V with V fragments from ldmatrix.trans.
+//   loaded as float4 pairs and rounded. Each warp: S = Q·Kᵀ (16·MT × 64) with ldmatrix
+//   fragments, mask, online softmax in base 2 (row max/sum over the 4 lanes of a row), P
+//   repacked from the S accumulators as the A operand, O += P·V with V fragments from
+//   ldmatrix.trans.
 #pragma once
 #include "memra/common.cuh"
 
 namespace memra {
 namespace prefill_detail {
 
-constexpr int BM = 64;  // query rows per block (4 warps × 16)
 constexpr int BN = 64;  // keys per tile
 constexpr int PAD = 8;  // bf16 elements of padding per smem row: ldmatrix rows hit distinct banks
 constexpr float LOG2E = 1.4426950408889634f;
 
 template <int HD> struct Geometry {
-    static constexpr int LD = HD + PAD;  // smem row stride, bf16 elements
+    // 16-row m-tiles per warp: two up to hd 128, so each K / V fragment a warp loads from shared
+    // memory feeds two mma (half the ldmatrix traffic per flop); one at hd 256, where two would
+    // need 256 accumulator registers.
+    static constexpr int MT = HD <= 128 ? 2 : 1;
+    static constexpr int BM = 4 * 16 * MT;  // query rows per block (4 warps)
+    static constexpr int LD = HD + PAD;     // smem row stride, bf16 elements
     static constexpr int SMEM = (BM + 2 * BN) * LD * 2;
 };
+
+// Rows per block for a run-time head_dim (the generic variant's grid rule).
+__device__ __forceinline__ int rows_per_block(int hd) { return hd <= 128 ? 128 : 64; }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -145,7 +154,7 @@ __device__ __forceinline__ void load_kv_tile(u16* dst, const void* cache, i64 ro
     } else {
         const float* src = static_cast<const float*>(cache) + ((i64)(k0 + r0) * row_stride + head_off + ch * 8);
         u16* d = dst + r0 * LD + ch * 8;
-#pragma unroll 4
+#pragma unroll 1  // the caller holds S and O in registers; one chunk in flight
         for (int i = 0; i < BN / RS; ++i) {
             const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             const bool ok = r0 + i * RS < n_valid;
@@ -159,11 +168,12 @@ template <CacheType C, int HD, int THREADS>
 __device__ __forceinline__ void block(const float* __restrict__ q, const void* __restrict__ k_cache,
                                       const void* __restrict__ v_cache, float* __restrict__ out, u16* smem, int T,
                                       int n_head, int n_kv, int G, int pos0, int window, float sl2, int mt, int kvh) {
-    constexpr int LD = Geometry<HD>::LD;
+    using Geo = Geometry<HD>;
+    constexpr int LD = Geo::LD, MT = Geo::MT, BM = Geo::BM;
     constexpr int CH = HD / 8;
-    constexpr int NT_S = BN / 8;   // n-tiles of S per warp
-    constexpr int NT_O = HD / 8;   // n-tiles of O per warp
-    static_assert(THREADS == 128, "attn_prefill uses 4 warps of 16 query rows");
+    constexpr int NT_S = BN / 8;   // n-tiles of S per m-tile
+    constexpr int NT_O = HD / 8;   // n-tiles of O per m-tile
+    static_assert(THREADS == 128, "attn_prefill uses 4 warps");
     static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
     u16* qs = smem;
     u16* ks = qs + BM * LD;
@@ -178,10 +188,9 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
     const int key_hi = pos0 + t_last;  // inclusive
     const int key_lo = window > 0 ? max(0, pos0 + t_first - window + 1) : 0;
     const int tile_lo = key_lo / BN, tile_hi = key_hi / BN;
-    // This thread's two rows (g8 and g8 + 8 of its warp's 16); padding rows take the last valid
-    // row's position (their output is not stored).
-    const int r0 = m0 + warp * 16 + g8, r1 = r0 + 8;
-    const int p0 = pos0 + min(r0, rows - 1) / G, p1 = pos0 + min(r1, rows - 1) / G;
+    // This thread's rows: g8 and g8 + 8 of each of its warp's MT m-tiles of 16 (row
+    // r_base + 16·i + 8·h). Padding rows take the last valid row's position (not stored).
+    const int r_base = m0 + warp * 16 * MT + g8;
 
     // Q tile: row r = t·G + g → q[t, kvh·G + g, :], rounded to bf16.
 #pragma unroll 4
@@ -203,13 +212,18 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
     load_kv_tile<C, HD, THREADS>(ks, k_cache, row_stride, head_off, tile_lo * BN, key_hi + 1 - tile_lo * BN, tid);
     ptx::commit();
 
-    float acc[NT_O][4];
+    float acc[MT][NT_O][4];
+    float m_run[MT][2], l_run[MT][2];
 #pragma unroll
-    for (int j = 0; j < NT_O; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.0f, 0.0f};
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int j = 0; j < NT_O; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+        m_run[i][0] = m_run[i][1] = neg_inf();
+        l_run[i][0] = l_run[i][1] = 0.0f;
+    }
 
     // ldmatrix source rows/cols of this lane (fragment layouts of mma.m16n8k16).
-    const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * 8;              // Q (A, row-major)
+    const int a_row = warp * 16 * MT + lane % 16, a_col = (lane / 16) * 8;         // Q (A, row-major)
     const int b_row = lane % 8 + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;  // K rows as B columns
     const int v_row = lane % 8 + ((lane / 8) % 2) * 8, v_col = (lane / 16) * 8;  // V via .trans
     const u32 q_frag = ptx::smem_addr(qs + a_row * LD + a_col);
@@ -224,62 +238,87 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
         load_kv_tile<C, HD, THREADS>(vs, v_cache, row_stride, head_off, k0, key_hi + 1 - k0, tid);
         ptx::commit();
 
-        float s[NT_S][4];
+        // S = Q·Kᵀ: each K fragment serves the warp's MT m-tiles.
+        float s[MT][NT_S][4];
 #pragma unroll
-        for (int j = 0; j < NT_S; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int i = 0; i < MT; ++i) {
+#pragma unroll
+            for (int j = 0; j < NT_S; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
+        }
         const u32 qa = ptx::opaque(q_frag), ka = ptx::opaque(k_frag);
 #pragma unroll
         for (int kq = 0; kq < HD; kq += 16) {
-            u32 a[4];
-            ptx::ldmatrix_x4(a, qa + kq * 2);
+            u32 a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) ptx::ldmatrix_x4(a[i], qa + (16 * i * LD + kq) * 2);
 #pragma unroll
             for (int jj = 0; jj < NT_S / 2; ++jj) {
                 u32 b[4];
                 ptx::ldmatrix_x4(b, ka + (16 * jj * LD + kq) * 2);
-                ptx::bf16_16816(s[2 * jj], a, b[0], b[1]);
-                ptx::bf16_16816(s[2 * jj + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    ptx::bf16_16816(s[i][2 * jj], a[i], b[0], b[1]);
+                    ptx::bf16_16816(s[i][2 * jj + 1], a[i], b[2], b[3]);
+                }
             }
         }
 
         // Scale to base 2; mask unless every row of the block sees every key of the tile.
         const bool full = k0 + BN - 1 <= pos0 + t_first && (window <= 0 || k0 > pos0 + t_last - window);
 #pragma unroll
-        for (int j = 0; j < NT_S; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = s[j][e] * sl2;
-                if (!full) {
-                    const int key = k0 + 8 * j + 2 * tq + (e & 1);
-                    const int p = e < 2 ? p0 : p1;
-                    if (key > p || (window > 0 && p - key >= window)) v = neg_inf();
-                }
-                s[j][e] = v;
-            }
-        }
-        // Online softmax per row half (e = 0, 1: row g8; e = 2, 3: row g8 + 8).
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = neg_inf();
-#pragma unroll
-            for (int j = 0; j < NT_S; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float m_new = fmaxf(m_run[h], mx);
-            const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // a row with nothing visible yet
-            const float corr = exp2f(m_run[h] - m_use);
-            m_run[h] = m_new;
-            float sum = 0.0f;
+        for (int i = 0; i < MT; ++i) {
 #pragma unroll
             for (int j = 0; j < NT_S; ++j) {
-                s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
-                s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
-                sum += s[j][2 * h] + s[j][2 * h + 1];
-            }
-            l_run[h] = l_run[h] * corr + sum;  // this lane's partial; the 4 lanes are summed at the end
 #pragma unroll
-            for (int j = 0; j < NT_O; ++j) {
-                acc[j][2 * h] *= corr;
-                acc[j][2 * h + 1] *= corr;
+                for (int e = 0; e < 4; ++e) s[i][j][e] *= sl2;
+            }
+        }
+        if (!full) {
+            // Row positions recomputed here (opaque: not hoisted into registers held by the loop).
+            const int rb = (int)ptx::opaque((u32)r_base);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = pos0 + min(rb + 16 * i + 8 * h, rows - 1) / G;
+#pragma unroll
+                    for (int j = 0; j < NT_S; ++j) {
+#pragma unroll
+                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                            const int key = k0 + 8 * j + 2 * tq + (e & 1);
+                            if (key > p || (window > 0 && p - key >= window)) s[i][j][e] = neg_inf();
+                        }
+                    }
+                }
+            }
+        }
+        // Online softmax per row (e = 0, 1: row g8; e = 2, 3: row g8 + 8 of m-tile i).
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = neg_inf();
+#pragma unroll
+                for (int j = 0; j < NT_S; ++j) mx = fmaxf(mx, fmaxf(s[i][j][2 * h], s[i][j][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float m_new = fmaxf(m_run[i][h], mx);
+                const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // a row with nothing visible yet
+                const float corr = exp2f(m_run[i][h] - m_use);
+                m_run[i][h] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NT_S; ++j) {
+                    s[i][j][2 * h] = exp2f(s[i][j][2 * h] - m_use);
+                    s[i][j][2 * h + 1] = exp2f(s[i][j][2 * h + 1] - m_use);
+                    sum += s[i][j][2 * h] + s[i][j][2 * h + 1];
+                }
+                l_run[i][h] = l_run[i][h] * corr + sum;  // this lane's partial; the 4 lanes are summed at the end
+#pragma unroll
+                for (int j = 0; j < NT_O; ++j) {
+                    acc[i][j][2 * h] *= corr;
+                    acc[i][j][2 * h + 1] *= corr;
+                }
             }
         }
 
@@ -290,41 +329,49 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
         }
         ptx::commit();
 
-        // O += P·V: P (16 × 64 keys) from the S accumulators, 16 keys per mma.
+        // O += P·V: P (16 × 64 keys per m-tile) from the S accumulators, 16 keys per mma; each V
+        // fragment serves the MT m-tiles.
         const u32 va = ptx::opaque(v_frag);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            u32 a[4];
-            a[0] = ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            u32 a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                a[i][0] = ptx::pack_bf16x2(s[i][2 * kk][0], s[i][2 * kk][1]);
+                a[i][1] = ptx::pack_bf16x2(s[i][2 * kk][2], s[i][2 * kk][3]);
+                a[i][2] = ptx::pack_bf16x2(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+                a[i][3] = ptx::pack_bf16x2(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dd = 0; dd < NT_O / 2; ++dd) {
                 u32 b[4];
                 ptx::ldmatrix_x4_trans(b, va + (16 * kk * LD + 16 * dd) * 2);
-                ptx::bf16_16816(acc[2 * dd], a, b[0], b[1]);
-                ptx::bf16_16816(acc[2 * dd + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    ptx::bf16_16816(acc[i][2 * dd], a[i], b[0], b[1]);
+                    ptx::bf16_16816(acc[i][2 * dd + 1], a[i], b[2], b[3]);
+                }
             }
         }
     }
 
     // Row sums over the 4 lanes of a row, normalize, store f32 pairs.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l_run[h] += __shfl_xor_sync(FULL_MASK, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(FULL_MASK, l_run[h], 2);
-    }
+    for (int i = 0; i < MT; ++i) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = h == 0 ? r0 : r1;
-        if (r >= rows) continue;
-        const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
-        const int t = r / G, g = r % G;
-        float* dst = out + ((i64)t * n_head + (i64)kvh * G + g) * HD + 2 * tq;
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[i][h];
+            l += __shfl_xor_sync(FULL_MASK, l, 1);
+            l += __shfl_xor_sync(FULL_MASK, l, 2);
+            const int r = r_base + 16 * i + 8 * h;
+            if (r >= rows) continue;
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const int t = r / G, g = r % G;
+            float* dst = out + ((i64)t * n_head + (i64)kvh * G + g) * HD + 2 * tq;
 #pragma unroll
-        for (int j = 0; j < NT_O; ++j) {
-            *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[j][2 * h] * inv, acc[j][2 * h + 1] * inv);
+            for (int j = 0; j < NT_O; ++j) {
+                *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[i][j][2 * h] * inv, acc[i][j][2 * h + 1] * inv);
+            }
         }
     }
 }
@@ -343,6 +390,7 @@ __device__ __forceinline__ void attn_prefill_impl(const float* q, const void* k_
     const int n_head = dim_or<Cfg::N_HEAD>(n_head_rt), n_kv = dim_or<Cfg::N_KV>(n_kv_rt);
     const int G = (Cfg::N_HEAD != 0 && Cfg::N_KV != 0) ? Cfg::N_HEAD / Cfg::N_KV : n_head / n_kv;
     const int kvh = blockIdx.y;
+    const int BM = rows_per_block(hd);
     const int n_mt = (n_tokens * G + BM - 1) / BM;
     if (kvh >= n_kv || (int)blockIdx.x >= n_mt) return;
     const int mt = n_mt - 1 - (int)blockIdx.x;  // the rows with the most keys start first

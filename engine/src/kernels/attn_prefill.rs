@@ -13,8 +13,6 @@ use crate::kernels::qk_norm_rope::CacheElem;
 pub const FAMILY: &str = "attn_prefill";
 /// The template's only block size (4 warps × 16 query rows).
 pub const THREADS: u32 = 128;
-/// Query rows (token, head-of-group pairs) per block (`BM` in the template).
-pub const ROWS_PER_BLOCK: usize = 64;
 /// Keys per tile (`BN`), and the padding of a shared-memory row (`PAD`, bf16 elements).
 pub const KEYS_PER_TILE: usize = 64;
 const PAD: usize = 8;
@@ -62,14 +60,21 @@ pub struct AttnPrefillParams {
     pub scale: f32,
 }
 
-/// Dynamic shared memory of one block: Q, K and V bf16 tiles with padded rows.
-pub fn smem_bytes(head_dim: usize) -> usize {
-    (ROWS_PER_BLOCK + 2 * KEYS_PER_TILE) * (head_dim + PAD) * 2
+/// Query rows (token, head-of-group pairs) per block (`BM` in the template): 128 up to head_dim
+/// 128 (two 16-row m-tiles per warp), 64 at 256.
+pub fn rows_per_block(head_dim: usize) -> usize {
+    if head_dim <= 128 { 128 } else { 64 }
 }
 
-/// Blocks along grid.x: 64-row tiles of the `n_tokens · G` (token, head-of-group) rows.
-pub fn row_tiles(n_tokens: usize, n_head: usize, n_kv: usize) -> usize {
-    (n_tokens * (n_head / n_kv.max(1))).div_ceil(ROWS_PER_BLOCK)
+/// Dynamic shared memory of one block: Q, K and V bf16 tiles with padded rows.
+pub fn smem_bytes(head_dim: usize) -> usize {
+    (rows_per_block(head_dim) + 2 * KEYS_PER_TILE) * (head_dim + PAD) * 2
+}
+
+/// Blocks along grid.x: tiles of [`rows_per_block`] of the `n_tokens · G` (token,
+/// head-of-group) rows.
+pub fn row_tiles(n_tokens: usize, head_dim: usize, n_head: usize, n_kv: usize) -> usize {
+    (n_tokens * (n_head / n_kv.max(1))).div_ceil(rows_per_block(head_dim))
 }
 
 /// Keys query `t` of the chunk sees.
@@ -88,7 +93,7 @@ pub fn flops(p: &AttnPrefillParams) -> u64 {
 pub fn launch_config(p: &AttnPrefillParams) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
-            row_tiles(p.n_tokens, p.n_head, p.n_kv) as u32,
+            row_tiles(p.n_tokens, p.head_dim, p.n_head, p.n_kv) as u32,
             p.n_kv as u32,
             1,
         ),
@@ -175,7 +180,7 @@ pub fn attn_prefill<C: CacheElem>(
     checks::check_dim(kernel, "n_kv", p.n_kv)?;
     // The kernel indexes the n_tokens·G rows of a kv head with an int.
     let rows = p.n_tokens.checked_mul(p.n_head / p.n_kv);
-    if rows.is_none_or(|r| r + ROWS_PER_BLOCK > GRID_X_MAX) {
+    if rows.is_none_or(|r| r + rows_per_block(p.head_dim) > GRID_X_MAX) {
         return Err(checks::invalid(
             kernel,
             format!(
@@ -239,13 +244,14 @@ mod tests {
 
     #[test]
     fn smem_and_grid_match_the_template_formulas() {
-        assert_eq!(smem_bytes(64), 27_648);
-        assert_eq!(smem_bytes(128), 52_224);
+        assert_eq!(smem_bytes(64), 36_864);
+        assert_eq!(smem_bytes(128), 69_632);
         assert_eq!(smem_bytes(256), 101_376);
-        // gemma3: G = 4, 16 tokens per block; Qwen3-8B: G = 4; G = 8: 8 tokens per block.
-        assert_eq!(row_tiles(512, 4, 1), 32);
-        assert_eq!(row_tiles(7, 32, 8), 1);
-        assert_eq!(row_tiles(2049, 64, 8), 257);
+        // gemma3 (hd 256, G = 4): 16 tokens per block; Qwen3-8B (hd 128, G = 4): 32; G = 8: 16.
+        assert_eq!(row_tiles(512, 256, 4, 1), 32);
+        assert_eq!(row_tiles(4096, 128, 32, 8), 128);
+        assert_eq!(row_tiles(7, 128, 32, 8), 1);
+        assert_eq!(row_tiles(2049, 128, 64, 8), 129);
     }
 
     #[test]
