@@ -1,5 +1,5 @@
-//! CPU-only: the DeepSeek Sparse Attention families (dsa_indexer, dsa_topk, mla_sparse_decode)
-//! compile with NVRTC for sm_90, specialized at GLM-5 dims and generic, bf16 and f32 caches,
+//! CPU-only: the DeepSeek Sparse Attention families (dsa_indexer, dsa_topk, mla_sparse_decode,
+//! dsa_index_key) compile with NVRTC for sm_90, specialized at GLM-5 dims and generic, bf16 and f32 caches,
 //! with no spills and no stack frame; their Rust argument structs match the kernels' PTX
 //! parameter lists. Skips (one SKIP line) without NVRTC.
 
@@ -9,7 +9,7 @@ use dense_common::{V, headers, variant};
 use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
-use memra_engine::kernels::{dsa_indexer, dsa_topk, mla_sparse_decode};
+use memra_engine::kernels::{dsa_index_key, dsa_indexer, dsa_topk, mla_sparse_decode};
 
 fn indexer(cache: &'static str, baked: bool) -> &'static KernelVariant {
     if baked {
@@ -42,6 +42,14 @@ fn sparse(cache: &'static str, baked: bool) -> &'static KernelVariant {
     }
 }
 
+fn index_key(cache: &'static str, mode: &'static str, baked: bool) -> &'static KernelVariant {
+    let mut p = vec![("cache_t", V::S(cache)), ("rope_mode", V::S(mode))];
+    if baked {
+        p.extend([("head_dim", V::I(128)), ("n_rot", V::I(64))]);
+    }
+    variant("dsa_index_key", &p)
+}
+
 fn all_variants() -> Vec<&'static KernelVariant> {
     let mut v = Vec::new();
     for cache in ["bf16", "f32"] {
@@ -49,6 +57,10 @@ fn all_variants() -> Vec<&'static KernelVariant> {
             v.push(indexer(cache, baked));
             v.push(sparse(cache, baked));
         }
+    }
+    for (cache, mode) in [("bf16", "interleaved"), ("f32", "neox")] {
+        v.push(index_key(cache, mode, true));
+        v.push(index_key(cache, mode, false));
     }
     v.push(variant("dsa_topk", &[("k", V::I(2048))]));
     v.push(variant("dsa_topk", &[]));
@@ -126,6 +138,16 @@ fn dsa_args_structs_match_kernel_parameters() {
         h,
         sm,
     ));
+    check(
+        check_params::<dsa_index_key::DsaIndexKeyArgs<'static, u16>>(
+            &[
+                index_key("bf16", "interleaved", true),
+                index_key("bf16", "none", false),
+            ],
+            h,
+            sm,
+        ),
+    );
     check(check_params::<
         mla_sparse_decode::MlaSparseDecodeArgs<'static, u16>,
     >(&[sparse("bf16", true), sparse("bf16", false)], h, sm));

@@ -23,6 +23,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use dense_common::{V, bf16_to_f32, headers, variant};
 use memra_engine::cuda::module::load_modules;
 use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use memra_engine::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use memra_engine::kernels::dsa_indexer::{self, DsaIndexerParams};
 use memra_engine::kernels::dsa_topk::{self, DsaTopkParams};
 use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
@@ -30,6 +31,8 @@ use memra_engine::kernels::mla_sparse_decode;
 use memra_engine::kernels::registry::KernelVariant;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
+use memra_reference::norm::layer_norm;
+use memra_reference::rope::{Rope, RopeMode, rope_head};
 use memra_reference::{Rng, rel_err};
 
 const SMS: usize = 132;
@@ -708,4 +711,110 @@ fn gpu_dsa_bad_positions_and_shapes() {
         "idx shorter than k",
     );
     eprintln!("PASS gpu_dsa_bad_positions_and_shapes");
+}
+
+/// The index-key producer (LayerNorm + RoPE + cache write) vs `norm::layer_norm` + `rope::rope_head`
+/// at GLM-5 dims (128, rope 64 interleaved, base 1e6, eps 1e-6) over a 128k cache: positions 0 to
+/// 131071, one out of range (writes nothing); the specialized and generic bf16 variants (bf16
+/// rounding of the output: relative L2 ≤ 4e-3) and a generic NeoX f32 one (≤ 1e-5).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_index_key_glm5() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_index_key_glm5");
+    let (hd, n_rot, max_ctx) = (IDX.head_dim, IDX.rope, 131_072usize);
+    let key = |cache: &'static str, mode: &'static str, baked: bool| {
+        let mut p = vec![("cache_t", V::S(cache)), ("rope_mode", V::S(mode))];
+        if baked {
+            p.extend([("head_dim", V::I(hd as i64)), ("n_rot", V::I(n_rot as i64))]);
+        }
+        variant("dsa_index_key", &p)
+    };
+    let ks = load_all(
+        &gpu,
+        &[
+            key("bf16", "interleaved", true),
+            key("bf16", "interleaved", false),
+            key("f32", "neox", false),
+        ],
+    );
+    let positions: [i64; 8] = [0, 1, 5, 2047, 131_071, 40_000, -1, 77_777];
+    let n = positions.len();
+    let k_stride = hd + 4;
+    let raw: Vec<f32> = rng
+        .normal_vec(n * k_stride, 1.0)
+        .iter()
+        .map(|v| v + 0.5)
+        .collect();
+    let (w, b) = (rng.normal_vec(hd, 1.0), rng.normal_vec(hd, 0.5));
+    let p = DsaIndexKeyParams {
+        n_tokens: n,
+        head_dim: hd,
+        n_rot,
+        k_stride,
+        max_ctx,
+        freq_base: 1e6,
+        freq_scale: 1.0,
+        eps: 1e-6,
+    };
+    let pos: Vec<i32> = positions.iter().map(|&x| x as i32).collect();
+    let (draw, dw, db, dpos) = (up(s, &raw), up(s, &w), up(s, &b), up(s, &pos));
+    for (ki, k) in ks.iter().enumerate() {
+        let (mode, f32_cache) = if ki < 2 {
+            (RopeMode::Norm, false)
+        } else {
+            (RopeMode::Neox, true)
+        };
+        let rows: Vec<f32> = if f32_cache {
+            let mut dc = up(s, &vec![f32::NAN; max_ctx * hd]);
+            dsa_index_key::dsa_index_key(
+                k,
+                &draw.as_view(),
+                &dw.as_view(),
+                &db.as_view(),
+                &dpos.as_view(),
+                &mut dc.as_view_mut(),
+                &p,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            down(s, &dc)
+        } else {
+            let mut dc = up(s, &vec![0x7fc0u16; max_ctx * hd]);
+            dsa_index_key::dsa_index_key(
+                k,
+                &draw.as_view(),
+                &dw.as_view(),
+                &db.as_view(),
+                &dpos.as_view(),
+                &mut dc.as_view_mut(),
+                &p,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            down(s, &dc).into_iter().map(bf16_to_f32).collect()
+        };
+        let tol = if f32_cache { 1e-5 } else { 4e-3 };
+        let rope = Rope::new(mode, n_rot, 1e6);
+        for (t, &ps) in positions.iter().enumerate() {
+            if ps < 0 {
+                continue;
+            }
+            let ps = ps as usize;
+            let mut want = layer_norm(&raw[t * k_stride..][..hd], &w, &b, 1e-6);
+            rope_head(&mut want, ps, &rope);
+            assert_close(
+                &format!("{} token {t} pos {ps}", k.name()),
+                &rows[ps * hd..][..hd],
+                &want,
+                tol,
+                &rng,
+            );
+        }
+        assert!(
+            rows[2 * hd..5 * hd].iter().all(|v| v.is_nan()),
+            "{}: rows no token maps to were written",
+            k.name()
+        );
+    }
+    eprintln!("PASS gpu_dsa_index_key_glm5");
 }

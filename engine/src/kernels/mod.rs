@@ -30,3 +30,4 @@ pub mod mla_decode;
 pub mod dsa_indexer;
 pub mod dsa_topk;
 pub mod mla_sparse_decode;
+pub mod dsa_index_key;
