@@ -16,8 +16,9 @@ use memra_codegen::fixture;
 use memra_codegen::spec::ArchSpec;
 use memra_engine::tokenizer::Tokenizer;
 use memra_gguf::{GgmlType, Gguf};
+use memra_reference::mla::MlaMode;
 use memra_reference::models::{CpuCache, CpuModel, Deepseek2, Gemma3, GlmDsa};
-use memra_reference::{logit_verdict_rows, max_abs_diff};
+use memra_reference::{logit_verdict_rows, max_abs_diff, rel_err};
 
 const PROMPT: &str = "The capital of France is Paris, and the capital of Italy is";
 
@@ -242,6 +243,17 @@ fn glm_dsa_micro_forward_sparse_and_dense() {
     let later = max_abs_diff(&sparse[top_k * v..], &dense[top_k * v..]);
     println!("glm-dsa: sparse vs dense: positions < {top_k}: {same:.3e}, later: {later:.3e}");
     assert_eq!(same, 0.0, "≤ top-k visible keys: DSA is exactly dense MLA");
+    // Dense, so that rounding cannot flip a top-k choice between the two.
+    naive_matches_absorbed(
+        |mode| {
+            m.set_mla_mode(mode);
+            let mut cache = m.new_cache();
+            m.forward(&mut cache, &tokens, true).unwrap()
+        },
+        &dense,
+        "glm-dsa",
+        seed,
+    );
     assert!(
         later > 1e-4,
         "{t} tokens with top-k {top_k}: the sparse path changed nothing ({later})"
@@ -275,8 +287,35 @@ fn deepseek2_micro_forward() {
     );
     let tokens = prompt_tokens(&gguf, "deepseek2", 6, 12);
     let model = CpuModel::from_gguf(&gguf).unwrap();
-    check_consistency(&model, &tokens, seed);
+    let absorbed = check_consistency(&model, &tokens, seed);
     assert!(matches!(model.new_cache(), CpuCache::Mla(_)));
+    naive_matches_absorbed(
+        |mode| {
+            let mut m = Deepseek2::from_gguf(&gguf).unwrap();
+            m.set_mla_mode(mode);
+            let mut cache = m.new_cache();
+            m.forward(&mut cache, &tokens, true).unwrap()
+        },
+        &absorbed,
+        "deepseek2",
+        seed,
+    );
+}
+
+/// The naive (decompressed K/V) evaluation gives the absorbed logits up to rounding.
+fn naive_matches_absorbed(
+    mut run: impl FnMut(MlaMode) -> Vec<f32>,
+    absorbed: &[f32],
+    arch: &str,
+    seed: u64,
+) {
+    let naive = run(MlaMode::Naive);
+    let err = rel_err(&naive, absorbed);
+    println!("{arch}: naive vs absorbed MLA rel err {err:.3e}");
+    assert!(
+        err <= 1e-5,
+        "{arch} (seed {seed}): naive vs absorbed MLA rel err {err}"
+    );
 }
 
 #[test]

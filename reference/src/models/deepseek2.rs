@@ -13,6 +13,7 @@ use memra_gguf::{Gguf, GgufFile};
 
 use super::ModelError;
 use super::mla_model::{MlaArch, MlaModel, MlaModelCache, MlaModelHparams};
+use crate::mla::MlaMode;
 use crate::moe::Gating;
 
 const ARCH: MlaArch = MlaArch {
@@ -58,5 +59,10 @@ impl Deepseek2 {
         all_logits: bool,
     ) -> Result<Vec<f32>, ModelError> {
         Ok(self.inner.forward_traced(cache, tokens, all_logits)?.0)
+    }
+
+    /// Test hook: naive or absorbed MLA (default absorbed, as llama.cpp).
+    pub fn set_mla_mode(&mut self, mode: MlaMode) {
+        self.inner.set_mla_mode(mode);
     }
 }

@@ -12,6 +12,7 @@ use memra_gguf::{Gguf, GgufFile};
 
 use super::ModelError;
 use super::mla_model::{DsaSelections, MlaArch, MlaModel, MlaModelCache, MlaModelHparams};
+use crate::mla::MlaMode;
 use crate::moe::Gating;
 
 const ARCH: MlaArch = MlaArch {
@@ -87,5 +88,10 @@ impl GlmDsa {
     /// MTP (nextn) blocks found in the file and loaded (never run).
     pub fn n_nextn_loaded(&self) -> usize {
         self.inner.n_nextn_loaded()
+    }
+
+    /// Test hook: naive or absorbed MLA (default absorbed, as llama.cpp).
+    pub fn set_mla_mode(&mut self, mode: MlaMode) {
+        self.inner.set_mla_mode(mode);
     }
 }

@@ -388,6 +388,8 @@ pub struct MlaModel {
     nextn: Vec<Nextn>,
     /// Test hook: run every layer as dense MLA (the indexer cache is still filled).
     dense_attention: bool,
+    /// Absorbed (llama.cpp's form, the default) or naive (decompressed) attention core.
+    mode: MlaMode,
 }
 
 /// Per-layer latent caches (and indexer key caches) of an [`MlaModel`].
@@ -446,6 +448,7 @@ impl MlaModel {
             layers,
             nextn,
             dense_attention: false,
+            mode: MlaMode::Absorbed,
         })
     }
 
@@ -463,6 +466,12 @@ impl MlaModel {
 
     pub fn set_dense_attention(&mut self, dense: bool) {
         self.dense_attention = dense;
+    }
+
+    /// Test hook: the naive (decompressed K/V) or absorbed evaluation of MLA (§6.3); equal in
+    /// exact arithmetic.
+    pub fn set_mla_mode(&mut self, mode: MlaMode) {
+        self.mode = mode;
     }
 
     pub fn new_cache(&self) -> MlaModelCache {
@@ -511,7 +520,7 @@ impl MlaModel {
                         &h,
                         &mut cache.mla[il],
                         &mut cache.idx[il],
-                        MlaMode::Absorbed,
+                        self.mode,
                     );
                     selections.push((il, sel));
                     out
@@ -527,7 +536,7 @@ impl MlaModel {
                         .last()
                         .filter(|_| !self.dense_attention)
                         .map(|(_, s)| s.as_slice());
-                    mla_block(&mw, &cfg, &h, &mut cache.mla[il], reuse, MlaMode::Absorbed)
+                    mla_block(&mw, &cfg, &h, &mut cache.mla[il], reuse, self.mode)
                 }
                 _ => self.mla_own_projection(w, &cfg, &h, &positions, &mut cache.mla[il]),
             };
@@ -598,6 +607,6 @@ impl MlaModel {
             k_pe,
         });
         let mask = crate::attention::Mask::causal(positions);
-        mla_attend_output(&w.mla_weights(), cfg, &q, cache, &mask, MlaMode::Absorbed)
+        mla_attend_output(&w.mla_weights(), cfg, &q, cache, &mask, self.mode)
     }
 }
