@@ -137,6 +137,11 @@ fn hparam_contradicting_tensor_shapes_is_refused_naming_the_tensors() {
         text.contains("tensor 'blk.0.ffn_down.weight' has shape [2048, 640]"),
         "{text}"
     );
+    // ... and the metadata key behind the contradiction.
+    assert!(
+        text.contains("n_embd = 512 from 'gemma3.embedding_length'"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -294,6 +294,11 @@ fn gen_hparams(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
         reads.push(quote!(let #id: ::core::option::Option<u32> = #body;));
         names.push(id);
     }
+    let (key_names, key_keys): (Vec<&str>, Vec<String>) = spec
+        .hparams
+        .iter()
+        .filter_map(|h| Some((h.name.as_str(), h.gguf_key(arch)?)))
+        .unzip();
     let doc = format!(
         "Hyperparameters of a `{arch}` model, read from GGUF metadata as `{}` says.",
         file_name(spec)
@@ -333,6 +338,9 @@ fn gen_hparams(spec: &ArchSpec, n: &Names, span: Span) -> TokenStream {
         }
 
         impl #hp {
+            /// The GGUF metadata key of every key-sourced hparam, by hparam name (for messages).
+            pub const GGUF_KEYS: &'static [(&'static str, &'static str)] = &[#((#key_names, #key_keys)),*];
+
             /// Reads every hparam; the error lists every missing or unusable key.
             pub fn from_gguf<B: ::core::convert::AsRef<[u8]>>(file: &::memra_gguf::Gguf<B>) -> ::core::result::Result<Self, #error> {
                 let mut problems: ::std::vec::Vec<::std::string::String> = ::std::vec::Vec::new();

@@ -93,6 +93,8 @@ impl std::error::Error for ValidateError {
 struct Architecture<B> {
     name: &'static str,
     load: fn(&Gguf<B>) -> Result<usize, Vec<String>>,
+    /// hparam name -> GGUF metadata key, to name the keys behind a contradicted shape.
+    keys: &'static [(&'static str, &'static str)],
 }
 
 /// One line per `arch!` module of `models/spec.rs`: module, marker type, hparams, weights.
@@ -107,6 +109,7 @@ macro_rules! architectures {
                     spec::$module::$weights::from_gguf(file, &hp).map_err(|e| e.problems)?;
                     Ok(hp.n_layer as usize)
                 },
+                keys: spec::$module::$hparams::GGUF_KEYS,
             }),*]
         }
     };
@@ -174,6 +177,9 @@ pub fn validate<B: AsRef<[u8]>>(file: &Gguf<B>, path: &Path) -> Result<ModelInfo
         problems.extend(p);
         0
     });
+    if let Some(hint) = shape_keys_hint(file, &problems, arch.keys) {
+        problems.push(hint);
+    }
 
     let supported = supported_types();
     let (file_len, data_offset) = (file.bytes().len() as u64, file.data_offset());
@@ -238,4 +244,34 @@ fn check_layer_count<B: AsRef<[u8]>>(file: &Gguf<B>, n_layer: u32) -> Result<(),
         )]);
     }
     Ok(())
+}
+
+/// For shape problems (`... expected [512, 256] = [n_embd, n_vocab]`): one line giving the
+/// value and metadata key of every key-sourced hparam those shapes use, since a contradiction
+/// between a key and the tensors is as likely the key's fault as the tensors'.
+fn shape_keys_hint<B: AsRef<[u8]>>(
+    file: &Gguf<B>,
+    problems: &[String],
+    keys: &[(&str, &str)],
+) -> Option<String> {
+    let mut used: Vec<&str> = Vec::new();
+    for p in problems.iter().filter(|p| p.contains("has shape")) {
+        let Some((_, exprs)) = p.rsplit_once(" = [") else {
+            continue;
+        };
+        for word in exprs.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if keys.iter().any(|(name, _)| *name == word) && !used.contains(&word) {
+                used.push(word);
+            }
+        }
+    }
+    let parts: Vec<String> = keys
+        .iter()
+        .filter(|(name, _)| used.contains(name))
+        .map(|(name, key)| match file.get(key) {
+            Some(value) => format!("{name} = {value} from '{key}'"),
+            None => format!("{name} from its default ('{key}' is absent)"),
+        })
+        .collect();
+    (!parts.is_empty()).then(|| format!("the expected shapes use {}", parts.join(", ")))
 }
