@@ -198,6 +198,83 @@ fn codegen_generate(c: &mut Criterion) {
     });
 }
 
-criterion_group!(gpu, gpu_kernels, attn_prefill_gpu);
+/// `moe_decode/<specialized|generic>/glm5_t1_q4_k`: one GLM-5 MoE layer decode step for one
+/// token — moe_router (sigmoid + exp_probs_b, top 8 of 256, renorm, ×2.5) on given router
+/// logits, gate + up + SwiGLU of the 8 selected Q4_K experts (moe_matvec swiglu), down + the
+/// routing-weighted sum (moe_matvec down) — the three launches back to back, timed between CUDA
+/// events after an L2 flush. Throughput in bytes = the selected experts' weight bytes (8 × 3 ×
+/// 7.08 MB). The stacked tensors (256 experts, 5.4 GB) are zeros: the selection and the bytes
+/// read do not depend on the values. Specialized variants need `--features model-glm-dsa`.
+fn moe_decode_gpu(c: &mut Criterion) {
+    use memra_engine::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
+    use memra_engine::kernels::moe_router;
+    use memra_engine::kernels::registry::Param;
+    use memra_gguf::GgmlType;
+    let Ok(gpu) = Gpu::new(0) else {
+        eprintln!("moe_decode: SKIPPED (no CUDA device or driver on this machine)");
+        return;
+    };
+    let (n_embd, n_ff, n_expert, n_used) = (6144usize, 2048usize, 256usize, 8usize);
+    let ty = GgmlType::Q4_K;
+    let pick = |family: &str, specialized: bool, want: &[(&str, Param)]| {
+        registry::family(family)
+            .into_iter()
+            .find(|v| (v.arch == Some("glm-dsa")) == specialized && want.iter().all(|(k, p)| v.param(k) == Some(*p)))
+    };
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("moe_decode bench");
+    let logits = s.clone_htod(&rng.normal_vec(n_expert, 2.0)).expect("upload");
+    let bias = s.clone_htod(&rng.normal_vec(n_expert, 0.01)).expect("upload");
+    let x = s.clone_htod(&rng.normal_vec(n_embd, 1.0)).expect("upload");
+    let rb = |k: usize| ty.row_bytes(k as u64).expect("whole blocks") as usize;
+    let gate = s.alloc_zeros::<u8>(n_expert * n_ff * rb(n_embd)).expect("alloc experts");
+    let up = s.alloc_zeros::<u8>(n_expert * n_ff * rb(n_embd)).expect("alloc experts");
+    let down = s.alloc_zeros::<u8>(n_expert * n_embd * rb(n_ff)).expect("alloc experts");
+    let mut ids = s.alloc_zeros::<i32>(n_used).expect("alloc");
+    let mut wts = s.alloc_zeros::<f32>(n_used).expect("alloc");
+    let mut h = s.alloc_zeros::<f32>(n_used * n_ff).expect("alloc");
+    let mut out = s.alloc_zeros::<f32>(n_embd).expect("alloc");
+    let mut flush = s.alloc_zeros::<u8>(2 * bench::l2_bytes(&gpu)).expect("L2 flush buffer");
+    let bytes = moe_matvec::selected_bytes(ty, Mode::Swiglu, n_embd, n_ff, n_used).expect("q4_k") as u64
+        + moe_matvec::selected_bytes(ty, Mode::Down, n_ff, n_embd, n_used).expect("q4_k") as u64;
+    let (q4k, sig) = (Param::Sym("q4_k"), Param::Sym("sigmoid"));
+    for (kind, specialized) in [("specialized", true), ("generic", false)] {
+        let (Some(vr), Some(vg), Some(vd)) = (
+            pick(moe_router::FAMILY, specialized, &[("gating", sig)]),
+            pick(moe_matvec::FAMILY, specialized, &[("qtype", q4k), ("mode", Param::Sym("swiglu"))]),
+            pick(moe_matvec::FAMILY, specialized, &[("qtype", q4k), ("mode", Param::Sym("down"))]),
+        ) else {
+            eprintln!("moe_decode/{kind}: SKIPPED (variants not in this build)");
+            continue;
+        };
+        let kernels = gpu.load(&[vr, vg, vd]).unwrap_or_else(|e| panic!("{e}"));
+        let get = |v: &KernelVariant| kernels.get(v.name).unwrap_or_else(|e| panic!("{e}"));
+        let (kr, kg, kd) = (get(vr), get(vg), get(vd));
+        let mut group = c.benchmark_group(format!("moe_decode/{kind}"));
+        group.throughput(Throughput::Bytes(bytes));
+        group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        group.bench_function("glm5_t1_q4_k", |b| {
+            b.iter_custom(|iters| {
+                let mut launch = |_: usize| -> Result<(), memra_engine::cuda::Error> {
+                    let bv = bias.as_view();
+                    moe_router::moe_router(kr, &logits.as_view(), Some(&bv), &mut ids.as_view_mut(), &mut wts.as_view_mut(), 1, n_expert, n_used, true, 2.5)?;
+                    let (iv, xv, gv, uv) = (ids.as_view(), x.as_view(), gate.as_view(), up.as_view());
+                    let dims = MoeDims { k: n_embd, n: n_ff, n_tokens: 1, n_used, n_expert, ldx: n_embd, ldy: n_ff };
+                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &iv, weights: None, x: &xv };
+                    moe_matvec::moe_matvec(kg, &inp, &mut h.as_view_mut(), dims)?;
+                    let (dv, hv, wv) = (down.as_view(), h.as_view(), wts.as_view());
+                    let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &iv, weights: Some(&wv), x: &hv };
+                    let dims = MoeDims { k: n_ff, n: n_embd, ldx: n_ff, ldy: n_embd, ..dims };
+                    moe_matvec::moe_matvec(kd, &inp, &mut out.as_view_mut(), dims)
+                };
+                let us = bench::time_launches(&gpu, 1, iters as u32, &mut flush, &mut launch).unwrap_or_else(|e| panic!("moe_decode/{kind}: {e}"));
+                Duration::from_secs_f64(us.iter().sum::<f64>() / 1e6)
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(gpu, gpu_kernels, attn_prefill_gpu, moe_decode_gpu);
 criterion_group!(cpu, nvrtc_compile, codegen_generate);
 criterion_main!(gpu, cpu);

@@ -26,6 +26,10 @@ pub enum FieldType {
     RopeMode,
     QkNorm,
     CacheType,
+    /// `memra::MoeMode`: what a moe_matvec launch computes.
+    MoeMode,
+    /// `memra::Gating`: MoE router probability function.
+    Gating,
 }
 
 /// The QTypes of the contract (`memra::QType`), in enum order.
@@ -53,6 +57,8 @@ impl FieldType {
             "memra::RopeMode" => FieldType::RopeMode,
             "memra::QkNorm" => FieldType::QkNorm,
             "memra::CacheType" => FieldType::CacheType,
+            "memra::MoeMode" => FieldType::MoeMode,
+            "memra::Gating" => FieldType::Gating,
             _ => return None,
         })
     }
@@ -65,6 +71,8 @@ impl FieldType {
             FieldType::RopeMode => vec!["none", "interleaved", "neox"],
             FieldType::QkNorm => vec!["none", "per_head", "full"],
             FieldType::CacheType => vec!["f32", "bf16"],
+            FieldType::MoeMode => vec!["plain", "swiglu", "down"],
+            FieldType::Gating => vec!["softmax", "sigmoid"],
         }
     }
 
@@ -89,6 +97,14 @@ impl FieldType {
                 "bf16" => "memra::CacheType::BF16".into(),
                 _ => return None,
             },
+            FieldType::MoeMode => format!(
+                "memra::MoeMode::{}",
+                camel(token, &["plain", "swiglu", "down"])?
+            ),
+            FieldType::Gating => format!(
+                "memra::Gating::{}",
+                camel(token, &["softmax", "sigmoid"])?
+            ),
         };
         Some(v)
     }
@@ -100,6 +116,8 @@ impl FieldType {
             FieldType::RopeMode => "memra::RopeMode",
             FieldType::QkNorm => "memra::QkNorm",
             FieldType::CacheType => "memra::CacheType",
+            FieldType::MoeMode => "memra::MoeMode",
+            FieldType::Gating => "memra::Gating",
         }
     }
 }
@@ -402,6 +420,14 @@ mod tests {
         assert_eq!(
             FieldType::CacheType.cpp("bf16").as_deref(),
             Some("memra::CacheType::BF16")
+        );
+        assert_eq!(
+            FieldType::MoeMode.cpp("swiglu").as_deref(),
+            Some("memra::MoeMode::Swiglu")
+        );
+        assert_eq!(
+            FieldType::Gating.cpp("sigmoid").as_deref(),
+            Some("memra::Gating::Sigmoid")
         );
         assert_eq!(FieldType::QType.cpp("q2_k"), None);
         assert_eq!(FieldType::QType.tokens().len(), 13);

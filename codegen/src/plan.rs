@@ -8,7 +8,9 @@ use crate::dims::{ModelDims, TensorInstance};
 use crate::expr::NameValue;
 use crate::families::{Catalogue, Family, FieldKind, FieldType, QTYPES, qtype_token};
 use crate::source::Loc;
-use crate::spec::{ArchSpec, KernelParam, KernelSpec, LM_HEAD, ParamValue, TiedEmbeddings};
+use crate::spec::{
+    ArchSpec, KernelParam, KernelSpec, LM_HEAD, ParamValue, Router, TiedEmbeddings,
+};
 use crate::variant::{KernelVariant, Param, ParamVal};
 
 /// What planning one architecture produced.
@@ -264,12 +266,17 @@ fn kind_word(kind: FieldKind) -> &'static str {
     }
 }
 
-/// Enum values a spec need not write: RoPE and QK-norm come from the capabilities, a
-/// per-tensor kernel's QType from the tensor.
+/// Enum values a spec need not write: RoPE, QK-norm and MoE gating come from the
+/// capabilities, a per-tensor kernel's QType from the tensor.
 fn auto_value(spec: &ArchSpec, ty: FieldType, scope: Scope<'_>) -> Option<Result<String, String>> {
     match ty {
         FieldType::RopeMode => Some(Ok(spec.caps.rope.token().to_string())),
         FieldType::QkNorm => Some(Ok(spec.caps.qk_norm.token().to_string())),
+        FieldType::Gating => match spec.caps.router {
+            Router::Softmax => Some(Ok("softmax".to_string())),
+            Router::SigmoidBias => Some(Ok("sigmoid".to_string())),
+            Router::None => None,
+        },
         FieldType::QType => scope.map(|_| symbol(ty, "type", scope)),
         _ => None,
     }

@@ -522,46 +522,111 @@ template <class Cfg> struct MatvecGeometry {
 
 namespace matvec_detail {
 
-template <class Cfg, int NB>
-__device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                    const int k, const int n, const int ldx, const int ldy) {
+// Where the rows of a block tile and the x they multiply come from. The streaming core below
+// walks a block's R rows through K in chunks; a source maps (segment, tile row) to a weight
+// row, gives the x row of each segment, and stores the reduced sums. Segments concatenate
+// along K: chunk c is chunk c % (chunks per row) of segment c / (chunks per row), so several
+// matrices' rows can feed one accumulator (moe_matvec's weighted combine). Interface:
+//   SEGMENTED, WEIGHTED          compile-time: more than one segment; per-segment weights
+//   segments()                   number of segments
+//   w_total                      bytes readable from every row base (over-read clamp)
+//   row(seg, tile_row, base)     the 16-byte aligned tensor base and the row index in it
+//   xrow(seg, b)                 x of batch row b for this segment (16-byte aligned)
+//   weight(seg)                  multiplier of the segment's products (WEIGHTED only)
+//   store<RPG, NB>(lane, first_row, sums, batch)
+//                                sums[r][b] is row first_row + r's total, in every lane
+//
+// The plain matvec: one matrix, one segment, y rows of ldy.
+template <class Cfg> struct DenseRows {
+    static constexpr bool SEGMENTED = false, WEIGHTED = false;
+    static constexpr int LANES = Cfg::LANES;
+    const u8* w;
+    const float* x;
+    float* y;
+    i64 w_total;
+    int n, ldx, ldy;
+    __device__ __forceinline__ int segments() const { return 1; }
+    __device__ __forceinline__ i64 row(int, int r, const u8*& base) const {
+        base = w;
+        return r;
+    }
+    __device__ __forceinline__ const float* xrow(int, int b) const { return x + (i64)b * ldx; }
+    __device__ __forceinline__ float weight(int) const { return 1.0f; }
+    template <int RPG, int NB>
+    __device__ __forceinline__ void store(int lane, int first_row, const float (&sums)[RPG][NB], int batch) const {
+#pragma unroll
+        for (int r = 0; r < RPG; ++r)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const int row = first_row + r;
+                if (lane == (r * NB + b) % LANES && row < n && b < batch) {
+                    float* dst = y + (i64)b * ldy + row;
+                    if constexpr (Cfg::ACCUMULATE != 0) {
+                        *dst += sums[r][b];
+                    } else {
+                        *dst = sums[r][b];
+                    }
+                }
+            }
+    }
+};
+
+// The streaming core for tile rows [row0, row0 + R) of `rows` tile rows (rows ≥ row0 are
+// skipped), batch ≤ NB x rows.
+template <class Cfg, int NB, class Src>
+__device__ __forceinline__ void run(const int batch, const Src& src, const int k, const int rows) {
     using G = MatvecGeometry<Cfg>;
     using U = qunit::Unit<Cfg::QTYPE>;
     constexpr int RPG = G::RPG, LANES = G::LANES, UPL = U::UPL, UE = U::UE, OCTS = UE / 8;
     constexpr int GROUPS = U::GROUPS, STAGES = Cfg::STAGES, THREADS = Cfg::THREADS;
-    const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
+    const int K = dim_or<Cfg::K>(k), N = rows;
     // Row bytes and whether every row / chunk starts 16-byte aligned (then no offsets at all).
     const i64 rb = (i64)(K / U::BLOCK) * U::BYTES;
     constexpr bool ALIGNED = Cfg::K != 0 && ((i64)(Cfg::K / U::BLOCK) * U::BYTES) % 16 == 0 && G::CB % 16 == 0;
     constexpr bool WHOLE_CHUNKS = Cfg::K != 0 && Cfg::K % G::KC == 0;
-    const int n_chunks = (K + G::KC - 1) / G::KC;
-    const i64 w_total = (i64)N * rb;
+    const int chunks_per_row = (K + G::KC - 1) / G::KC;
+    const int n_chunks = chunks_per_row * src.segments();
+    const i64 w_total = src.w_total;
 
     extern __shared__ __align__(16) u8 matvec_smem[];
 
     const int tid = threadIdx.x, lane = tid % LANES, group = tid / LANES;
     const int row0 = blockIdx.x * G::ROWS;
 
+    // Chunk c -> (segment, chunk within the row).
+    auto split = [&](int c, int& seg, int& ci) {
+        if constexpr (Src::SEGMENTED) {
+            seg = c / chunks_per_row;
+            ci = c - seg * chunks_per_row;
+        } else {
+            seg = 0;
+            ci = c;
+        }
+    };
+
     // Chunk c -> stage slot. Each lane group copies its own rows (per-row values computed once,
     // lanes take consecutive 16-byte pieces); the x chunk is copied by the whole block.
     auto issue = [&](int c, int slot) {
+        int seg, ci;
+        split(c, seg, ci);
         u8* ws = matvec_smem + slot * G::STAGE;
-        const i64 chunk_off = (i64)c * G::CB;
+        const i64 chunk_off = (i64)ci * G::CB;
         const i64 left = rb - chunk_off;
         const int len = left < G::CB ? (int)left : G::CB;
 #pragma unroll
         for (int r = 0; r < RPG; ++r) {
             const int row = row0 + group * RPG + r;
             if (row < N) {
-                const i64 start = (i64)row * rb + chunk_off;
+                const u8* base;
+                const i64 start = src.row(seg, row, base) * rb + chunk_off;
                 const int off = ALIGNED ? 0 : (int)(start & 15);
-                const u8* src = w + (start - off);
+                const u8* from = base + (start - off);
                 const i64 avail = w_total - (start - off);  // > 16·i for every piece i copied
                 u8* dst = ws + (group * RPG + r) * G::ROW_SLOT;
                 const int pieces = (off + len + 15) >> 4;
                 for (int i = lane; i < pieces; i += LANES) {
                     const i64 rest = avail - 16 * i;
-                    async::cp16(dst + 16 * i, src + 16 * i, rest >= 16 ? 16 : (int)rest);
+                    async::cp16(dst + 16 * i, from + 16 * i, rest >= 16 ? 16 : (int)rest);
                 }
             }
         }
@@ -570,9 +635,9 @@ __device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, c
         constexpr int PIECES = G::KC / 4;
         for (int p = tid; p < batch * PIECES; p += THREADS) {
             const int b = p / PIECES, e = 4 * (p % PIECES);
-            const int kk = c * G::KC + e;
+            const int kk = ci * G::KC + e;
             if (!WHOLE_CHUNKS && kk >= K) continue;
-            async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, x + (i64)b * ldx + kk, 16);
+            async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, src.xrow(seg, b) + kk, 16);
         }
     };
 
@@ -582,19 +647,37 @@ __device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, c
 #pragma unroll
         for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
 
-    // Misalignment of this group's rows (changes per chunk only through c·CB).
+    // Misalignment of this group's rows (changes per chunk only through c·CB); per chunk for
+    // segmented sources, whose rows change with the segment.
     int row_off[RPG];
+    if constexpr (!Src::SEGMENTED) {
 #pragma unroll
-    for (int r = 0; r < RPG; ++r) row_off[r] = ALIGNED ? 0 : (int)(((i64)(row0 + group * RPG + r) * rb) & 15);
+        for (int r = 0; r < RPG; ++r) {
+            const u8* base;
+            row_off[r] = ALIGNED ? 0 : (int)((src.row(0, row0 + group * RPG + r, base) * rb) & 15);
+        }
+    }
 
     auto compute = [&](int c, int slot) {
+        int seg, ci;
+        split(c, seg, ci);
+        if constexpr (Src::SEGMENTED) {
+            if (!ALIGNED) {
+#pragma unroll
+                for (int r = 0; r < RPG; ++r) {
+                    const u8* base;
+                    row_off[r] = (int)((src.row(seg, row0 + group * RPG + r, base) * rb) & 15);
+                }
+            }
+        }
+        const float wseg = Src::WEIGHTED ? src.weight(seg) : 1.0f;
         const u8* ws = matvec_smem + slot * G::STAGE;
         const float* xs = reinterpret_cast<const float*>(ws + G::W_BYTES);
-        const int chunk_off = ALIGNED ? 0 : (int)(((i64)c * G::CB) & 15);
+        const int chunk_off = ALIGNED ? 0 : (int)(((i64)ci * G::CB) & 15);
 #pragma unroll
         for (int j = 0; j < UPL; ++j) {
             const int u = j * LANES + lane;
-            if (!WHOLE_CHUNKS && (c * G::UPC + u) * UE >= K) continue;
+            if (!WHOLE_CHUNKS && (ci * G::UPC + u) * UE >= K) continue;
             const int bi = u / U::UPB, sub = u % U::UPB;
             typename U::Raw raw[RPG];
 #pragma unroll
@@ -648,15 +731,24 @@ __device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, c
 #pragma unroll
                 for (int g = 0; g < GROUPS; ++g) {
                     if constexpr (U::SCALED) {
-                        const float s = U::scale(raw[r], g);
+                        const float s = Src::WEIGHTED ? U::scale(raw[r], g) * wseg : U::scale(raw[r], g);
 #pragma unroll
                         for (int b = 0; b < NB; ++b) {
                             acc[r][b] = fmaf(s, part[r][b][g], acc[r][b]);
-                            if constexpr (U::XSUM) acc[r][b] = fmaf(U::minv(raw[r], g), xsum[b][g], acc[r][b]);
+                            if constexpr (U::XSUM) {
+                                const float m = Src::WEIGHTED ? U::minv(raw[r], g) * wseg : U::minv(raw[r], g);
+                                acc[r][b] = fmaf(m, xsum[b][g], acc[r][b]);
+                            }
                         }
                     } else {
 #pragma unroll
-                        for (int b = 0; b < NB; ++b) acc[r][b] += part[r][b][g];
+                        for (int b = 0; b < NB; ++b) {
+                            if constexpr (Src::WEIGHTED) {
+                                acc[r][b] = fmaf(wseg, part[r][b][g], acc[r][b]);
+                            } else {
+                                acc[r][b] += part[r][b][g];
+                            }
+                        }
                     }
                 }
         }
@@ -677,7 +769,7 @@ __device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, c
         compute(c, c % STAGES);
     }
 
-    // Sum the LANES partial sums of each row; lane (r·NB + b) % LANES stores y[b][row].
+    // Sum the LANES partial sums of each row (every lane gets the totals); the source stores.
 #pragma unroll
     for (int r = 0; r < RPG; ++r)
 #pragma unroll
@@ -685,31 +777,24 @@ __device__ __forceinline__ void run(const int batch, const u8* __restrict__ w, c
             float v = acc[r][b];
 #pragma unroll
             for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-            const int row = row0 + group * RPG + r;
-            if (lane == (r * NB + b) % LANES && row < N && b < batch) {
-                float* dst = y + (i64)b * ldy + row;
-                if constexpr (Cfg::ACCUMULATE != 0) {
-                    *dst += v;
-                } else {
-                    *dst = v;
-                }
-            }
+            acc[r][b] = v;
         }
+    src.template store<RPG, NB>(lane, row0 + group * RPG, acc, batch);
 }
 
 // Dispatch on the run-time batch to a body compiled for NB = the smallest of 1, 2, 4, 8 that
 // is >= batch (bodies for every NB would multiply NVRTC time). Rows batch..NB-1 of the staged x
 // are never written and their sums never stored.
 template <class Cfg, int NB>
-__device__ __forceinline__ void dispatch(int batch, const u8* w, const float* x, float* y, int k, int n, int ldx, int ldy) {
+__device__ __forceinline__ void dispatch(int batch, const DenseRows<Cfg>& src, int k, int n) {
     constexpr int MAX = Cfg::BATCH;
     if constexpr (NB >= MAX) {
-        run<Cfg, MAX>(batch, w, x, y, k, n, ldx, ldy);
+        run<Cfg, MAX>(batch, src, k, n);
     } else {
         if (batch <= NB) {
-            run<Cfg, NB>(batch, w, x, y, k, n, ldx, ldy);
+            run<Cfg, NB>(batch, src, k, n);
         } else {
-            dispatch<Cfg, 2 * NB>(batch, w, x, y, k, n, ldx, ldy);
+            dispatch<Cfg, 2 * NB>(batch, src, k, n);
         }
     }
 }
@@ -721,7 +806,10 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
                                             float* __restrict__ y, int k, int n, int batch, int ldx, int ldy) {
     if (async::dynamic_smem_bytes() < (u32)MatvecGeometry<Cfg>::SMEM) __trap();
     if (batch < 1 || batch > Cfg::BATCH) __trap();
-    matvec_detail::dispatch<Cfg, 1>(batch, w, x, y, k, n, ldx, ldy);
+    using U = qunit::Unit<Cfg::QTYPE>;
+    const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
+    const matvec_detail::DenseRows<Cfg> src{w, x, y, (i64)N * ((i64)(K / U::BLOCK) * U::BYTES), N, ldx, ldy};
+    matvec_detail::dispatch<Cfg, 1>(batch, src, k, N);
 }
 
 }  // namespace memra

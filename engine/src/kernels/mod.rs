@@ -20,6 +20,10 @@ pub mod topk;
 pub mod matmul;
 pub mod matvec;
 
+// MoE families (H-moe).
+pub mod moe_matvec;
+pub mod moe_router;
+
 pub use launch::{ArgKind, KernelArg, KernelArgs, LaunchConfig, launch};
 pub use registry::{KernelVariant, Param, Selection, select};
 

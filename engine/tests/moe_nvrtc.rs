@@ -1,0 +1,213 @@
+//! CPU-only: the MoE families (moe_router, moe_matvec) compile with NVRTC for sm_90 — every
+//! QType and mode generic, OLMoE and GLM-5 shapes specialized — with no spills and no stack
+//! frame, and their Rust argument structs match the kernels' PTX parameter lists. Skips (one
+//! SKIP line) without NVRTC.
+
+mod dense_common;
+
+use dense_common::{V, headers, variant};
+use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use memra_engine::kernels::launch::check_params;
+use memra_engine::kernels::registry::KernelVariant;
+use memra_engine::kernels::{moe_matvec, moe_router};
+
+const QTYPES: [&str; 13] = [
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl",
+    "iq4_xs",
+];
+
+/// (n_expert, n_used, gating): OLMoE softmax 64/8, GLM-5 sigmoid 256/8; generic of both gatings.
+fn router_variants() -> Vec<&'static KernelVariant> {
+    let mut v = vec![
+        variant(
+            "moe_router",
+            &[
+                ("n_expert", V::I(64)),
+                ("n_used", V::I(8)),
+                ("gating", V::S("softmax")),
+            ],
+        ),
+        variant(
+            "moe_router",
+            &[
+                ("n_expert", V::I(256)),
+                ("n_used", V::I(8)),
+                ("gating", V::S("sigmoid")),
+            ],
+        ),
+    ];
+    for g in ["softmax", "sigmoid"] {
+        v.push(variant("moe_router", &[("gating", V::S(g))]));
+    }
+    v
+}
+
+/// Every QType × mode generic; OLMoE (2048 ↔ 1024) and GLM-5 (6144 ↔ 2048) gate/up (swiglu)
+/// and down (down) specialized for Q4_K, Q8_0 and Q6_K, plus plain at GLM-5's gate shape.
+fn matvec_variants() -> Vec<&'static KernelVariant> {
+    let mut v = Vec::new();
+    for q in QTYPES {
+        for mode in ["plain", "swiglu", "down"] {
+            v.push(variant(
+                "moe_matvec",
+                &[("qtype", V::S(q)), ("mode", V::S(mode))],
+            ));
+        }
+    }
+    for q in ["q4_k", "q8_0", "q6_k"] {
+        for (n_embd, n_ff) in [(2048i64, 1024i64), (6144, 2048)] {
+            v.push(variant(
+                "moe_matvec",
+                &[
+                    ("k", V::I(n_embd)),
+                    ("n", V::I(n_ff)),
+                    ("qtype", V::S(q)),
+                    ("mode", V::S("swiglu")),
+                ],
+            ));
+            v.push(variant(
+                "moe_matvec",
+                &[
+                    ("k", V::I(n_ff)),
+                    ("n", V::I(n_embd)),
+                    ("qtype", V::S(q)),
+                    ("mode", V::S("down")),
+                ],
+            ));
+        }
+    }
+    v.push(variant(
+        "moe_matvec",
+        &[
+            ("k", V::I(6144)),
+            ("n", V::I(2048)),
+            ("qtype", V::S("q4_k")),
+            ("mode", V::S("plain")),
+        ],
+    ));
+    v
+}
+
+fn compile_and_report(variants: &[&'static KernelVariant]) -> Vec<String> {
+    let cache = KernelCache::new(CacheConfig::memory_only());
+    let results = compile_variants(&cache, variants, headers(), SmArch(90));
+    let mut failures = Vec::new();
+    for (v, r) in variants.iter().zip(results) {
+        match r {
+            Err(e) => failures.push(format!("{}: {e}", v.name)),
+            Ok(c) => {
+                let rep = c.cubin.report();
+                eprintln!(
+                    "{:<64} regs {:>3}  spill st/ld {}/{}  stack {}",
+                    v.name,
+                    rep.registers.unwrap_or(0),
+                    rep.spill_stores.unwrap_or(0),
+                    rep.spill_loads.unwrap_or(0),
+                    rep.stack_frame.unwrap_or(0)
+                );
+                if rep.registers.is_none() {
+                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
+                }
+                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
+                    failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
+                }
+            }
+        }
+    }
+    failures
+}
+
+fn assert_all_compile(test: &str, variants: Vec<&'static KernelVariant>) {
+    if library::nvrtc_or_skip(test).is_none() {
+        return;
+    }
+    let failures = compile_and_report(&variants);
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn moe_router_compiles_for_sm90_without_spills() {
+    assert_all_compile(
+        "moe_router_compiles_for_sm90_without_spills",
+        router_variants(),
+    );
+}
+
+#[test]
+fn moe_matvec_compiles_for_sm90_without_spills() {
+    assert_all_compile(
+        "moe_matvec_compiles_for_sm90_without_spills",
+        matvec_variants(),
+    );
+}
+
+#[test]
+fn moe_args_structs_match_kernel_parameters() {
+    if library::nvrtc_or_skip("moe_args_structs_match_kernel_parameters").is_none() {
+        return;
+    }
+    let (h, sm) = (headers(), SmArch(90));
+    let r = router_variants();
+    check_params::<moe_router::MoeRouterArgs<'static>>(&[r[1], r[2]], h, sm)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let m = [
+        variant(
+            "moe_matvec",
+            &[
+                ("k", V::I(2048)),
+                ("n", V::I(6144)),
+                ("qtype", V::S("q4_k")),
+                ("mode", V::S("down")),
+            ],
+        ),
+        variant(
+            "moe_matvec",
+            &[("qtype", V::S("q8_0")), ("mode", V::S("swiglu"))],
+        ),
+    ];
+    check_params::<moe_matvec::MoeMatvecArgs<'static>>(&m, h, sm).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn moe_variants_are_named_like_planned_ones() {
+    let v = variant(
+        "moe_matvec",
+        &[
+            ("k", V::I(6144)),
+            ("n", V::I(2048)),
+            ("qtype", V::S("q4_k")),
+            ("mode", V::S("swiglu")),
+        ],
+    );
+    assert!(v.name.starts_with("moe_matvec__"), "{}", v.name);
+    assert!(
+        v.source
+            .contains("static constexpr memra::MoeMode MODE = memra::MoeMode::Swiglu;"),
+        "{}",
+        v.source
+    );
+    assert!(
+        v.source.contains("MEMRA_DEFINE_MOE_MATVEC("),
+        "{}",
+        v.source
+    );
+    let g = variant("moe_router", &[("gating", V::S("sigmoid"))]);
+    assert!(g.name.starts_with("moe_router__generic"), "{}", g.name);
+    assert!(
+        g.source.contains("static constexpr int N_EXPERT = 0;"),
+        "{}",
+        g.source
+    );
+    assert!(
+        g.source
+            .contains("static constexpr memra::Gating GATING = memra::Gating::Sigmoid;"),
+        "{}",
+        g.source
+    );
+}
