@@ -1,0 +1,613 @@
+//! CPU emulation of the DeepSeek Sparse Attention kernels (dsa_indexer, dsa_topk,
+//! mla_sparse_decode): the templates compiled as host C++ on std::threads with the shared
+//! stand-ins (emu_common: barriers, warp exchange; mma_host: mma.sync m16n8k16 fragments) plus
+//! the few built-ins only these kernels use (ballot, match_any, shfl_up), compared with
+//! memra-reference on fresh random inputs (seed printed; replay with `MEMRA_SEED=<seed>`),
+//! NaN-poisoned outputs. Checks the fragment layouts and K-permutation of the indexer, the radix
+//! select and ordered compaction of top-k (exact list equality with `dsa::top_k`, ties
+//! included), and the row list of the sparse attention; nothing about speed or memory ordering.
+//! Skips (one SKIP line) without a C++20 compiler.
+
+mod emu_common;
+mod mma_host;
+
+use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, read_i32, template};
+use memra_reference::attention::{AttnShape, Mask, attention};
+use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
+use memra_reference::norm::layer_norm;
+use memra_reference::rope::{Rope, RopeMode, rope_head};
+use memra_reference::{Rng, rel_err};
+
+/// Built-ins the DSA kernels use beyond emu_common's prelude.
+const EXTRA: &str = r#"
+#include <atomic>
+#include <algorithm>
+#define __shared__ static
+#define __global__
+#define __launch_bounds__(x)
+using std::min; using std::max;
+static inline unsigned __ballot_sync(unsigned, int pred) {
+    int t = threadIdx.x; g_xchg[t] = pred != 0; __syncwarp(); unsigned r = 0;
+    for (int l = 0; l < 32; ++l) if (g_xchg[(t & ~31) | l]) r |= 1u << l; __syncwarp(); return r; }
+static inline unsigned __match_any_sync(unsigned, unsigned v) {
+    int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); unsigned r = 0;
+    for (int l = 0; l < 32; ++l) if (g_xchg[(t & ~31) | l] == v) r |= 1u << l; __syncwarp(); return r; }
+static inline unsigned __shfl_up_sync(unsigned, unsigned v, int o) {
+    int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); unsigned r = (t & 31) >= o ? (unsigned)g_xchg[t - o] : v; __syncwarp(); return r; }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// glibc's math.h declares __sincosf (extern, noexcept): define that declaration.
+void __sincosf(float x, float* s, float* c) noexcept { *s = std::sin(x); *c = std::cos(x); }
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+static inline double __hiloint2double(int hi, int lo) { uint64_t b = ((uint64_t)(unsigned)hi << 32) | (unsigned)lo; double d; memcpy(&d, &b, 8); return d; }
+namespace memra {
+enum class CacheType : int { F32 = 0, BF16 = 1 };
+enum class RopeMode : int { None = 0, Interleaved = 1, Neox = 2 };
+inline u16 f32_to_bf16(float f) { u32 u; memcpy(&u, &f, 4); return (u16)((u + 0x7fff + ((u >> 16) & 1)) >> 16); }
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+}
+"#;
+
+const MAIN: &str = r#"
+using namespace memra;
+template <int NH, int HD, CacheType C, int TH> struct ICfg { static constexpr int N_IDX_HEAD = NH, IDX_HEAD_DIM = HD; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = TH; };
+template <int KK, int TH> struct TCfg { static constexpr int K = KK; static constexpr int THREADS = TH; };
+template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
+// idx:    0 cfg n_q nh hd max_ctx ld n_blk | q w k pos out
+// topk:   1 cfg n_q ld k                   | scores pos idx count
+// sparse: 2 cfg nh kvl rope max_ctx idx_cap n_split scale | q c idx count out
+// key:    3 cfg n_tokens hd n_rot k_stride max_ctx freq_base freq_scale eps | k w b pos cache(out)
+template <int HD, int NR, RopeMode M, CacheType C, int TH> struct KCfg { static constexpr int HEAD_DIM = HD, N_ROT = NR; static constexpr RopeMode ROPE_MODE = M; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = TH; };
+template <class K> void run_key(int n_tokens, int hd, int n_rot, int k_stride, int max_ctx, float base, float fscale, float eps, int eb, char** f) {
+    auto k = slurp(f[0]), w = slurp(f[1]), b = slurp(f[2]), pos = slurp(f[3]);
+    std::vector<unsigned char> cache((size_t)max_ctx * hd * eb, 0xff);
+    int warps = K::THREADS / 32, blocks = std::max(1, std::min(3, (n_tokens + warps - 1) / warps));
+    run_grid({(unsigned)blocks, 1, 1}, K::THREADS, 0, [&] {
+        dsa_index_key_impl<K>((const float*)k.data(), (const float*)w.data(), (const float*)b.data(), (const int*)pos.data(), cache.data(), n_tokens, hd, n_rot, k_stride, max_ctx, base, fscale, eps); });
+    spit(f[4], cache.data(), cache.size());
+}
+template <class K> void run_idx(int n_q, int nh, int hd, int max_ctx, int ld, int n_blk, char** f) {
+    auto q = slurp(f[0]), w = slurp(f[1]), k = slurp(f[2]), pos = slurp(f[3]);
+    std::vector<float> out((size_t)n_q * ld, NAN);
+    run_grid({(unsigned)n_blk, (unsigned)n_q, 1}, K::THREADS, 0, [&] {
+        dsa_indexer_impl<K>((const float*)q.data(), (const float*)w.data(), k.data(), (const int*)pos.data(), out.data(), n_q, nh, hd, max_ctx, ld); });
+    spit(f[4], out.data(), out.size() * 4);
+}
+template <class K> void run_topk(int n_q, int ld, int k, char** f) {
+    auto sc = slurp(f[0]), pos = slurp(f[1]);
+    std::vector<int> idx((size_t)n_q * k, -7), count(n_q, -7);
+    run_grid({(unsigned)n_q, 1, 1}, K::THREADS, 0, [&] {
+        dsa_topk_impl<K>((const float*)sc.data(), (const int*)pos.data(), idx.data(), count.data(), n_q, ld, k); });
+    spit(f[2], idx.data(), idx.size() * 4);
+    spit(f[3], count.data(), count.size() * 4);
+}
+template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int idx_cap, int n_split, float scale, int eb, char** f) {
+    auto q = slurp(f[0]), c = slurp(f[1]), ix = slurp(f[2]), cnt = slurp(f[3]);
+    std::vector<float> out((size_t)nh * kvl), work((size_t)nh * n_split * (kvl + 2) + (nh + 63) / 64, 0.0f);
+    int D = kvl + rope, tr = eb == 2 ? 16 : 8;
+    unsigned smem = std::min(nh, 64) * (D + 4) * 4 + 2 * tr * (D * eb + 16) + tr * 256 + 768;
+    for (int rep = 0; rep < 2; ++rep) {
+        std::fill(out.begin(), out.end(), NAN);
+        run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale); });
+    }
+    const unsigned* ctr = (const unsigned*)(work.data() + (size_t)nh * n_split * (kvl + 2));
+    for (int i = 0; i < (nh + 63) / 64; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    spit(f[4], out.data(), out.size() * 4);
+}
+int main(int argc, char** argv) {
+    using B = CacheType;
+    int kind = atoi(argv[1]), cfg = atoi(argv[2]);
+    int a[8] = {0}; for (int i = 0; i < 8 && 3 + i < argc; ++i) a[i] = atoi(argv[3 + i]);
+    if (kind == 0) {
+        char** f = argv + 9;
+        switch (cfg) {
+        case 0: run_idx<ICfg<32, 128, B::BF16, 256>>(a[0], a[1], a[2], a[3], a[4], a[5], f); break;
+        case 1: run_idx<ICfg<0, 0, B::BF16, 256>>(a[0], a[1], a[2], a[3], a[4], a[5], f); break;
+        case 2: run_idx<ICfg<0, 0, B::F32, 256>>(a[0], a[1], a[2], a[3], a[4], a[5], f); break;
+        case 3: run_idx<ICfg<32, 128, B::F32, 64>>(a[0], a[1], a[2], a[3], a[4], a[5], f); break;
+        default: return 4;
+        }
+    } else if (kind == 1) {
+        char** f = argv + 6;
+        switch (cfg) {
+        case 0: run_topk<TCfg<0, 256>>(a[0], a[1], a[2], f); break;
+        case 1: run_topk<TCfg<0, 1024>>(a[0], a[1], a[2], f); break;
+        case 2: run_topk<TCfg<64, 256>>(a[0], a[1], a[2], f); break;
+        default: return 4;
+        }
+    } else if (kind == 3) {
+        float base = (float)atof(argv[8]), fs = (float)atof(argv[9]), eps = (float)atof(argv[10]);
+        char** f = argv + 11;
+        using R = RopeMode;
+        switch (cfg) {
+        case 0: run_key<KCfg<128, 64, R::Interleaved, B::F32, 128>>(a[0], a[1], a[2], a[3], a[4], base, fs, eps, 4, f); break;
+        case 1: run_key<KCfg<0, 0, R::Neox, B::F32, 64>>(a[0], a[1], a[2], a[3], a[4], base, fs, eps, 4, f); break;
+        case 2: run_key<KCfg<128, 64, R::Interleaved, B::BF16, 128>>(a[0], a[1], a[2], a[3], a[4], base, fs, eps, 2, f); break;
+        default: return 4;
+        }
+    } else {
+        float scale = (float)atof(argv[9]);
+        char** f = argv + 10;
+        switch (cfg) {
+        case 0: run_sparse<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
+        case 1: run_sparse<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
+        case 2: run_sparse<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 4, f); break;
+        default: return 4;
+        }
+    }
+    return 0;
+}
+"#;
+
+/// `text` with `[from, to)` replaced by `with`.
+fn splice(text: &str, from: &str, to: &str, with: &str, file: &str) -> String {
+    let part = cut(text, from, to, file);
+    text.replacen(part, with, 1)
+}
+
+fn strip(t: String) -> String {
+    t.replace("#pragma once", "")
+        .replace("#include \"memra/common.cuh\"", "")
+        .replace("#include \"memra/mla_decode.cuh\"", "")
+}
+
+fn emulator_source() -> String {
+    let common = template("common.cuh");
+    let order_bits = cut(
+        &common,
+        "__device__ __forceinline__ u32 float_order_bits(",
+        "__device__ __forceinline__ float order_bits_float(",
+        "common.cuh",
+    );
+    let mut indexer = strip(template("dsa_indexer.cuh"));
+    let host_ptx = format!(
+        "{}\ninline void mma_bf16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {{ const u32 a[4] = {{a0, a1, a2, a3}}; bf16_16816(d, a, b0, b1); }}\ninline uint4 ldg16(const void* p) {{ uint4 r; memcpy(&r, p, 16); return r; }}\n",
+        mma_host::FNS
+    );
+    indexer = splice(
+        &indexer,
+        "__device__ __forceinline__ u32 pack_bf16x2(",
+        "// (x, y) -> bf16x2",
+        &host_ptx,
+        "dsa_indexer.cuh",
+    );
+    indexer = splice(
+        &indexer,
+        "__device__ __forceinline__ void mma_bf16(",
+        "// First of the four contiguous dims",
+        "",
+        "dsa_indexer.cuh",
+    );
+    let topk = strip(template("dsa_topk.cuh"));
+    let mut mla = strip(template("mla_decode.cuh"));
+    mla = splice(
+        &mla,
+        "__device__ __forceinline__ u32 smem_addr(",
+        "template <CacheType C> struct Elem;",
+        "inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, 16); }\ninline void commit() {}\ntemplate <int N> inline void wait() {}\n",
+        "mla_decode.cuh",
+    );
+    let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
+    assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
+    mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
+    let sparse = strip(template("mla_sparse_decode.cuh"));
+    let common_parts = [
+        (
+            "// Store one f32 as the cache element type.",
+            "// Compile-time-or-run-time dims",
+        ),
+        ("// 2^x in f64", "// Reductions."),
+        (
+            "__device__ __forceinline__ float warp_sum(",
+            "__device__ __forceinline__ float warp_max(",
+        ),
+    ]
+    .map(|(a, b)| cut(&common, a, b, "common.cuh"))
+    .join("\n");
+    let key = strip(template("dsa_index_key.cuh"));
+    // glibc 2.36's math.h declares __expf extern, so g++ 12 rejects a static one; unused here.
+    let prelude = emu_common::PRELUDE.replace(
+        "static inline float __expf(float x) { return std::exp(x); }",
+        "",
+    );
+    format!(
+        "{prelude}\n{EXTRA}\n{}\nnamespace memra {{\n{order_bits}\n{common_parts}\n}}\n{indexer}\n{topk}\n{mla}\n{sparse}\n{key}\n{MAIN}",
+        emu_common::GRID_RUNNER
+    )
+}
+
+fn to_bf16(f: f32) -> u16 {
+    let b = f.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Random values as the kernel reads them (bf16 bits or f32) and the f32 values they stand for.
+fn cache(rng: &mut Rng, n: usize, f32_cache: bool) -> (Vec<u8>, Vec<f32>) {
+    let v = rng.normal_vec(n, 1.0);
+    if f32_cache {
+        (f32_bytes(&v), v)
+    } else {
+        let bits: Vec<u16> = v.iter().map(|&x| to_bf16(x)).collect();
+        let vals = bits
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
+        (bits.iter().flat_map(|b| b.to_le_bytes()).collect(), vals)
+    }
+}
+
+struct Emu {
+    builder: Builder,
+    bin: std::path::PathBuf,
+    n: usize,
+}
+
+impl Emu {
+    fn new(test: &str) -> Option<Emu> {
+        let mut builder = Builder::new(test, "dsa", &emulator_source())?;
+        let bin = builder.get(Vec::new());
+        Some(Emu { builder, bin, n: 0 })
+    }
+
+    /// Writes `inputs` to files, runs the emulator with `args` + input paths + `outputs` paths.
+    fn run(
+        &mut self,
+        args: &[String],
+        inputs: &[Vec<u8>],
+        outputs: usize,
+    ) -> Vec<std::path::PathBuf> {
+        self.n += 1;
+        let dir = self.builder.dir().join(format!("case{}", self.n));
+        std::fs::create_dir_all(&dir).expect("case dir");
+        let mut all = args.to_vec();
+        for (i, data) in inputs.iter().enumerate() {
+            let p = dir.join(format!("in{i}.bin"));
+            std::fs::write(&p, data).expect("write input");
+            all.push(p.display().to_string());
+        }
+        let outs: Vec<_> = (0..outputs)
+            .map(|i| dir.join(format!("out{i}.bin")))
+            .collect();
+        all.extend(outs.iter().map(|p| p.display().to_string()));
+        emu_common::run(&self.bin, &all);
+        outs
+    }
+}
+
+fn strs(v: &[usize]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn indexer_case(
+    emu: &mut Emu,
+    rng: &mut Rng,
+    cfg: usize,
+    nh: usize,
+    hd: usize,
+    positions: &[i64],
+    max_ctx: usize,
+    n_blk: usize,
+    f32_cache: bool,
+) {
+    let n_q = positions.len();
+    let ld = max_ctx + 3;
+    let q = rng.normal_vec(n_q * nh * hd, 1.0);
+    let w = rng.normal_vec(n_q * nh, 0.1);
+    let (kb, kv) = cache(rng, max_ctx * hd, f32_cache);
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let outs = emu.run(
+        &strs(&[0, cfg, n_q, nh, hd, max_ctx, ld, n_blk]),
+        &[f32_bytes(&q), f32_bytes(&w), kb, i32_bytes(&pos)],
+        1,
+    );
+    let got = read_f32(&outs[0]);
+    let dims = IndexerDims {
+        n_head: nh,
+        head_dim: hd,
+        rope: 0,
+    };
+    for (t, &p) in positions.iter().enumerate() {
+        let row = &got[t * ld..][..ld];
+        let what = format!("dsa_indexer emulation cfg {cfg} {nh}x{hd} query {t} pos {p}");
+        if p < 0 || p as usize >= max_ctx {
+            assert!(row[..max_ctx].iter().all(|v| v.is_nan()), "{what}: not NaN");
+            continue;
+        }
+        let n = p as usize + 1;
+        let want = indexer_scores(
+            &q[t * nh * hd..][..nh * hd],
+            &w[t * nh..][..nh],
+            &kv[..n * hd],
+            dims,
+            &[p as usize],
+        );
+        let err = rel_err(&row[..n], &want);
+        assert!(
+            err <= 1e-5,
+            "{what}: relative L2 {err:e} (MEMRA_SEED={})",
+            rng.seed()
+        );
+        assert!(
+            row[n..].iter().all(|v| v.is_nan()),
+            "{what}: wrote past pos (MEMRA_SEED={})",
+            rng.seed()
+        );
+    }
+}
+
+fn topk_case(emu: &mut Emu, rng: &mut Rng, cfg: usize, k: usize, rows: &[(i64, u8)]) {
+    let ld = rows.iter().map(|r| r.0.max(0) as usize).max().unwrap() + 2;
+    let palette = [
+        -1.0f32,
+        -0.0,
+        0.0,
+        0.5,
+        2.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    let mut scores = vec![f32::NAN; rows.len() * ld];
+    for (t, &(p, kind)) in rows.iter().enumerate() {
+        if p < 0 || p as usize >= ld {
+            continue;
+        }
+        let row = &mut scores[t * ld..][..=p as usize];
+        match kind {
+            0 => row.copy_from_slice(&rng.normal_vec(p as usize + 1, 1.0)),
+            1 => row
+                .iter_mut()
+                .for_each(|v| *v = palette[rng.below(palette.len())]),
+            _ => row.iter_mut().for_each(|v| *v = 3.0),
+        }
+    }
+    let pos: Vec<i32> = rows.iter().map(|r| r.0 as i32).collect();
+    let outs = emu.run(
+        &strs(&[1, cfg, rows.len(), ld, k]),
+        &[f32_bytes(&scores), i32_bytes(&pos)],
+        2,
+    );
+    let (idx, count) = (read_i32(&outs[0]), read_i32(&outs[1]));
+    for (t, &(p, kind)) in rows.iter().enumerate() {
+        let what = format!("dsa_topk emulation cfg {cfg} k {k} row {t} pos {p} kind {kind}");
+        let got = &idx[t * k..][..k];
+        if p < 0 || p as usize >= ld {
+            assert_eq!(count[t], -1, "{what}");
+            assert!(got.iter().all(|&i| i == -1), "{what}");
+            continue;
+        }
+        let want = top_k(&scores[t * ld..][..=p as usize], k);
+        assert_eq!(count[t] as usize, want.len(), "{what}: count");
+        let sel: Vec<usize> = got[..want.len()].iter().map(|&i| i as usize).collect();
+        assert_eq!(sel, want, "{what} (MEMRA_SEED={})", rng.seed());
+        assert!(got[want.len()..].iter().all(|&i| i == -1), "{what}: tail");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sparse_case(
+    emu: &mut Emu,
+    rng: &mut Rng,
+    cfg: usize,
+    nh: usize,
+    kvl: usize,
+    rope: usize,
+    p: usize,
+    n_sel: usize,
+    n_split: usize,
+    f32_cache: bool,
+) {
+    let d = kvl + rope;
+    let max_ctx = p + 4;
+    let q = rng.normal_vec(nh * d, 1.0);
+    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    // A random subset of 0..=p, in a random order (the kernel needs no order).
+    let mut all: Vec<usize> = (0..=p).collect();
+    for i in (1..all.len()).rev() {
+        all.swap(i, rng.below(i + 1));
+    }
+    let sel: Vec<usize> = all[..n_sel].to_vec();
+    let idx_cap = n_sel + 5;
+    let mut idx: Vec<i32> = sel.iter().map(|&s| s as i32).collect();
+    idx.resize(idx_cap, -1);
+    let scale = 1.0f32 / 16.0;
+    let mut args = strs(&[2, cfg, nh, kvl, rope, max_ctx, idx_cap, n_split]);
+    args.push(format!("{scale:e}"));
+    let outs = emu.run(
+        &args,
+        &[
+            f32_bytes(&q),
+            cb,
+            i32_bytes(&idx),
+            i32_bytes(&[n_sel as i32]),
+        ],
+        1,
+    );
+    let got = read_f32(&outs[0]);
+    let latent: Vec<f32> = (0..=p)
+        .flat_map(|r| cv[r * d..][..kvl].iter().copied())
+        .collect();
+    let allowed = [sel];
+    let q_pos = [p];
+    let mask = Mask {
+        q_pos: &q_pos,
+        window: None,
+        allowed: Some(&allowed),
+    };
+    let shape = AttnShape {
+        n_head: nh,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: kvl,
+    };
+    let want = attention(&q, &cv[..(p + 1) * d], &latent, p + 1, shape, &mask, scale);
+    let err = rel_err(&got, &want);
+    assert!(
+        err <= 1e-5,
+        "mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel} split {n_split}: relative L2 {err:e} (MEMRA_SEED={})",
+        rng.seed()
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn key_case(
+    emu: &mut Emu,
+    rng: &mut Rng,
+    cfg: usize,
+    hd: usize,
+    n_rot: usize,
+    mode: RopeMode,
+    positions: &[i64],
+    max_ctx: usize,
+    f32_cache: bool,
+) {
+    let n = positions.len();
+    let k_stride = hd + 8;
+    // An offset so that the mean subtraction matters.
+    let k: Vec<f32> = rng
+        .normal_vec(n * k_stride, 1.0)
+        .iter()
+        .map(|v| v + 0.7)
+        .collect();
+    let w = rng.normal_vec(hd, 1.0);
+    let b = rng.normal_vec(hd, 0.5);
+    let (base, eps) = (1e6f32, 1e-6f32);
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let mut args = strs(&[3, cfg, n, hd, n_rot, k_stride, max_ctx]);
+    args.extend([format!("{base:e}"), "1".to_string(), format!("{eps:e}")]);
+    let outs = emu.run(
+        &args,
+        &[f32_bytes(&k), f32_bytes(&w), f32_bytes(&b), i32_bytes(&pos)],
+        1,
+    );
+    let raw = std::fs::read(&outs[0]).expect("emulator output");
+    let eb = if f32_cache { 4 } else { 2 };
+    assert_eq!(
+        raw.len(),
+        max_ctx * hd * eb,
+        "dsa_index_key emulation: cache size"
+    );
+    let row = |r: usize| -> Vec<f32> {
+        raw[r * hd * eb..(r + 1) * hd * eb]
+            .chunks_exact(eb)
+            .map(|c| {
+                if f32_cache {
+                    f32::from_le_bytes([c[0], c[1], c[2], c[3]])
+                } else {
+                    f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)
+                }
+            })
+            .collect()
+    };
+    let rope = Rope::new(mode, n_rot, base);
+    let tol = if f32_cache { 1e-5 } else { 4e-3 };
+    let mut written = vec![false; max_ctx];
+    for (t, &p) in positions.iter().enumerate() {
+        if p < 0 || p as usize >= max_ctx {
+            continue;
+        }
+        let p = p as usize;
+        written[p] = true;
+        let mut want = layer_norm(&k[t * k_stride..][..hd], &w, &b, eps);
+        rope_head(&mut want, p, &rope);
+        let err = rel_err(&row(p), &want);
+        assert!(
+            err <= tol,
+            "dsa_index_key emulation cfg {cfg} hd {hd} n_rot {n_rot} token {t} pos {p}: relative L2 {err:e} (MEMRA_SEED={})",
+            rng.seed()
+        );
+    }
+    for (r, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+        assert!(
+            raw[r * hd * eb..(r + 1) * hd * eb]
+                .iter()
+                .all(|&x| x == 0xff),
+            "dsa_index_key emulation cfg {cfg}: row {r} written but no token has that position"
+        );
+    }
+}
+
+fn emulator(test: &str) -> Option<Emu> {
+    let e = Emu::new(test);
+    if e.is_some() {
+        eprintln!("{test}: emulator built");
+    }
+    e
+}
+
+#[test]
+fn dsa_kernels_emulated_on_host_threads_match_reference() {
+    let test = "dsa_kernels_emulated_on_host_threads_match_reference";
+    let Some(mut emu) = emulator(test) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    let e = &mut emu;
+    // Indexer. cfg 0: GLM-5 32×128 bf16; 1: generic bf16; 2: generic f32; 3: 32×128 f32, 2 warps.
+    indexer_case(e, &mut rng, 0, 32, 128, &[69, 0, -1], 80, 2, false); // a batch, a bad position
+    indexer_case(e, &mut rng, 0, 32, 128, &[100], 101, 1, false); // warps stride over the tiles
+    indexer_case(e, &mut rng, 1, 16, 64, &[40, 7], 41, 1, false);
+    indexer_case(e, &mut rng, 2, 8, 32, &[50], 60, 1, true);
+    indexer_case(e, &mut rng, 3, 32, 128, &[45, 80], 81, 1, true); // 64 threads: striding
+    // Top-k. cfg 0: generic, 256 threads; 1: generic, 1024 threads; 2: k = 64, 256 threads.
+    topk_case(
+        e,
+        &mut rng,
+        2,
+        64,
+        &[(3000, 0), (3000, 1), (500, 2), (63, 0), (64, 1), (-1, 0)],
+    );
+    topk_case(
+        e,
+        &mut rng,
+        0,
+        100,
+        &[(4999, 1), (2000, 0), (99, 1), (100, 2)],
+    );
+    topk_case(e, &mut rng, 1, 37, &[(2500, 1), (1500, 0), (40, 2)]);
+    // Sparse MLA. cfg 0: GLM-5 64 × (512 + 64) bf16; 1: generic bf16; 2: generic f32.
+    sparse_case(e, &mut rng, 0, 64, 512, 64, 90, 37, 2, false);
+    sparse_case(e, &mut rng, 0, 64, 512, 64, 20, 21, 3, false); // every row, an empty split
+    sparse_case(e, &mut rng, 1, 16, 256, 32, 60, 1, 1, false);
+    sparse_case(e, &mut rng, 2, 64, 256, 32, 40, 17, 2, true);
+    // Index-key producer. cfg 0: 128/64 interleaved f32; 1: generic NeoX f32 (2 warps); 2: bf16.
+    let ri = RopeMode::Norm;
+    key_case(
+        e,
+        &mut rng,
+        0,
+        128,
+        64,
+        ri,
+        &[5, 0, 100_000, -1, 9],
+        100_001,
+        true,
+    );
+    key_case(
+        e,
+        &mut rng,
+        1,
+        96,
+        32,
+        RopeMode::Neox,
+        &[3, 7, 2, 11, 4],
+        12,
+        true,
+    );
+    key_case(
+        e,
+        &mut rng,
+        1,
+        256,
+        256,
+        RopeMode::Neox,
+        &[1000],
+        1001,
+        true,
+    );
+    key_case(e, &mut rng, 2, 128, 64, ri, &[40, 41, 12], 50, false);
+    eprintln!("PASS {test} (MEMRA_SEED={})", rng.seed());
+}
