@@ -9,6 +9,9 @@
 //! `attn_prefill/<specialized|generic>/<model>_t<T>_...`: prefill attention chunks (gemma3-270M
 //! T = 512 with its window, Qwen3-8B T = 4096), throughput in useful FLOPs (criterion's elem/s).
 //!
+//! `dsa_decode/<specialized|generic>/<indexer|topk|sparse_mla|total>_t131072_k2048`: a GLM-5
+//! DSA decode step at 128k tokens (indexer throughput in key bytes).
+//!
 //! CPU groups: `nvrtc/cold/<variant>` (NVRTC → CUBIN with no cache), `nvrtc/warm/<variant>`
 //! (a disk-cache hit through a fresh `KernelCache`) for one glm-dsa variant per family, and
 //! `codegen/generate/glm-dsa` (spec + preset → every variant's CUDA and the registry, in memory).
@@ -122,6 +125,83 @@ fn attn_prefill_gpu(c: &mut Criterion) {
             });
             group.finish();
         }
+    }
+}
+
+/// `dsa_decode/<specialized|generic>/<step>_t131072_k2048`: one GLM-5 DSA decode step at 128k
+/// visible tokens — the indexer over the bf16 index-key cache (throughput = its key bytes,
+/// 32 MiB), the top-2048 selection of its scores, the sparse MLA over the selected latent rows,
+/// and the three back to back (`total`). Per-launch CUDA events after an L2 flush (so top-k reads
+/// its scores from DRAM when timed alone). Specialized variants need `--features model-glm-dsa`.
+fn dsa_decode_gpu(c: &mut Criterion) {
+    use memra_engine::kernels::dsa_indexer::{self, DsaIndexerParams};
+    use memra_engine::kernels::dsa_topk::{self, DsaTopkParams};
+    use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
+    use memra_engine::kernels::mla_sparse_decode;
+    use memra_engine::kernels::registry::Param;
+    let Ok(gpu) = Gpu::new(0) else {
+        eprintln!("dsa_decode: SKIPPED (no CUDA device or driver on this machine)");
+        return;
+    };
+    let (t, k, nh_i, hd_i, n_head, kvl, rope) = (131_072usize, 2048usize, 32usize, 128usize, 64usize, 512usize, 64usize);
+    let d = kvl + rope;
+    let sms = gpu.sm_count().unwrap_or(132);
+    let bf16 = |v: &&KernelVariant| v.param("cache_t").is_none_or(|c| c == Param::Sym("bf16"));
+    let pick = |family: &str, specialized: bool| registry::family(family).into_iter().find(|v| bf16(v) && (v.arch == Some("glm-dsa")) == specialized);
+    let mut rng = Rng::from_env_or_time("dsa_decode bench");
+    let s = gpu.stream();
+    let bits = |n: usize, rng: &mut Rng| -> Vec<u16> { rng.normal_vec(n, 1.0).iter().map(|x| (x.to_bits() >> 16) as u16).collect() };
+    let iq = s.clone_htod(&rng.normal_vec(nh_i * hd_i, 1.0)).expect("upload");
+    let iw = s.clone_htod(&rng.normal_vec(nh_i, 0.1)).expect("upload");
+    let keys = s.clone_htod(&bits(t * hd_i, &mut rng)).expect("upload");
+    let q = s.clone_htod(&rng.normal_vec(n_head * d, 1.0)).expect("upload");
+    let latent = s.clone_htod(&bits(t * d, &mut rng)).expect("upload");
+    let pos = s.clone_htod(&[(t - 1) as i32]).expect("upload");
+    let mut scores = s.alloc_zeros::<f32>(t).expect("alloc");
+    let mut idx = s.alloc_zeros::<i32>(k).expect("alloc");
+    let mut count = s.alloc_zeros::<i32>(1).expect("alloc");
+    let mut out = s.alloc_zeros::<f32>(n_head * kvl).expect("alloc");
+    let n_split = mla_sparse_decode::splits_for(k, n_head, sms);
+    let mut work = s.alloc_zeros::<f32>(mla_decode::work_floats(n_head, kvl, n_split)).expect("alloc");
+    let mut flush = s.alloc_zeros::<u8>(2 * bench::l2_bytes(&gpu)).expect("L2 flush buffer");
+    let ip = DsaIndexerParams { n_q: 1, n_idx_head: nh_i, idx_head_dim: hd_i, max_ctx: t, ld_scores: t, n_blk: dsa_indexer::blocks_for(t, 2, dsa_indexer::THREADS, sms) };
+    let tp = DsaTopkParams { n_q: 1, ld_scores: t, k };
+    let mp = MlaDecodeParams { n_head, kv_lora: kvl, rope, max_ctx: t, n_split, scale: 1.0 / 16.0 };
+    for (kind, specialized) in [("specialized", true), ("generic", false)] {
+        let (Some(vi), Some(vt), Some(vs)) = (pick(dsa_indexer::FAMILY, specialized), pick(dsa_topk::FAMILY, specialized), pick(mla_sparse_decode::FAMILY, specialized)) else {
+            eprintln!("dsa_decode/{kind}: SKIPPED (variants not in this build)");
+            continue;
+        };
+        let kernels = gpu.load(&[vi, vt, vs]).unwrap_or_else(|e| panic!("{e}"));
+        let (ki, kt, ks) = (kernels.get(vi.name).expect("indexer"), kernels.get(vt.name).expect("top-k"), kernels.get(vs.name).expect("sparse mla"));
+        let mut group = c.benchmark_group(format!("dsa_decode/{kind}"));
+        group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        for step in ["indexer", "topk", "sparse_mla", "total"] {
+            if step == "indexer" {
+                group.throughput(Throughput::Bytes(dsa_indexer::key_bytes(t, hd_i, 2) as u64));
+            } else {
+                group.throughput(Throughput::Elements(1));
+            }
+            group.bench_function(format!("{step}_t{t}_k{k}"), |b| {
+                b.iter_custom(|iters| {
+                    let mut launch = |_: usize| -> Result<(), memra_engine::cuda::Error> {
+                        if step == "indexer" || step == "total" {
+                            dsa_indexer::dsa_indexer(ki, &iq.as_view(), &iw.as_view(), &keys.as_view(), &pos.as_view(), &mut scores.as_view_mut(), &ip)?;
+                        }
+                        if step == "topk" || step == "total" {
+                            dsa_topk::dsa_topk(kt, &scores.as_view(), &pos.as_view(), &mut idx.as_view_mut(), &mut count.as_view_mut(), &tp)?;
+                        }
+                        if step == "sparse_mla" || step == "total" {
+                            mla_sparse_decode::mla_sparse_decode(ks, &q.as_view(), &latent.as_view(), &idx.as_view(), &count.as_view(), &mut out.as_view_mut(), &mut work.as_view_mut(), k, &mp)?;
+                        }
+                        Ok(())
+                    };
+                    let us = bench::time_launches(&gpu, 1, iters as u32, &mut flush, &mut launch).unwrap_or_else(|e| panic!("dsa_decode {step}: {e}"));
+                    Duration::from_secs_f64(us.iter().sum::<f64>() / 1e6)
+                })
+            });
+        }
+        group.finish();
     }
 }
 
@@ -275,6 +355,6 @@ fn moe_decode_gpu(c: &mut Criterion) {
     }
 }
 
-criterion_group!(gpu, gpu_kernels, attn_prefill_gpu, moe_decode_gpu);
+criterion_group!(gpu, gpu_kernels, attn_prefill_gpu, dsa_decode_gpu, moe_decode_gpu);
 criterion_group!(cpu, nvrtc_compile, codegen_generate);
 criterion_main!(gpu, cpu);
