@@ -42,6 +42,8 @@ use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{add_rmsnorm, argmax, embed, geglu, matmul, matvec, rmsnorm, swiglu, topk};
 
+pub mod sweep;
+
 /// Tokens of the prefill matmul and of the "prefill" row counts of the row-wise families.
 pub const PREFILL_T: usize = 4096;
 /// The copy used for the bandwidth ceiling.
@@ -79,6 +81,10 @@ pub struct BenchArgs {
     /// Print the planned cases and exit (no GPU needed).
     #[arg(long)]
     pub list: bool,
+    /// Instead of the built variants: sweep candidate tunings of this family (`matvec`), each
+    /// checked against the CPU oracle, then timed (bench/sweep.rs).
+    #[arg(long, value_name = "FAMILY")]
+    pub sweep: Option<String>,
     /// Measure this whole model end to end (prefill and decode tokens/s, specialized and
     /// generic kernels) instead of the kernel families.
     #[arg(long, value_name = "FILE")]
@@ -726,6 +732,9 @@ pub fn geomeans(rows: &[Row]) -> Vec<(&'static str, f64, usize)> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(family) = &args.sweep {
+        return sweep::run(args, family);
+    }
     if let Some(model) = &args.model {
         return run_model(args, model);
     }

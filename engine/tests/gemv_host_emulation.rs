@@ -38,7 +38,7 @@ struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 struct float4 { float x, y, z, w; };
 struct Dim3 { unsigned x, y, z; };
-thread_local Dim3 threadIdx, blockIdx;
+thread_local Dim3 threadIdx, blockIdx, gridDim;
 thread_local unsigned char* g_smem;
 thread_local unsigned g_smem_bytes;
 std::barrier<>* g_block_barrier;
@@ -111,8 +111,9 @@ struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; stati
   static constexpr int BATCH = BATCHMAX; static constexpr int THREADS = THR; static constexpr int LANES = LN;
   static constexpr int ROWS_PER_GROUP = RPGV; static constexpr int STAGES = STG; static constexpr int ACCUMULATE = ACC; };
 int main(int argc, char** argv) {
-    // args: k n batch ldx ldy wfile xfile yfile(in/out)
+    // args: k n batch ldx ldy max_blocks wfile xfile yfile(in/out)
     int k = atoi(argv[1]), n = atoi(argv[2]), batch = atoi(argv[3]), ldx = atoi(argv[4]), ldy = atoi(argv[5]);
+    int max_blocks = atoi(argv[6]); argv += 1;
     auto rd = [](const char* f, std::vector<unsigned char>& v) { FILE* fp = fopen(f, "rb"); fseek(fp, 0, SEEK_END); long n = ftell(fp); fseek(fp, 0, SEEK_SET); v.resize(n + 64); fread(v.data(), 1, n, fp); fclose(fp); return n; };
     std::vector<unsigned char> w, x, y; rd(argv[6], w); rd(argv[7], x); long ny = rd(argv[8], y);
     // 16-byte aligned copies
@@ -120,7 +121,10 @@ int main(int argc, char** argv) {
     float* xa = (float*)aligned_alloc(256, (x.size() + 255) / 256 * 256); memcpy(xa, x.data(), x.size());
     float* ya = (float*)y.data();
     using G = memra::MatvecGeometry<Cfg>;
-    int grid = (n + G::ROWS - 1) / G::ROWS;
+    // Balanced grid of at most max_blocks blocks (memra_engine::kernels::matvec::balanced_blocks);
+    // blocks run one after another (they share nothing), each striding over the tiles.
+    int tiles = (n + G::ROWS - 1) / G::ROWS; if (tiles < 1) tiles = 1;
+    int waves = (tiles + max_blocks - 1) / max_blocks, grid = (tiles + waves - 1) / waves;
     for (int bx = 0; bx < grid; ++bx) {
         std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
         std::barrier<> block_bar(Cfg::THREADS);
@@ -129,7 +133,8 @@ int main(int argc, char** argv) {
         g_warp_barriers = wb; g_xchg.assign(Cfg::THREADS, 0.f);
         std::vector<std::thread> ts;
         for (int t = 0; t < Cfg::THREADS; ++t) ts.emplace_back([&, t] {
-            threadIdx = {(unsigned)t, 0, 0}; blockIdx = {(unsigned)bx, 0, 0}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
+            threadIdx = {(unsigned)t, 0, 0}; blockIdx = {(unsigned)bx, 0, 0}; gridDim = {(unsigned)grid, 1, 1};
+            g_smem = smem.data(); g_smem_bytes = G::SMEM;
             memra::matvec_impl<Cfg>(wa, xa, ya, k, n, batch, ldx, ldy); });
         for (auto& th : ts) th.join();
         for (auto* b : wb) delete b;
@@ -313,7 +318,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// Runs an emulator on (w, x, y0) and returns y.
-fn run(bin: &Path, dims: [usize; 5], w: &[u8], x: &[f32], y0: &[f32]) -> Vec<f32> {
+fn run(bin: &Path, dims: &[usize], w: &[u8], x: &[f32], y0: &[f32]) -> Vec<f32> {
     let dir = bin.parent().unwrap();
     let (wf, xf, yf) = (dir.join("w.bin"), dir.join("x.bin"), dir.join("y.bin"));
     std::fs::write(&wf, w).unwrap();
@@ -418,6 +423,8 @@ fn matvec_kernel_emulated_on_host_threads_matches_reference() {
             (k_aw, 33, 1, 1, 32, 2, 0, 0, 0),
             (2048, 17, 3, 8, 8, 1, 0, 12, 5),
             (k_aw, 9, 2, 2, 16, 2, 1, 0, 0),
+            // 5 tiles of 16 rows: with 2 blocks, block 0 walks tiles 0, 2, 4 (pipeline across tiles).
+            (k_aw, 70, 2, 2, 16, 1, 1, 4, 3),
         ];
         for (k, n, batch, bmax, lanes, rpg, acc, px, py) in cases {
             let (ldx, ldy) = (k + px, n + py);
@@ -446,9 +453,12 @@ fn matvec_kernel_emulated_on_host_threads_matches_reference() {
                     "STG=3".into(),
                     format!("ACC={acc}"),
                 ]);
-                let got = run(&bin, [k, n, batch, ldx, ldy], &w, &x, &y0);
+                // Specialized: at most 2 blocks, so blocks walk several tiles (the resident-grid
+                // path); generic: one block per tile.
+                let max_blocks = if spec { 2 } else { usize::MAX >> 34 };
+                let got = run(&bin, &[k, n, batch, ldx, ldy, max_blocks], &w, &x, &y0);
                 let what = format!(
-                    "matvec {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc}"
+                    "matvec {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}"
                 );
                 compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
             }
@@ -490,7 +500,7 @@ fn matmul_kernel_emulated_on_host_threads_matches_reference() {
                     format!("BMV={bm}"),
                     format!("ACC={acc}"),
                 ]);
-                let got = run(&bin, [t, k, n, ldx, ldy], &w, &x, &y0);
+                let got = run(&bin, &[t, k, n, ldx, ldy], &w, &x, &y0);
                 let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} spec={spec} acc={acc}");
                 compare(&what, &got, &y0, &want, t, n, ldy, acc == 1, 1e-2, &rng);
             }

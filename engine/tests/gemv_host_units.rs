@@ -66,6 +66,18 @@ template <QType Q> int run(const u8* data, int nblocks, float* out, int mis) {
             for (int oc = 0; oc < U::UE / 8; ++oc) {
                 float v[8];
                 U::oct(raw, sub, oc, v);
+                if constexpr (U::QBITS > 0) {
+                    // The 1 + q/2^QBITS decode (matvec) must be exactly 1 + oct's q / 2^QBITS.
+                    u32 wa, wb;
+                    U::ones(raw, sub, oc, wa, wb);
+                    for (int j = 0; j < 8; ++j) {
+                        const float one = qunit::one_plus(j < 4 ? wa : wb, j % 4);
+                        if (one != 1.0f + v[j] / (float)(1 << U::QBITS)) {
+                            fprintf(stderr, "ones(): qtype %d block %d sub %d oct %d elem %d: %g, oct says q = %g\n", (int)Q, bi, sub, oc, j, one, v[j]);
+                            exit(6);
+                        }
+                    }
+                }
                 for (int j = 0; j < 4; ++j) {
                     float a = v[j], b = v[4 + j];
                     if (U::SCALED) {

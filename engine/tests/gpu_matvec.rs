@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use dense_common::{V, headers, variant};
 use memra_engine::cuda::module::load_modules;
 use memra_engine::cuda::{Gpu, Kernel, compile_variants};
-use memra_engine::kernels::matvec;
+use memra_engine::kernels::matvec::{self, GridPolicy};
 use memra_engine::kernels::registry::KernelVariant;
 use memra_gguf::{GgmlType, quant};
 use memra_reference::{Rng, linear, rel_err};
@@ -137,50 +137,59 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
     };
     let dw = up(s, w);
     let dx = up(s, &x);
-    let mut dy = up(s, &y0);
-    matvec::matvec(
-        kernel,
-        &dw.slice(..),
-        &dx.slice(..),
-        &mut dy.slice_mut(..),
-        k,
-        n,
-        batch,
-        ldx,
-        ldy,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let got = down(s, &dy);
-    let mut got_rows = Vec::with_capacity(batch * n);
-    let mut want_rows = Vec::with_capacity(batch * n);
-    for b in 0..batch {
-        for j in 0..n {
-            got_rows.push(got[b * ldy + j]);
-            let base = if accumulate { y0[b * ldy + j] } else { 0.0 };
-            want_rows.push(base + want_packed[b * n + j]);
-        }
-        // Padding between rows of y must be left alone.
-        if b + 1 < batch {
-            for j in n..ldy {
-                let (g, o) = (got[b * ldy + j], y0[b * ldy + j]);
-                assert!(
-                    g.to_bits() == o.to_bits(),
-                    "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})",
-                    kernel.name(),
-                    rng.seed()
-                );
+    // Every grid policy: resident blocks (the default), one block per tile, and 3 blocks (each
+    // walks many tiles, its pipeline crossing tile boundaries).
+    for grid in [
+        GridPolicy::Resident,
+        GridPolicy::PerTile,
+        GridPolicy::AtMost(3),
+    ] {
+        let mut dy = up(s, &y0);
+        matvec::matvec_with(
+            kernel,
+            &dw.slice(..),
+            &dx.slice(..),
+            &mut dy.slice_mut(..),
+            k,
+            n,
+            batch,
+            ldx,
+            ldy,
+            grid,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let got = down(s, &dy);
+        let mut got_rows = Vec::with_capacity(batch * n);
+        let mut want_rows = Vec::with_capacity(batch * n);
+        for b in 0..batch {
+            for j in 0..n {
+                got_rows.push(got[b * ldy + j]);
+                let base = if accumulate { y0[b * ldy + j] } else { 0.0 };
+                want_rows.push(base + want_packed[b * n + j]);
+            }
+            // Padding between rows of y must be left alone.
+            if b + 1 < batch {
+                for j in n..ldy {
+                    let (g, o) = (got[b * ldy + j], y0[b * ldy + j]);
+                    assert!(
+                        g.to_bits() == o.to_bits(),
+                        "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})",
+                        kernel.name(),
+                        rng.seed()
+                    );
+                }
             }
         }
+        let err = rel_err(&got_rows, &want_rows);
+        assert!(
+            err <= F32_TOL,
+            "{} {ty:?} k={k} n={n} batch={batch} ldx={ldx} ldy={ldy} acc={accumulate} grid={grid:?}: relative L2 error {err:e} > {F32_TOL:e} (MEMRA_SEED={}); first values got {:?} want {:?}",
+            kernel.name(),
+            rng.seed(),
+            &got_rows[..got_rows.len().min(4)],
+            &want_rows[..want_rows.len().min(4)]
+        );
     }
-    let err = rel_err(&got_rows, &want_rows);
-    assert!(
-        err <= F32_TOL,
-        "{} {ty:?} k={k} n={n} batch={batch} ldx={ldx} ldy={ldy} acc={accumulate}: relative L2 error {err:e} > {F32_TOL:e} (MEMRA_SEED={}); first values got {:?} want {:?}",
-        kernel.name(),
-        rng.seed(),
-        &got_rows[..got_rows.len().min(4)],
-        &want_rows[..want_rows.len().min(4)]
-    );
 }
 
 /// Specialized variant at (k, n) and the generic one, same weight, both checked.

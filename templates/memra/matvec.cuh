@@ -23,7 +23,10 @@
 //   y: [batch][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
 //
 // Launch geometry (matvec_geometry<Cfg> below; the Rust wrapper mirrors it):
-//   rows per block R = THREADS / LANES · ROWS_PER_GROUP; grid (ceil(N / R)); block (THREADS);
+//   rows per tile R = THREADS / LANES · ROWS_PER_GROUP; tiles T = ceil(N / R); grid (G) for
+//   any 1 ≤ G ≤ T: block b computes tiles b, b + G, b + 2G, … (G = T: one tile per block; the
+//   wrapper launches G = ceil(T / waves) with waves = ceil(T / resident blocks), so every
+//   resident block walks the same number of tiles with its pipeline never drained); block (THREADS);
 //   dynamic shared memory STAGES · (R · ROW_SLOT + BATCH · XS_ROW) + 16 bytes, where
 //   KC = LANES · UPL · UE elements per chunk (UE, UPL per QType: qunit::Unit<Q>),
 //   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(CB, 16) + 16, XS_ROW = LANES · UPL · (UE + 4) · 4.
@@ -90,6 +93,11 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 //   oct(raw, sub, o, v)     8 values: v[0..4) pair with x[xa(o) ..+4), v[4..8) with x[xb(o) ..+4),
 //                           in scale groups ga(o) / gb(o).
 //   scale(raw, g), minv(raw, g)
+//   QBITS                   0, or (XSUM units whose values are s_g · q + m_g with 0 ≤ q < 2^QBITS)
+//   ones(raw, sub, o, a, b) the octet's q as bytes 0x80 | q << (7 − QBITS) (a: v[0..4), b: v[4..8)),
+//                           which one_plus() turns into the exact float 1 + q / 2^QBITS with one
+//                           PRMT per element (no FADD to remove a bias; the core takes
+//                           Σ q·x = 2^QBITS · (Σ (1 + q/2^QBITS)·x − Σx) with the Σx it has anyway).
 //
 // Quant values come out as exact floats: a byte b is placed in the mantissa of 2^23
 // (0x4B0000bb = 8388608 + b) by one PRMT and the bias removed with one FADD.
@@ -97,6 +105,12 @@ namespace qunit {
 
 __device__ __forceinline__ float byte_float(u32 w, int j, float offset) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (u32)j)) - (8388608.0f + offset);
+}
+
+// Byte j of w (0x80 | q << (7 − B), from Unit::ones) as the float 1 + q / 2^B: the byte becomes
+// bits 16..23 (lowest exponent bit set, q under the top mantissa bits) below 0x3F, zeros below.
+__device__ __forceinline__ float one_plus(u32 w, int j) {
+    return __uint_as_float(__byte_perm(w, 0x3F000000u, 0x7054u | ((u32)j << 8)));
 }
 
 // NW little-endian words starting at p, which is ALIGN-byte aligned. For ALIGN 2 it reads the
@@ -185,7 +199,7 @@ template <QType Q> struct Unit;
 
 // Defaults for the unit interface; units override what differs.
 struct UnitBase {
-    static constexpr int GROUPS = 1;
+    static constexpr int GROUPS = 1, QBITS = 0;
     static constexpr bool SCALED = true, XSUM = false;
     __host__ __device__ static constexpr int ga(int) { return 0; }
     __host__ __device__ static constexpr int gb(int) { return 0; }
@@ -319,6 +333,11 @@ template <> struct Unit<QType::Q4_1> : Block32UnitBase, NibbleRuns {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
         nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 0.0f, v);
     }
+    static constexpr int QBITS = 4;
+    __device__ static void ones(const Raw& r, int, int o, u32& a, u32& b) {
+        a = ((r.q[o] << 3) & 0x78787878u) | 0x80808080u;
+        b = ((r.q[o] >> 1) & 0x78787878u) | 0x80808080u;
+    }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw& r, int) { return r.m; }
 };
@@ -365,6 +384,13 @@ template <> struct Unit<QType::Q5_1> : Block32UnitBase, NibbleRuns {
         const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
         nibble_oct(lo, hi, 0.0f, v);
     }
+    static constexpr int QBITS = 5;
+    __device__ static void ones(const Raw& r, int, int o, u32& a, u32& b) {
+        const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (4 * o)) & 0xFu);
+        const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
+        a = (lo << 2) | 0x80808080u;
+        b = (hi << 2) | 0x80808080u;
+    }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw& r, int) { return r.m; }
 };
@@ -395,6 +421,11 @@ template <> struct Unit<QType::Q4_K> : UnitBase {
     }
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
         nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 0.0f, v);
+    }
+    static constexpr int QBITS = 4;
+    __device__ static void ones(const Raw& r, int, int o, u32& a, u32& b) {
+        a = ((r.q[o] << 3) & 0x78787878u) | 0x80808080u;
+        b = ((r.q[o] >> 1) & 0x78787878u) | 0x80808080u;
     }
     __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
     __device__ static float minv(const Raw& r, int g) { return r.m[g]; }
@@ -429,6 +460,12 @@ template <> struct Unit<QType::Q5_K> : UnitBase {
         const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | ((h << 4) & 0x10101010u);
         const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | ((h << 3) & 0x10101010u);
         nibble_oct(lo, hi, 0.0f, v);
+    }
+    static constexpr int QBITS = 5;
+    __device__ static void ones(const Raw& r, int sub, int o, u32& a, u32& b) {
+        const u32 h = r.qh[o] >> (2 * sub);
+        a = ((r.q[o] << 2) & 0x3C3C3C3Cu) | ((h << 6) & 0x40404040u) | 0x80808080u;
+        b = ((r.q[o] >> 2) & 0x3C3C3C3Cu) | ((h << 5) & 0x40404040u) | 0x80808080u;
     }
     __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
     __device__ static float minv(const Raw& r, int g) { return r.m[g]; }
@@ -571,15 +608,20 @@ template <class Cfg> struct DenseRows {
     }
 };
 
-// The streaming core for tile rows [row0, row0 + R) of `rows` tile rows (rows ≥ row0 are
-// skipped), batch ≤ NB x rows.
+// The streaming core, batch ≤ NB x rows. A block computes tile blockIdx.x (tile t = rows
+// [t·R, t·R + R) of `rows`; rows past the end are skipped) and, when tile_stride > 0, tiles
+// blockIdx.x + i·tile_stride after it (a grid of resident blocks walking all tiles). The
+// cp.async pipeline runs over the block's (tile, chunk) steps without draining between tiles:
+// the next tile's first chunks are in flight while this tile's last chunks are computed, so a
+// block pays the memory latency ramp once, not once per tile.
 template <class Cfg, int NB, class Src>
-__device__ __forceinline__ void run(const int batch, const Src& src, const int k, const int rows) {
+__device__ __forceinline__ void run(const int batch, const Src& src, const int k, const int rows, const int tile_stride = 0) {
     using G = MatvecGeometry<Cfg>;
     using U = qunit::Unit<Cfg::QTYPE>;
     constexpr int RPG = G::RPG, LANES = G::LANES, UPL = U::UPL, UE = U::UE, OCTS = UE / 8;
     constexpr int GROUPS = U::GROUPS, STAGES = Cfg::STAGES, THREADS = Cfg::THREADS;
     const int K = dim_or<Cfg::K>(k), N = rows;
+    static_assert(U::QBITS == 0 || U::XSUM, "the 1 + q/2^QBITS decode needs the unit's Σx");
     // Row bytes and whether every row / chunk starts 16-byte aligned (then no offsets at all).
     const i64 rb = (i64)(K / U::BLOCK) * U::BYTES;
     constexpr bool ALIGNED = Cfg::K != 0 && ((i64)(Cfg::K / U::BLOCK) * U::BYTES) % 16 == 0 && G::CB % 16 == 0;
@@ -591,7 +633,12 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     extern __shared__ __align__(16) u8 matvec_smem[];
 
     const int tid = threadIdx.x, lane = tid % LANES, group = tid / LANES;
-    const int row0 = blockIdx.x * G::ROWS;
+    const int n_tiles = (N + G::ROWS - 1) / G::ROWS;
+    const int stride = tile_stride > 0 ? tile_stride : n_tiles;
+    const int my_tiles = (int)blockIdx.x < n_tiles ? (n_tiles - 1 - (int)blockIdx.x) / stride + 1 : 0;
+    const int steps = my_tiles * n_chunks;
+    int row0 = blockIdx.x * G::ROWS;   // first row of the tile being computed
+    int irow0 = row0, ichunk = 0;      // tile and chunk the next issue() copies
 
     // Chunk c -> (segment, chunk within the row).
     auto split = [&](int c, int& seg, int& ci) {
@@ -606,7 +653,8 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
 
     // Chunk c -> stage slot. Each lane group copies its own rows (per-row values computed once,
     // lanes take consecutive 16-byte pieces); the x chunk is copied by the whole block.
-    auto issue = [&](int c, int slot) {
+    auto issue = [&](int slot) {
+        const int c = ichunk;
         int seg, ci;
         split(c, seg, ci);
         u8* ws = matvec_smem + slot * G::STAGE;
@@ -615,7 +663,7 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         const int len = left < G::CB ? (int)left : G::CB;
 #pragma unroll
         for (int r = 0; r < RPG; ++r) {
-            const int row = row0 + group * RPG + r;
+            const int row = irow0 + group * RPG + r;
             if (row < N) {
                 const u8* base;
                 const i64 start = src.row(seg, row, base) * rb + chunk_off;
@@ -639,6 +687,10 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
             if (!WHOLE_CHUNKS && kk >= K) continue;
             async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, src.xrow(seg, b) + kk, 16);
         }
+        if (++ichunk == n_chunks) {
+            ichunk = 0;
+            irow0 += stride * G::ROWS;
+        }
     };
 
     float acc[RPG][NB];
@@ -650,13 +702,16 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     // Misalignment of this group's rows (changes per chunk only through c·CB); per chunk for
     // segmented sources, whose rows change with the segment.
     int row_off[RPG];
-    if constexpr (!Src::SEGMENTED) {
+    auto tile_row_offsets = [&]() {
+        if constexpr (!Src::SEGMENTED) {
 #pragma unroll
-        for (int r = 0; r < RPG; ++r) {
-            const u8* base;
-            row_off[r] = ALIGNED ? 0 : (int)((src.row(0, row0 + group * RPG + r, base) * rb) & 15);
+            for (int r = 0; r < RPG; ++r) {
+                const u8* base;
+                row_off[r] = ALIGNED ? 0 : (int)((src.row(0, row0 + group * RPG + r, base) * rb) & 15);
+            }
         }
-    }
+    };
+    tile_row_offsets();
 
     auto compute = [&](int c, int slot) {
         int seg, ci;
@@ -702,7 +757,19 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
             for (int o = 0; o < OCTS; ++o) {
                 float v[RPG][8];
 #pragma unroll
-                for (int r = 0; r < RPG; ++r) U::oct(raw[r], sub, o, v[r]);
+                for (int r = 0; r < RPG; ++r) {
+                    if constexpr (U::QBITS > 0) {
+                        u32 wa, wb;
+                        U::ones(raw[r], sub, o, wa, wb);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            v[r][j] = qunit::one_plus(wa, j);
+                            v[r][4 + j] = qunit::one_plus(wb, j);
+                        }
+                    } else {
+                        U::oct(raw[r], sub, o, v[r]);
+                    }
+                }
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
                     const float4 a4 = load_f4(xu + b * (G::XS_ROW / 4) + U::xa(o));
@@ -734,7 +801,13 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                         const float s = Src::WEIGHTED ? U::scale(raw[r], g) * wseg : U::scale(raw[r], g);
 #pragma unroll
                         for (int b = 0; b < NB; ++b) {
-                            acc[r][b] = fmaf(s, part[r][b][g], acc[r][b]);
+                            if constexpr (U::QBITS > 0) {
+                                // part = Σ (1 + q/2^QBITS)·x: Σ q·x = 2^QBITS · (part − Σx).
+                                constexpr float SCALE_Q = (float)(1 << U::QBITS);
+                                acc[r][b] = fmaf(s * SCALE_Q, part[r][b][g] - xsum[b][g], acc[r][b]);
+                            } else {
+                                acc[r][b] = fmaf(s, part[r][b][g], acc[r][b]);
+                            }
                             if constexpr (U::XSUM) {
                                 const float m = Src::WEIGHTED ? U::minv(raw[r], g) * wseg : U::minv(raw[r], g);
                                 acc[r][b] = fmaf(m, xsum[b][g], acc[r][b]);
@@ -754,32 +827,42 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         }
     };
 
-    // STAGES-deep pipeline: chunk c lives in slot c % STAGES; group g of cp.async = chunk g.
+    // STAGES-deep pipeline over the block's steps: step s (chunk s % n_chunks of its tile)
+    // lives in slot s % STAGES; cp.async group g = step g.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n_chunks) issue(s, s);
+        if (s < steps) issue(s);
         async::commit();
     }
-    for (int c = 0; c < n_chunks; ++c) {
+    int c = 0;
+    for (int s = 0; s < steps; ++s) {
         async::wait<STAGES - 2>();
-        __syncthreads();  // chunk c visible to all; everyone is done with chunk c − 1's slot
-        const int next = c + STAGES - 1;
-        if (next < n_chunks) issue(next, next % STAGES);
+        __syncthreads();  // step s visible to all; everyone is done with step s − 1's slot
+        if (s + STAGES - 1 < steps) issue((s + STAGES - 1) % STAGES);
         async::commit();
-        compute(c, c % STAGES);
-    }
-
-    // Sum the LANES partial sums of each row (every lane gets the totals); the source stores.
+        compute(c, s % STAGES);
+        if (++c == n_chunks) {
+            // Sum the LANES partial sums of each row (every lane gets the totals); the source
+            // stores; the next tile starts from zero.
 #pragma unroll
-    for (int r = 0; r < RPG; ++r)
+            for (int r = 0; r < RPG; ++r)
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            float v = acc[r][b];
+                for (int b = 0; b < NB; ++b) {
+                    float v = acc[r][b];
 #pragma unroll
-            for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-            acc[r][b] = v;
+                    for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+                    acc[r][b] = v;
+                }
+            src.template store<RPG, NB>(lane, row0 + group * RPG, acc, batch);
+#pragma unroll
+            for (int r = 0; r < RPG; ++r)
+#pragma unroll
+                for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+            c = 0;
+            row0 += stride * G::ROWS;
+            tile_row_offsets();
         }
-    src.template store<RPG, NB>(lane, row0 + group * RPG, acc, batch);
+    }
 }
 
 // Dispatch on the run-time batch to a body compiled for NB = the smallest of 1, 2, 4, 8 that
@@ -789,10 +872,10 @@ template <class Cfg, int NB>
 __device__ __forceinline__ void dispatch(int batch, const DenseRows<Cfg>& src, int k, int n) {
     constexpr int MAX = Cfg::BATCH;
     if constexpr (NB >= MAX) {
-        run<Cfg, MAX>(batch, src, k, n);
+        run<Cfg, MAX>(batch, src, k, n, gridDim.x);
     } else {
         if (batch <= NB) {
-            run<Cfg, NB>(batch, src, k, n);
+            run<Cfg, NB>(batch, src, k, n, gridDim.x);
         } else {
             dispatch<Cfg, 2 * NB>(batch, src, k, n);
         }

@@ -115,17 +115,80 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning) -> Option<MatvecGeometry> {
     })
 }
 
+/// One block per tile of `rows_per_block` rows (grid = tiles).
 pub fn launch_config(g: &MatvecGeometry, n: usize) -> LaunchConfig {
+    launch_config_blocks(g, n, usize::MAX)
+}
+
+/// Tiles of `rows_per_block` rows that cover `n` rows.
+pub fn tiles(g: &MatvecGeometry, n: usize) -> usize {
+    n.div_ceil(g.rows_per_block as usize).max(1)
+}
+
+/// Blocks for `tiles` tiles when at most `max_blocks` run at once: as many waves as a grid of one
+/// block per tile would take, spread evenly, so every block walks the same number of tiles (±1)
+/// and the fewest blocks ramp their pipelines.
+pub fn balanced_blocks(tiles: usize, max_blocks: usize) -> usize {
+    let waves = tiles.div_ceil(max_blocks.max(1));
+    tiles.div_ceil(waves.max(1)).max(1)
+}
+
+/// Grid of at most `max_blocks` blocks ([`balanced_blocks`]); the kernel walks the tiles with a
+/// grid stride (matvec.cuh, launch geometry).
+pub fn launch_config_blocks(g: &MatvecGeometry, n: usize, max_blocks: usize) -> LaunchConfig {
+    let blocks = balanced_blocks(tiles(g, n), max_blocks).min(i32::MAX as usize);
     LaunchConfig {
-        grid_dim: (
-            n.div_ceil(g.rows_per_block as usize)
-                .clamp(1, i32::MAX as usize) as u32,
-            1,
-            1,
-        ),
+        grid_dim: (blocks as u32, 1, 1),
         block_dim: (g.threads, 1, 1),
         shared_mem_bytes: g.smem_bytes,
     }
+}
+
+/// How many blocks a matvec launch uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GridPolicy {
+    /// One block per tile of rows.
+    PerTile,
+    /// The blocks the device holds at once (SMs × blocks per SM for this kernel), balanced.
+    Resident,
+    /// At most this many blocks, balanced.
+    AtMost(u32),
+}
+
+/// SMs × the kernel's resident blocks per SM at `geo` (asked once per kernel name).
+pub fn resident_blocks(kernel: &Kernel, geo: &MatvecGeometry) -> Result<usize, Error> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, u32, u32), usize>>> = OnceLock::new();
+    let key = (kernel.name(), geo.threads, geo.smem_bytes);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(&v) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(v);
+    }
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    let sms = kernel
+        .stream()
+        .context()
+        .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| Error::driver("cuDeviceGetAttribute(multiprocessor count)", e))?;
+    let per_sm = kernel
+        .function()
+        .occupancy_max_active_blocks_per_multiprocessor(geo.threads, geo.smem_bytes as usize, None)
+        .map_err(|e| {
+            Error::driver(
+                format!(
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessor for {}",
+                    kernel.name()
+                ),
+                e,
+            )
+        })?;
+    let v = (sms.max(1) as usize) * (per_sm.max(1) as usize);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, v);
+    Ok(v)
 }
 
 fn tune_int(
@@ -218,6 +281,7 @@ pub(crate) fn check_weight(
 
 /// `y[b·ldy + j] (+)= Σ_i W[j][i]·x[b·ldx + i]` for `b < batch`, `j < n`, `i < k`.
 /// `w`: `n` rows of the variant's qtype at `k`; all buffers 16-byte aligned except `y`.
+/// Grid: [`GridPolicy::Resident`].
 #[allow(clippy::too_many_arguments)]
 pub fn matvec(
     kernel: &Kernel,
@@ -229,6 +293,23 @@ pub fn matvec(
     batch: usize,
     ldx: usize,
     ldy: usize,
+) -> Result<(), Error> {
+    matvec_with(kernel, w, x, y, k, n, batch, ldx, ldy, GridPolicy::Resident)
+}
+
+/// [`matvec`] with an explicit grid policy (benchmarks compare them).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_with(
+    kernel: &Kernel,
+    w: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    k: usize,
+    n: usize,
+    batch: usize,
+    ldx: usize,
+    ldy: usize,
+    grid: GridPolicy,
 ) -> Result<(), Error> {
     let ty = qtype(kernel)?;
     let tune = tuning(kernel)?;
@@ -256,6 +337,11 @@ pub fn matvec(
     }
     let geo = geometry(ty, &tune).expect("qtype checked above");
     allow_smem(kernel, geo.smem_bytes)?;
+    let max_blocks = match grid {
+        GridPolicy::PerTile => usize::MAX,
+        GridPolicy::Resident => resident_blocks(kernel, &geo)?,
+        GridPolicy::AtMost(b) => b.max(1) as usize,
+    };
     let mut args = MatvecArgs {
         w: w.slice(..),
         x: x.slice(..),
@@ -267,10 +353,10 @@ pub fn matvec(
         ldy: checks::to_i32(kernel, "ldy", ldy)?,
     };
     // SAFETY: w holds n rows of row_bytes(qtype, k) bytes, x batch rows of ldx ≥ k floats, y batch
-    // rows of ldy ≥ n floats (checked above); w and x are 16-byte aligned for cp.async; the grid
-    // covers n rows with the variant's rows per block and the dynamic shared memory matches
-    // MatvecGeometry (the kernel traps if it is smaller).
-    unsafe { launch(kernel, launch_config(&geo, n), &mut args) }
+    // rows of ldy ≥ n floats (checked above); w and x are 16-byte aligned for cp.async; any grid
+    // of 1..=tiles blocks covers the n rows (the kernel strides over tiles) and the dynamic shared
+    // memory matches MatvecGeometry (the kernel traps if it is smaller).
+    unsafe { launch(kernel, launch_config_blocks(&geo, n, max_blocks), &mut args) }
 }
 
 /// The thin `.cu` codegen emits for a matvec variant (tests and benches build their own shapes).
@@ -316,6 +402,28 @@ mod tests {
         // lanes 8: 8 blocks = 272 B → slot 288; x 8 × 36 × 4 = 1152 per row, 8 rows.
         assert_eq!(g.smem_bytes, 3 * (32 * 288 + 8 * 1152) + 16);
         assert!(geometry(GgmlType::Q2_K, &MatvecTuning::default()).is_none());
+    }
+
+    #[test]
+    fn balanced_grids_keep_the_wave_count_and_even_out_tiles() {
+        // Fewer tiles than resident blocks: one block per tile.
+        assert_eq!(balanced_blocks(128, 264), 128);
+        // One tile more than fits: two waves either way, 2 tiles per block on 133 blocks.
+        assert_eq!(balanced_blocks(265, 264), 133);
+        // 768 tiles on 264 resident blocks: 3 waves → 256 blocks of exactly 3 tiles.
+        assert_eq!(balanced_blocks(768, 264), 256);
+        for (t, m) in [(1, 1), (7, 3), (1000, 132), (9681, 264), (5, usize::MAX)] {
+            let b = balanced_blocks(t, m);
+            assert!(b >= 1 && b <= t && b <= m, "t={t} m={m} b={b}");
+            assert_eq!(
+                t.div_ceil(b),
+                t.div_ceil(m.min(t)),
+                "same waves: t={t} m={m} b={b}"
+            );
+        }
+        let g = geometry(GgmlType::Q4_K, &MatvecTuning::default()).unwrap();
+        assert_eq!(launch_config(&g, 12288).grid_dim.0, 768);
+        assert_eq!(launch_config_blocks(&g, 12288, 264).grid_dim.0, 256);
     }
 
     #[test]
