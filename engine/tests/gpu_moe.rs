@@ -298,10 +298,10 @@ impl Stacked {
     }
 }
 
-/// Per token `n_used` distinct experts out of a pool of at most 16 spread over [0, n_expert)
-/// (the last expert always in the pool: largest offsets).
+/// The experts that hold weights: at most 12 (n_used + 4) spread over [0, n_expert), the last
+/// expert always among them (largest offsets).
 fn pick_pool(rng: &mut Rng, sh: &MoeShape) -> Vec<usize> {
-    let pool_size = (sh.n_used * 2).min(16).min(sh.n_expert);
+    let pool_size = (sh.n_used + 4).min(sh.n_expert);
     let mut all: Vec<usize> = (0..sh.n_expert).collect();
     for i in 0..pool_size {
         let j = i + rng.below(sh.n_expert - i);
