@@ -29,6 +29,11 @@ use crate::kernels::{add_rmsnorm, argmax, embed, geglu, rmsnorm, swiglu};
 /// Prompt tokens per prefill pass (bounds the activation buffers).
 const PREFILL_CHUNK: usize = 2048;
 
+/// Fewest keys per decode-attention split. With few kv heads (gemma3: one) a split is a single
+/// block, so long splits leave the GPU idle; 64 keys (32 KiB of bf16 K+V at head_dim 256) keeps
+/// each block's loads worthwhile while filling the machine from a few hundred positions on.
+const DECODE_MIN_SPLIT_ROWS: usize = 64;
+
 /// Where the norms sit (spec capability `norm`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormPlacement {
@@ -318,8 +323,7 @@ impl Decoder {
         let cache = KvCache::new(&gpu, layers.len(), max_ctx, n_kv, hd)?;
         report.push(format!("KV cache: {max_ctx} positions, bf16, {}", gpu::mib(cache.bytes())));
 
-        let min_rows = attn_decode::min_split_rows(kernels.get(names.attn_decode)?);
-        let max_split = attn_decode::splits_for(max_ctx, 1, n_head, n_kv, sm_count, min_rows).max(2);
+        let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, DECODE_MIN_SPLIT_ROWS).max(2);
         let step = Bufs::new(&gpu, &cfg, 1, max_split)?;
         let state = State {
             cache,
@@ -345,14 +349,15 @@ impl Net {
 
     /// The attention split count per layer for keys up to `len`.
     fn splits(&self, len: usize) -> Result<Vec<usize>> {
-        let min_rows = attn_decode::min_split_rows(self.kernels.get(self.names.attn_decode)?);
         let c = &self.cfg;
         Ok(self
             .layers
             .iter()
             .map(|l| {
-                let visible = l.window.map_or(len, |w| w.min(len));
-                attn_decode::splits_for(visible.max(1), 1, c.n_head, c.n_kv, self.sm_count, min_rows)
+                // Split for the next power of two of the visible keys: the count then changes
+                // (and a captured decode graph is re-captured) only log2(context) times.
+                let visible = l.window.map_or(len, |w| w.min(len)).max(1).next_power_of_two();
+                attn_decode::splits_for(visible, 1, c.n_head, c.n_kv, self.sm_count, DECODE_MIN_SPLIT_ROWS)
             })
             .collect())
     }
