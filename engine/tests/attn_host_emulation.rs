@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use memra_engine::kernels::mla_decode;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::{Rng, rel_err};
 
@@ -87,7 +88,7 @@ static std::vector<unsigned char> slurp(const char* path) {
 template <int HD, int NH, int NKV, CacheType C> struct ACfg { static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 128; };
 template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
 // attn: kind=0 cfg n_seq hd nh nkv window n_split max_ctx q k v pos out
-// mla:  kind=1 cfg nh kvl rope max_ctx n_split pos q c out
+// mla:  kind=1 cfg nh kvl rope max_ctx n_split pos work_split work_floats q c out
 template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int n_split, int max_ctx, float scale, char** f) {
     auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]), pos = slurp(f[3]);
     std::vector<float> out(n_seq * nh * hd), work((size_t)n_seq * nh * n_split * (hd + 2) + n_seq * nh, 0.0f);
@@ -101,18 +102,25 @@ template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int
     for (int i = 0; i < n_seq * nh; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
     FILE* fo = fopen(f[4], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
-template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split, int pos, float scale, int eb, char** f) {
+// The workspace (work_floats slots: the wrapper's size for work_split, 16 guard slots after) is
+// first used by a launch with work_split splits, then by two with n_split (callers reuse one
+// workspace for every split count up to its size).
+template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split, int pos, int work_split, int work_floats, float scale, int eb, char** f) {
     auto q = slurp(f[0]), c = slurp(f[1]);
-    std::vector<float> out(nh * kvl), work((size_t)nh * n_split * (kvl + 2) + (nh + 63) / 64, 0.0f);
+    std::vector<float> out(nh * kvl), work((size_t)work_floats + 16, 0.0f);
+    std::fill(work.begin() + work_floats, work.end(), -7.0f);
     int D = kvl + rope, tr = eb == 2 ? 16 : 8;
     size_t smem = std::min(nh, 64) * (D + 4) * 4 + 2 * tr * (D * eb + 16) + tr * 256 + 768;
-    for (int rep = 0; rep < 2; ++rep) {
+    const int splits[3] = {work_split, n_split, n_split};
+    for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
-        run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale); });
+        run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, s, scale); });
     }
-    const unsigned* ctr = (const unsigned*)(work.data() + (size_t)nh * n_split * (kvl + 2));
-    for (int i = 0; i < (nh + 63) / 64; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    // Counters (and their padding) at the front, back at zero; nothing past the wrapper's size.
+    const unsigned* ctr = (const unsigned*)work.data();
+    for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     FILE* fo = fopen(f[2], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
 int main(int argc, char** argv) {
@@ -130,13 +138,13 @@ int main(int argc, char** argv) {
         default: return 4;
         }
     } else {
-        int a[6]; for (int i = 0; i < 6; ++i) a[i] = atoi(argv[3 + i]);
-        float scale = (float)atof(argv[9]);
-        char** f = argv + 10;
+        int a[8]; for (int i = 0; i < 8; ++i) a[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[11]);
+        char** f = argv + 12;
         switch (cfg) {
-        case 0: mla<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
-        case 1: mla<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
-        case 2: mla<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 4, f); break;
+        case 0: mla<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], scale, 2, f); break;
+        case 1: mla<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], scale, 2, f); break;
+        case 2: mla<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], scale, 4, f); break;
         default: return 4;
         }
     }
@@ -374,6 +382,7 @@ fn mla_case(
     rope: usize,
     t_kv: usize,
     n_split: usize,
+    work_split: usize,
     f32_cache: bool,
 ) {
     let d = kvl + rope;
@@ -381,12 +390,24 @@ fn mla_case(
     let q = rng.normal_vec(nh * d, 1.0);
     let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
     let scale = 1.0f32 / 16.0;
-    let args: Vec<String> = [1, cfg, nh, kvl, rope, max_ctx, n_split, t_kv - 1]
-        .iter()
-        .map(|v| v.to_string())
-        .chain([format!("{scale:e}")])
-        .collect();
-    let tag = format!("mla-{cfg}-{nh}-{kvl}-{rope}-{t_kv}-{n_split}");
+    let work = mla_decode::work_floats(nh, kvl, n_split.max(work_split));
+    let args: Vec<String> = [
+        1,
+        cfg,
+        nh,
+        kvl,
+        rope,
+        max_ctx,
+        n_split,
+        t_kv - 1,
+        work_split,
+        work,
+    ]
+    .iter()
+    .map(|v| v.to_string())
+    .chain([format!("{scale:e}")])
+    .collect();
+    let tag = format!("mla-{cfg}-{nh}-{kvl}-{rope}-{t_kv}-{n_split}-after-{work_split}");
     let got = run(
         bin,
         &tag,
@@ -448,9 +469,14 @@ fn mla_decode_emulated_on_host_threads_matches_reference() {
     };
     let mut rng = Rng::from_env_or_time("mla_decode_emulated_on_host_threads_matches_reference");
     // cfg 0: GLM-5 64 heads 512 + 64 bf16; 1: generic bf16; 2: generic f32.
-    mla_case(bin, &mut rng, 0, 64, 512, 64, 40, 2, false); // a partial last tile, two splits
-    mla_case(bin, &mut rng, 0, 64, 512, 64, 1, 3, false); // one row, empty splits
-    mla_case(bin, &mut rng, 1, 16, 512, 64, 37, 1, false); // fewer heads than a block
-    mla_case(bin, &mut rng, 1, 128, 512, 64, 20, 2, false); // two head blocks
-    mla_case(bin, &mut rng, 2, 64, 256, 32, 19, 2, true);
+    // The last argument but one: the split count that first uses the workspace (sized for it).
+    mla_case(bin, &mut rng, 0, 64, 512, 64, 40, 2, 2, false); // a partial last tile, two splits
+    mla_case(bin, &mut rng, 0, 64, 512, 64, 1, 3, 3, false); // one row, empty splits
+    mla_case(bin, &mut rng, 1, 16, 512, 64, 37, 1, 1, false); // fewer heads than a block
+    mla_case(bin, &mut rng, 1, 128, 512, 64, 20, 2, 2, false); // two head blocks
+    mla_case(bin, &mut rng, 2, 64, 256, 32, 19, 2, 2, true);
+    // A workspace sized for and first used by more splits (the GPU tests' split sweeps).
+    mla_case(bin, &mut rng, 1, 64, 512, 64, 90, 3, 6, false);
+    mla_case(bin, &mut rng, 0, 64, 512, 64, 50, 2, 4, false);
+    mla_case(bin, &mut rng, 2, 128, 128, 32, 30, 2, 3, true); // two head blocks
 }

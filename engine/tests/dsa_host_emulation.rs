@@ -12,6 +12,7 @@ mod emu_common;
 mod mma_host;
 
 use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, read_i32, template};
+use memra_engine::kernels::mla_decode;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
 use memra_reference::norm::layer_norm;
@@ -57,7 +58,7 @@ template <int KK, int TH> struct TCfg { static constexpr int K = KK; static cons
 template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
 // idx:    0 cfg n_q nh hd max_ctx ld n_blk | q w k pos out
 // topk:   1 cfg n_q ld k                   | scores pos idx count
-// sparse: 2 cfg nh kvl rope max_ctx idx_cap n_split scale | q c idx count out
+// sparse: 2 cfg nh kvl rope max_ctx idx_cap n_split work_split work_floats scale | q c idx count out
 // key:    3 cfg n_tokens hd n_rot k_stride max_ctx freq_base freq_scale eps | k w b pos cache(out)
 template <int HD, int NR, RopeMode M, CacheType C, int TH> struct KCfg { static constexpr int HEAD_DIM = HD, N_ROT = NR; static constexpr RopeMode ROPE_MODE = M; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = TH; };
 template <class K> void run_key(int n_tokens, int hd, int n_rot, int k_stride, int max_ctx, float base, float fscale, float eps, int eb, char** f) {
@@ -83,18 +84,26 @@ template <class K> void run_topk(int n_q, int ld, int k, char** f) {
     spit(f[2], idx.data(), idx.size() * 4);
     spit(f[3], count.data(), count.size() * 4);
 }
-template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int idx_cap, int n_split, float scale, int eb, char** f) {
+// The workspace (work_floats slots, the wrapper's size for work_split) is first used by a launch
+// with work_split splits, then by two with n_split: one workspace serves every split count up to
+// the one it was sized for, as callers reuse it.
+template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int idx_cap, int n_split, int work_split, int work_floats, float scale, int eb, char** f) {
     auto q = slurp(f[0]), c = slurp(f[1]), ix = slurp(f[2]), cnt = slurp(f[3]);
-    std::vector<float> out((size_t)nh * kvl), work((size_t)nh * n_split * (kvl + 2) + (nh + 63) / 64, 0.0f);
+    // 16 guard slots past the wrapper's size: the kernel must not touch them.
+    std::vector<float> out((size_t)nh * kvl), work((size_t)work_floats + 16, 0.0f);
+    std::fill(work.begin() + work_floats, work.end(), -7.0f);
     int D = kvl + rope, tr = eb == 2 ? 16 : 8;
     unsigned smem = std::min(nh, 64) * (D + 4) * 4 + 2 * tr * (D * eb + 16) + tr * 256 + 768;
-    for (int rep = 0; rep < 2; ++rep) {
+    const int splits[3] = {work_split, n_split, n_split};
+    for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
-        run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale); });
+        run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, s, scale); });
     }
-    const unsigned* ctr = (const unsigned*)(work.data() + (size_t)nh * n_split * (kvl + 2));
-    for (int i = 0; i < (nh + 63) / 64; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    // Counters (and their padding) at the front, back at zero.
+    const unsigned* ctr = (const unsigned*)work.data();
+    for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     spit(f[4], out.data(), out.size() * 4);
 }
 int main(int argc, char** argv) {
@@ -129,12 +138,12 @@ int main(int argc, char** argv) {
         default: return 4;
         }
     } else {
-        float scale = (float)atof(argv[9]);
-        char** f = argv + 10;
+        float scale = (float)atof(argv[11]);
+        char** f = argv + 12;
         switch (cfg) {
-        case 0: run_sparse<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
-        case 1: run_sparse<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 2, f); break;
-        case 2: run_sparse<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], scale, 4, f); break;
+        case 0: run_sparse<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], scale, 2, f); break;
+        case 1: run_sparse<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], scale, 2, f); break;
+        case 2: run_sparse<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], scale, 4, f); break;
         default: return 4;
         }
     }
@@ -398,6 +407,7 @@ fn sparse_case(
     p: usize,
     n_sel: usize,
     n_split: usize,
+    work_split: usize,
     f32_cache: bool,
 ) {
     let d = kvl + rope;
@@ -414,7 +424,10 @@ fn sparse_case(
     let mut idx: Vec<i32> = sel.iter().map(|&s| s as i32).collect();
     idx.resize(idx_cap, -1);
     let scale = 1.0f32 / 16.0;
-    let mut args = strs(&[2, cfg, nh, kvl, rope, max_ctx, idx_cap, n_split]);
+    let work = mla_decode::work_floats(nh, kvl, n_split.max(work_split));
+    let mut args = strs(&[
+        2, cfg, nh, kvl, rope, max_ctx, idx_cap, n_split, work_split, work,
+    ]);
     args.push(format!("{scale:e}"));
     let outs = emu.run(
         &args,
@@ -447,7 +460,7 @@ fn sparse_case(
     let err = rel_err(&got, &want);
     assert!(
         err <= 1e-5,
-        "mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel} split {n_split}: relative L2 {err:e} (MEMRA_SEED={})",
+        "mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel} split {n_split} (workspace first used by {work_split}): relative L2 {err:e} (MEMRA_SEED={})",
         rng.seed()
     );
 }
@@ -569,10 +582,15 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
     );
     topk_case(e, &mut rng, 1, 37, &[(2500, 1), (1500, 0), (40, 2)]);
     // Sparse MLA. cfg 0: GLM-5 64 × (512 + 64) bf16; 1: generic bf16; 2: generic f32.
-    sparse_case(e, &mut rng, 0, 64, 512, 64, 90, 37, 2, false);
-    sparse_case(e, &mut rng, 0, 64, 512, 64, 20, 21, 3, false); // every row, an empty split
-    sparse_case(e, &mut rng, 1, 16, 256, 32, 60, 1, 1, false);
-    sparse_case(e, &mut rng, 2, 64, 256, 32, 40, 17, 2, true);
+    // The last argument but one: the split count that first uses the workspace (sized for it).
+    sparse_case(e, &mut rng, 0, 64, 512, 64, 90, 37, 2, 2, false);
+    sparse_case(e, &mut rng, 0, 64, 512, 64, 20, 21, 3, 3, false); // every row, an empty split
+    sparse_case(e, &mut rng, 1, 16, 256, 32, 60, 1, 1, 1, false);
+    sparse_case(e, &mut rng, 2, 64, 256, 32, 40, 17, 2, 2, true);
+    // A workspace sized for and used by more splits first (as the GPU test's split sweep does).
+    sparse_case(e, &mut rng, 1, 64, 512, 64, 100, 80, 3, 7, false);
+    sparse_case(e, &mut rng, 0, 64, 512, 64, 100, 80, 2, 5, false);
+    sparse_case(e, &mut rng, 2, 128, 128, 32, 50, 40, 2, 3, true); // two head blocks
     // Index-key producer. cfg 0: 128/64 interleaved f32; 1: generic NeoX f32 (2 warps); 2: bf16.
     let ri = RopeMode::Norm;
     key_case(

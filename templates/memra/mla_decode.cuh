@@ -22,8 +22,11 @@
 //   heads, a lane per 16 latent dims). n_split = 1 writes out directly (work unused, may be null);
 //   n_split > 1 writes partials to work and the last block of a head block (atomic counter)
 //   combines them, then resets the counter to 0.
-//   work (f32 units): acc [n_head, n_split, kv_lora], (m, l) [n_head, n_split, 2], then u32
-//   counters [ceil(n_head / 64)] zeroed once when allocated.
+//   work (f32 units): u32 counters [ceil(n_head / 64)] padded to a multiple of 4 (zeroed once when
+//   allocated), then acc [n_head, n_split, kv_lora] and (m, l) [n_head, n_split, 2]. The counters
+//   come first so that their place does not depend on n_split: a workspace sized for S splits
+//   serves every n_split ≤ S (with counters after the partials, a launch with more splits wrote
+//   partials over the counters of one with fewer, whose combine then never ran).
 // Geometry: grid (n_split, ceil(n_head / 64)), block 256, dynamic shared memory
 //   HB·(D + 4)·4 + 2·TR·(D·e + 16) + TR·64·4 + 3·64·4 bytes (e = element bytes), above 48 KiB:
 //   raise the function's limit (memra_engine::kernels::mla_decode::smem_bytes).
@@ -232,9 +235,9 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     __syncthreads();
 
     const i64 n_part = (i64)n_head * n_split;
-    float* work_acc = work;
-    float* work_ml = work + n_part * KVL;
-    u32* counters = reinterpret_cast<u32*>(work_ml + n_part * 2);
+    u32* counters = reinterpret_cast<u32*>(work);
+    float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;  // 16-byte aligned partials
+    float* work_ml = work_acc + n_part * KVL;
 #pragma unroll
     for (int a = 0; a < HPW; ++a) {
         const int h = warp * HPW + a;

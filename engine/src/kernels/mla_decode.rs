@@ -62,9 +62,11 @@ pub fn smem_bytes(n_head: usize, kv_lora: usize, rope: usize, elem_bytes: usize)
         + 3 * HEADS_PER_BLOCK * 4
 }
 
-/// f32 slots of the workspace for `n_split > 1`: partials then u32 counters (allocate zeroed).
+/// f32 slots of the workspace for `n_split > 1`: u32 counters (padded to 16 bytes) then partials.
+/// Allocate it zeroed; it serves every split count up to `n_split` for these `n_head`/`kv_lora`
+/// (the counters sit at the front, and each launch leaves them at zero).
 pub fn work_floats(n_head: usize, kv_lora: usize, n_split: usize) -> usize {
-    n_head * n_split * (kv_lora + 2) + n_head.div_ceil(HEADS_PER_BLOCK)
+    n_head.div_ceil(HEADS_PER_BLOCK).next_multiple_of(4) + n_head * n_split * (kv_lora + 2)
 }
 
 /// A split count for up to `max_len` rows: one block per multiprocessor per head block, at least
@@ -223,6 +225,7 @@ mod tests {
         assert!(smem_bytes(64, 512, 64, 4) <= MAX_SMEM);
         assert_eq!(splits_for(131_072, 64, 132), 132);
         assert_eq!(splits_for(7, 64, 132), 1);
-        assert_eq!(work_floats(64, 512, 2), 64 * 2 * 514 + 1);
+        assert_eq!(work_floats(64, 512, 2), 4 + 64 * 2 * 514);
+        assert_eq!(work_floats(320, 512, 3), 8 + 320 * 3 * 514);
     }
 }
