@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use memra_gguf::{Gguf, GgufFile};
-use memra_reference::models::{self as cpu, ModelError};
+use memra_gguf::GgufFile;
+use memra_reference::models::{CpuCache, CpuModel};
 
 use crate::kernels::registry::Policy;
 use crate::models::{self, GpuModel, GpuOptions};
@@ -60,58 +60,16 @@ pub struct RunArgs {
 
 include!(concat!(env!("OUT_DIR"), "/micro_models.rs"));
 
-/// A CPU reference model with its cache.
-trait CpuModel {
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError>;
-    fn len(&self) -> usize;
-}
-
-macro_rules! cpu_model {
-    ($($model:ident => $cache:ident),* $(,)?) => {
-        $(impl CpuModel for (cpu::$model, cpu::$cache) {
-            fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-                self.0.forward(&mut self.1, tokens, false)
-            }
-            fn len(&self) -> usize {
-                self.1.len()
-            }
-        })*
-    };
-}
-cpu_model!(Gemma3 => Gemma3Cache, Qwen3 => Qwen3Cache, Olmoe => OlmoeCache, GlmDsa => GlmDsaCache, Deepseek2 => Deepseek2Cache);
-
-type CpuLoader = fn(&Gguf<&[u8]>) -> Result<(Box<dyn CpuModel>, usize), ModelError>;
-
-macro_rules! cpu_loader {
-    ($model:ident, $n_ctx:expr) => {
-        |g| {
-            let m = cpu::$model::from_gguf(g)?;
-            let n_ctx = $n_ctx(&m);
-            let c = m.new_cache();
-            Ok((Box::new((m, c)), n_ctx))
-        }
-    };
-}
-
-/// The architectures with a CPU reference forward, by GGUF `general.architecture`.
-static CPU_FORWARDS: &[(&str, CpuLoader)] = &[
-    ("gemma3", cpu_loader!(Gemma3, |m: &cpu::Gemma3| m.hparams.n_ctx_train)),
-    ("qwen3", cpu_loader!(Qwen3, |m: &cpu::Qwen3| m.hparams.n_ctx_train)),
-    ("olmoe", cpu_loader!(Olmoe, |m: &cpu::Olmoe| m.hparams.n_ctx_train)),
-    ("glm-dsa", cpu_loader!(GlmDsa, |m: &cpu::GlmDsa| m.hparams().n_ctx_train)),
-    ("deepseek2", cpu_loader!(Deepseek2, |m: &cpu::Deepseek2| m.hparams().n_ctx_train)),
-];
-
 /// The forward a run uses.
 enum Backend {
-    Cpu(Box<dyn CpuModel>, Vec<f32>),
+    Cpu(Box<CpuModel>, CpuCache, Vec<f32>),
     Gpu(Box<dyn GpuModel>),
 }
 
 impl Backend {
     fn forward(&mut self, tokens: &[u32]) -> Result<(), Box<dyn Error>> {
         match self {
-            Backend::Cpu(model, logits) => *logits = model.forward(tokens)?,
+            Backend::Cpu(model, cache, logits) => *logits = model.forward(cache, tokens, false)?,
             Backend::Gpu(model) => model.forward(tokens)?,
         }
         Ok(())
@@ -120,7 +78,7 @@ impl Backend {
     /// The next token from the last logits (greedy stays on the device).
     fn next(&mut self, sampler: &mut Sampler, greedy: bool) -> Result<u32, Box<dyn Error>> {
         Ok(match self {
-            Backend::Cpu(_, logits) => sampler.sample(logits),
+            Backend::Cpu(_, _, logits) => sampler.sample(logits),
             Backend::Gpu(model) if greedy => model.argmax()?,
             Backend::Gpu(model) => sampler.sample(&model.logits()?),
         })
@@ -128,7 +86,7 @@ impl Backend {
 
     fn len(&self) -> usize {
         match self {
-            Backend::Cpu(model, _) => model.len(),
+            Backend::Cpu(_, cache, _) => cache.len(),
             Backend::Gpu(model) => model.len(),
         }
     }
@@ -170,15 +128,10 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     let arch = gguf.architecture()?.to_string();
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let (mut backend, max_ctx) = if args.cpu {
-        let Some((_, load)) = CPU_FORWARDS.iter().find(|(a, _)| *a == arch) else {
-            let known: Vec<&str> = CPU_FORWARDS.iter().map(|(a, _)| *a).collect();
-            return Err(format!("{}: architecture \"{arch}\" has no CPU reference forward (CPU forwards: {})", path.display(), known.join(", ")).into());
-        };
         eprintln!("memra: loading {} on the CPU (dequantizing every weight to f32) ...", path.display());
-        let view = Gguf::parse(gguf.bytes())?;
-        let (model, n_ctx) = load(&view)?;
-        drop(view);
-        (Backend::Cpu(model, Vec::new()), n_ctx)
+        let model = CpuModel::from_gguf(&gguf)?;
+        let (n_ctx, cache) = (model.n_ctx(), model.new_cache());
+        (Backend::Cpu(Box::new(model), cache, Vec::new()), n_ctx)
     } else {
         drop(gguf);
         eprintln!("memra: loading {} on GPU {} ...", path.display(), args.device);

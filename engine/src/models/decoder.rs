@@ -324,7 +324,7 @@ impl Decoder {
         report.push(format!("KV cache: {max_ctx} positions, bf16, {}", gpu::mib(cache.bytes())));
 
         let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, DECODE_MIN_SPLIT_ROWS).max(2);
-        let step = Bufs::new(&gpu, &cfg, 1, max_split)?;
+        let step = Bufs::new(&gpu, &cfg, 1, layers.len(), max_split)?;
         let state = State {
             cache,
             logits: gpu::alloc(&gpu, n_vocab, "the logits")?,
@@ -468,7 +468,11 @@ impl Net {
             return Ok(());
         }
         let p = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, window: l.window, n_split, scale };
-        attn_decode::attn_decode(self.kernels.get(self.names.attn_decode)?, &q.slice(..qd), &kc, &vc, &pos.slice(..1), &mut att.slice_mut(..qd), &mut work.slice_mut(..), &p)?;
+        // Each layer has its own workspace slice: layers split differently (window vs global)
+        // and a split's counters must not meet another split count's partials.
+        let per_layer = work.len() / self.layers.len();
+        let mut work = work.slice_mut(il * per_layer..(il + 1) * per_layer);
+        attn_decode::attn_decode(self.kernels.get(self.names.attn_decode)?, &q.slice(..qd), &kc, &vc, &pos.slice(..1), &mut att.slice_mut(..qd), &mut work, &p)?;
         Ok(())
     }
 }
@@ -527,7 +531,7 @@ impl Decoder {
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let t = chunk.len();
             let pos0 = self.state.cache.len;
-            let mut bufs = Bufs::new(&self.gpu, &self.net.cfg, t, 1)?;
+            let mut bufs = Bufs::new(&self.gpu, &self.net.cfg, t, self.net.layers.len(), 1)?;
             let ids: Vec<i32> = chunk.iter().map(|&v| v as i32).collect();
             let positions: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
             let stream = self.gpu.stream().clone();
@@ -542,7 +546,9 @@ impl Decoder {
 }
 
 impl Bufs {
-    fn new(gpu: &Gpu, c: &DecoderConfig, t: usize, max_split: usize) -> Result<Bufs> {
+    /// Activations for `t` tokens; the decode-attention workspace holds `n_layer` slices for up
+    /// to `max_split` splits.
+    fn new(gpu: &Gpu, c: &DecoderConfig, t: usize, n_layer: usize, max_split: usize) -> Result<Bufs> {
         let (e, qd, kvd) = (c.n_embd, c.n_head * c.head_dim, c.n_kv * c.head_dim);
         let a = |n: usize, what: &str| gpu::alloc::<f32>(gpu, t * n, &format!("activations ({what}, {t} tokens)"));
         Ok(Bufs {
@@ -558,7 +564,7 @@ impl Bufs {
             gate: a(c.n_ff, "gate")?,
             up: a(c.n_ff, "up")?,
             ff: a(c.n_ff, "ffn")?,
-            work: gpu::alloc(gpu, attn_decode::work_floats(1, c.n_head, c.head_dim, max_split), "attention workspace")?,
+            work: gpu::alloc(gpu, n_layer * attn_decode::work_floats(1, c.n_head, c.head_dim, max_split).next_multiple_of(4), "attention workspace")?,
         })
     }
 }
