@@ -169,6 +169,16 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     write!(out, "{}", args.prompt)?;
     out.flush()?;
 
+    // Ctrl-C stops generation after the current token; the summary line still prints.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        if let Err(e) = ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst)) {
+            eprintln!("memra: note: Ctrl-C will not stop generation cleanly ({e})");
+        }
+    }
+    let stopped = || interrupted.load(std::sync::atomic::Ordering::SeqCst);
+
     let prefill_start = Instant::now();
     backend.forward(&prompt)?;
     let mut token = backend.next(&mut sampler, greedy)?;
@@ -178,7 +188,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     let mut decode_time = Duration::ZERO;
     let mut decode_steps = 0usize;
     let mut generated = 0usize;
-    while generated < args.n_predict && !tokenizer.is_eog(token) {
+    while generated < args.n_predict && !tokenizer.is_eog(token) && !stopped() {
         generated += 1;
         write!(out, "{}", decoder.push(token)?)?;
         out.flush()?;
@@ -193,6 +203,9 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     }
     writeln!(out, "{}", decoder.finish())?;
     out.flush()?;
+    if stopped() {
+        eprintln!("memra: interrupted (Ctrl-C) after {generated} tokens");
+    }
 
     let rate = |n: usize, t: Duration| if t.as_secs_f64() > 0.0 { n as f64 / t.as_secs_f64() } else { 0.0 };
     eprintln!(

@@ -1,6 +1,6 @@
 //! Whole-model GPU forwards against the CPU reference forward, under DESIGN.md's logit verdict
 //! (argmax flips only on a near-tie ≤ 1.0, full-vocab max diff ≤ 8.0):
-//! - the micro models of gemma3 and qwen3 (fixture::micro_model: every layer kind, random
+//! - the micro models of gemma3, qwen3 and olmoe (MoE) (fixture::micro_model: every layer kind, random
 //!   weights in the preset's quant types; gemma3's window is 4 positions so short contexts cross
 //!   it), under each kernel policy, with and without CUDA graphs: batched prefill vs CPU, every
 //!   decode step vs CPU, and GPU prefill vs GPU token-by-token decode; a long prompt crosses
@@ -18,7 +18,7 @@ use memra_engine::kernels::registry::Policy;
 use memra_engine::models::{self, GpuModel, GpuOptions};
 use memra_gguf::Gguf;
 use memra_reference::compare::logit_verdict;
-use memra_reference::models::{Gemma3, Gemma3Cache, Qwen3, Qwen3Cache};
+use memra_reference::models::{Gemma3, Gemma3Cache, Olmoe, OlmoeCache, Qwen3, Qwen3Cache};
 use memra_reference::Rng;
 
 fn root() -> PathBuf {
@@ -58,6 +58,7 @@ fn with_u32(path: &Path, key: &str, value: u32) -> PathBuf {
 enum Cpu {
     Gemma3(Gemma3, Gemma3Cache),
     Qwen3(Qwen3, Qwen3Cache),
+    Olmoe(Olmoe, OlmoeCache),
 }
 
 impl Cpu {
@@ -74,6 +75,11 @@ impl Cpu {
                 let c = m.new_cache();
                 Cpu::Qwen3(m, c)
             }
+            "olmoe" => {
+                let m = Olmoe::from_gguf(&file).unwrap();
+                let c = m.new_cache();
+                Cpu::Olmoe(m, c)
+            }
             other => panic!("no CPU forward wired for {other}"),
         }
     }
@@ -82,6 +88,7 @@ impl Cpu {
         match self {
             Cpu::Gemma3(m, c) => m.forward(c, tokens, false).unwrap(),
             Cpu::Qwen3(m, c) => m.forward(c, tokens, false).unwrap(),
+            Cpu::Olmoe(m, c) => m.forward(c, tokens, false).unwrap(),
         }
     }
 
@@ -89,6 +96,7 @@ impl Cpu {
         match self {
             Cpu::Gemma3(m, c) => *c = m.new_cache(),
             Cpu::Qwen3(m, c) => *c = m.new_cache(),
+            Cpu::Olmoe(m, c) => *c = m.new_cache(),
         }
     }
 }
@@ -150,6 +158,12 @@ fn gpu_gemma3_micro_matches_the_cpu_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_qwen3_micro_matches_the_cpu_reference() {
     micro_matches_the_cpu_reference("qwen3");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_olmoe_micro_matches_the_cpu_reference() {
+    micro_matches_the_cpu_reference("olmoe");
 }
 
 #[test]

@@ -122,3 +122,21 @@ fn run_without_a_model_runs_the_embedded_default_and_says_so() {
     assert!(text(&out.stdout).starts_with("Hello"), "{}", text(&out.stdout));
     assert!(stderr.lines().last().unwrap_or_default().contains("tokens/s"), "{stderr}");
 }
+
+#[test]
+fn ctrl_c_stops_generation_cleanly() {
+    let child = Command::new(env!("CARGO_BIN_EXE_memra"))
+        .args(["run", "--cpu", "-n", "1000000", "--ctx", "100000", "-p", "Hello"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn memra");
+    // Wait until generation has started (the prefill line is printed before the first token).
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(stderr.contains("interrupted (Ctrl-C)") && stderr.contains("tokens/s"), "{stderr}");
+}

@@ -24,7 +24,8 @@ use crate::kernels::attn_prefill::{self, AttnPrefillParams};
 use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
 use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
-use crate::kernels::{add_rmsnorm, argmax, embed, geglu, rmsnorm, swiglu};
+use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
+use crate::kernels::{add_rmsnorm, argmax, embed, geglu, moe_router, rmsnorm, swiglu};
 
 /// Prompt tokens per prefill pass (bounds the activation buffers).
 const PREFILL_CHUNK: usize = 2048;
@@ -110,6 +111,36 @@ pub struct DecoderConfig {
     pub embed_scale: f32,
     /// Softmax scale of q·k.
     pub attn_scale: f32,
+    /// The routed-expert FFN, for layers whose spec gives [`FfnSpec::Moe`].
+    pub moe: Option<MoeConfig>,
+}
+
+/// Routing of a MoE FFN (spec capability `router` and the expert hparams).
+#[derive(Clone, Debug)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Width of one expert's FFN.
+    pub n_ff_exp: usize,
+    /// `softmax` or `sigmoid` (the moe_router gating token).
+    pub gating: &'static str,
+    /// Renormalize the selected weights to sum 1.
+    pub norm: bool,
+    /// Multiplies the weights (1 = none).
+    pub scale: f32,
+}
+
+/// The FFN of one layer in the file.
+pub enum FfnSpec<'f> {
+    /// `down(act(gate h) ⊙ up h)` with the config's GLU.
+    Dense { ffn_gate: TensorInfo<'f>, ffn_up: TensorInfo<'f>, ffn_down: TensorInfo<'f> },
+    /// Router logits, then the selected experts' SwiGLU FFNs, weighted and summed.
+    Moe {
+        ffn_gate_inp: TensorInfo<'f>,
+        ffn_gate_exps: TensorInfo<'f>,
+        ffn_up_exps: TensorInfo<'f>,
+        ffn_down_exps: TensorInfo<'f>,
+    },
 }
 
 /// One layer's tensors in the file plus its RoPE and window.
@@ -125,9 +156,7 @@ pub struct LayerSpec<'f> {
     /// Sandwich norms only.
     pub post_attention_norm: Option<TensorInfo<'f>>,
     pub ffn_norm: TensorInfo<'f>,
-    pub ffn_gate: TensorInfo<'f>,
-    pub ffn_up: TensorInfo<'f>,
-    pub ffn_down: TensorInfo<'f>,
+    pub ffn: FfnSpec<'f>,
     pub post_ffw_norm: Option<TensorInfo<'f>>,
     pub rope_base: f32,
     /// Linear RoPE scaling as 1/factor.
@@ -154,13 +183,24 @@ struct Layer {
     attn_output: Linear,
     post_attention_norm: Option<CudaSlice<f32>>,
     ffn_norm: CudaSlice<f32>,
-    ffn_gate: Linear,
-    ffn_up: Linear,
-    ffn_down: Linear,
+    ffn: Ffn,
     post_ffw_norm: Option<CudaSlice<f32>>,
     rope_base: f32,
     rope_scale: f32,
     window: Option<usize>,
+}
+
+enum Ffn {
+    Dense { gate: Linear, up: Linear, down: Linear },
+    Moe {
+        router: Linear,
+        /// Stacked experts `[n_expert][rows][k]` in their GGUF type, with their variants.
+        gate: DeviceTensor,
+        up: DeviceTensor,
+        down: DeviceTensor,
+        swiglu: &'static str,
+        down_kernel: &'static str,
+    },
 }
 
 /// Variant names of the non-linear kernels.
@@ -173,6 +213,8 @@ struct Names {
     attn_prefill: &'static str,
     glu: &'static str,
     argmax: &'static str,
+    /// Present when some layer is MoE.
+    moe_router: Option<&'static str>,
 }
 
 /// What a forward reads: weights, kernels, dims.
@@ -213,6 +255,10 @@ struct Bufs {
     up: CudaSlice<f32>,
     ff: CudaSlice<f32>,
     work: CudaSlice<f32>,
+    /// MoE routing: logits `[t, n_expert]`, selected ids and weights `[t, n_used]`.
+    router: CudaSlice<f32>,
+    ids: CudaSlice<i32>,
+    wts: CudaSlice<f32>,
 }
 
 /// A GQA decoder model loaded on the GPU.
@@ -249,7 +295,25 @@ impl Decoder {
         for l in &spec.layers {
             let mut lin = |t: &TensorInfo<'_>| -> Result<Linear> { plan.linear(upload(t)?) };
             let (attn_q, attn_k, attn_v, attn_output) = (lin(&l.attn_q)?, lin(&l.attn_k)?, lin(&l.attn_v)?, lin(&l.attn_output)?);
-            let (ffn_gate, ffn_up, ffn_down) = (lin(&l.ffn_gate)?, lin(&l.ffn_up)?, lin(&l.ffn_down)?);
+            let ffn = match &l.ffn {
+                FfnSpec::Dense { ffn_gate, ffn_up, ffn_down } => Ffn::Dense { gate: lin(ffn_gate)?, up: lin(ffn_up)?, down: lin(ffn_down)? },
+                FfnSpec::Moe { ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps } => {
+                    let router = lin(ffn_gate_inp)?;
+                    let (gate, up, down) = (upload(ffn_gate_exps)?, upload(ffn_up_exps)?, upload(ffn_down_exps)?);
+                    let moe = cfg.moe.as_ref().ok_or_else(|| err(format!("{}: MoE tensors but no MoE config", ffn_gate_exps.name)))?;
+                    let want = |plan: &mut KernelPlan, t: &DeviceTensor, rows: usize, mode: &'static str| -> Result<&'static str> {
+                        let qtype = gpu::qtype_token(moe_matvec::FAMILY, t.ty).map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
+                        let req = [("k", Param::Int(t.k as i64)), ("n", Param::Int(rows as i64)), ("qtype", Param::Sym(qtype)), ("mode", Param::Sym(mode))];
+                        plan.want(moe_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", t.name)))
+                    };
+                    if up.ty != gate.ty {
+                        return Err(err(format!("{}: {} and {} differ in type; the fused gate/up kernel needs one", path.display(), gate.name, up.name)));
+                    }
+                    let swiglu = want(&mut plan, &gate, moe.n_ff_exp, "swiglu")?;
+                    let down_kernel = want(&mut plan, &down, e, "down")?;
+                    Ffn::Moe { router, gate, up, down, swiglu, down_kernel }
+                }
+            };
             let qk_norm = match (&l.attn_q_norm, &l.attn_k_norm) {
                 (Some(q), Some(k)) => Some((f32s(q)?, f32s(k)?)),
                 _ => None,
@@ -263,9 +327,7 @@ impl Decoder {
                 attn_output,
                 post_attention_norm: l.post_attention_norm.as_ref().map(f32s).transpose()?,
                 ffn_norm: f32s(&l.ffn_norm)?,
-                ffn_gate,
-                ffn_up,
-                ffn_down,
+                ffn,
                 post_ffw_norm: l.post_ffw_norm.as_ref().map(f32s).transpose()?,
                 rope_base: l.rope_base,
                 rope_scale: l.rope_scale,
@@ -307,6 +369,13 @@ impl Decoder {
             attn_prefill: plan.want(attn_prefill::FAMILY, &attn_dims)?,
             glu: plan.want(cfg.glu.family(), &[("n_ff", int(cfg.n_ff))])?,
             argmax: plan.want(argmax::FAMILY, &[("n_vocab", int(n_vocab))])?,
+            moe_router: match &cfg.moe {
+                Some(m) => Some(plan.want(
+                    moe_router::FAMILY,
+                    &[("n_expert", int(m.n_expert)), ("n_used", int(m.n_used)), ("gating", Param::Sym(m.gating))],
+                )?),
+                None => None,
+            },
         };
         let mut report = vec![format!(
             "{}: {}, {} layers, n_embd {e}, {n_head} q / {n_kv} kv heads × {hd}, vocab {n_vocab}; weights {} on {}",
@@ -370,7 +439,7 @@ impl Net {
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
         let n_vocab = self.n_vocab();
-        let Bufs { tokens, pos, x, h, q, k: kb, v, att, o, gate, up, ff, work } = bufs;
+        let Bufs { tokens, pos, x, h, q, k: kb, v, att, o, gate, up, ff, work, router, ids, wts } = bufs;
 
         let table = self.embd_table();
         embed::embed(k.get(self.names.embed)?, &tokens.slice(..t), &table.data.slice(..), &mut x.slice_mut(..t * e), t, e, n_vocab, c.embed_scale)?;
@@ -406,14 +475,34 @@ impl Net {
                 e,
                 eps,
             )?;
-            l.ffn_gate.forward(k, &h.slice(..t * e), &mut gate.slice_mut(..t * n_ff), t)?;
-            l.ffn_up.forward(k, &h.slice(..t * e), &mut up.slice_mut(..t * n_ff), t)?;
-            let glu = match c.glu {
-                Glu::Swiglu => swiglu::swiglu,
-                Glu::Geglu => geglu::geglu,
-            };
-            glu(k.get(self.names.glu)?, &gate.slice(..t * n_ff), &up.slice(..t * n_ff), &mut ff.slice_mut(..t * n_ff), t, n_ff, GluLayout::separate(n_ff))?;
-            l.ffn_down.forward(k, &ff.slice(..t * n_ff), &mut o.slice_mut(..t * e), t)?;
+            match &l.ffn {
+                Ffn::Dense { gate: wg, up: wu, down: wd } => {
+                    wg.forward(k, &h.slice(..t * e), &mut gate.slice_mut(..t * n_ff), t)?;
+                    wu.forward(k, &h.slice(..t * e), &mut up.slice_mut(..t * n_ff), t)?;
+                    let glu = match c.glu {
+                        Glu::Swiglu => swiglu::swiglu,
+                        Glu::Geglu => geglu::geglu,
+                    };
+                    glu(k.get(self.names.glu)?, &gate.slice(..t * n_ff), &up.slice(..t * n_ff), &mut ff.slice_mut(..t * n_ff), t, n_ff, GluLayout::separate(n_ff))?;
+                    wd.forward(k, &ff.slice(..t * n_ff), &mut o.slice_mut(..t * e), t)?;
+                }
+                Ffn::Moe { router: wr, gate: wg, up: wu, down: wd, swiglu, down_kernel } => {
+                    let m = c.moe.as_ref().expect("MoE layers have a MoE config (checked at load)");
+                    let (ne, nu, nf) = (m.n_expert, m.n_used, m.n_ff_exp);
+                    wr.forward(k, &h.slice(..t * e), &mut router.slice_mut(..t * ne), t)?;
+                    let name = self.names.moe_router.expect("planned with the MoE config");
+                    moe_router::moe_router(k.get(name)?, &router.slice(..t * ne), None, &mut ids.slice_mut(..t * nu), &mut wts.slice_mut(..t * nu), t, ne, nu, m.norm, m.scale)?;
+                    let (gv, uv, ids_v, wts_v) = (wg.data.slice(..), wu.data.slice(..), ids.slice(..t * nu), wts.slice(..t * nu));
+                    let hv = h.slice(..t * e);
+                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &ids_v, weights: None, x: &hv };
+                    let dims = MoeDims { k: e, n: nf, n_tokens: t, n_used: nu, n_expert: ne, ldx: e, ldy: nf };
+                    moe_matvec::moe_matvec(k.get(swiglu)?, &inp, &mut ff.slice_mut(..t * nu * nf), dims)?;
+                    let (dv, ffv) = (wd.data.slice(..), ff.slice(..t * nu * nf));
+                    let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &ids_v, weights: Some(&wts_v), x: &ffv };
+                    let dims = MoeDims { k: nf, n: e, n_tokens: t, n_used: nu, n_expert: ne, ldx: nf, ldy: e };
+                    moe_matvec::moe_matvec(k.get(down_kernel)?, &inp, &mut o.slice_mut(..t * e), dims)?;
+                }
+            }
             let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |n| &n.attn_norm);
             add_rmsnorm::add_rmsnorm(
                 k.get(self.names.add_rmsnorm)?,
@@ -563,7 +652,10 @@ impl Bufs {
             o: a(e, "projection")?,
             gate: a(c.n_ff, "gate")?,
             up: a(c.n_ff, "up")?,
-            ff: a(c.n_ff, "ffn")?,
+            ff: a(c.n_ff.max(c.moe.as_ref().map_or(0, |m| m.n_used * m.n_ff_exp)), "ffn")?,
+            router: a(c.moe.as_ref().map_or(1, |m| m.n_expert), "router logits")?,
+            ids: gpu::alloc(gpu, t * c.moe.as_ref().map_or(1, |m| m.n_used), "expert ids")?,
+            wts: a(c.moe.as_ref().map_or(1, |m| m.n_used), "expert weights")?,
             work: gpu::alloc(gpu, n_layer * attn_decode::work_floats(1, c.n_head, c.head_dim, max_split).next_multiple_of(4), "attention workspace")?,
         })
     }

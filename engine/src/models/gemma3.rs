@@ -8,7 +8,7 @@ use memra_gguf::GgufFile;
 use memra_reference::models::Gemma3Hparams as Semantics;
 
 use super::GpuOptions;
-use super::decoder::{Decoder, DecoderConfig, DecoderSpec, Glu, LayerSpec, NormPlacement, embed_scale};
+use super::decoder::{Decoder, DecoderConfig, DecoderSpec, FfnSpec, Glu, LayerSpec, NormPlacement, embed_scale};
 use super::gpu::{Result, err};
 use super::spec::gemma3::{Gemma3, Gemma3Hparams, Gemma3Weights};
 
@@ -42,6 +42,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
         glu: Glu::from_token(Gemma3::FFN)?,
         embed_scale: embed_scale(Gemma3::EMBEDDING_SCALE, n_embd)?,
         attn_scale: sem.attn_scale,
+        moe: None,
     };
     let layers = w
         .layers
@@ -59,9 +60,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
                 attn_output: l.attn_output,
                 post_attention_norm: Some(l.post_attention_norm),
                 ffn_norm: l.ffn_norm,
-                ffn_gate: l.ffn_gate,
-                ffn_up: l.ffn_up,
-                ffn_down: l.ffn_down,
+                ffn: FfnSpec::Dense { ffn_gate: l.ffn_gate, ffn_up: l.ffn_up, ffn_down: l.ffn_down },
                 post_ffw_norm: Some(l.post_ffw_norm),
                 rope_base: rope.base,
                 rope_scale: rope.freq_scale,

@@ -5,6 +5,7 @@
 pub mod decoder;
 pub mod gemma3;
 pub mod gpu;
+pub mod olmoe;
 pub mod qwen3;
 pub mod spec;
 pub mod validate;
@@ -66,12 +67,17 @@ type Loader = fn(&Path, &GpuOptions) -> Result<Box<dyn GpuModel>>;
 pub static GPU_FORWARDS: &[(&str, Loader)] = &[
     ("gemma3", |p, o| Ok(Box::new(gemma3::load(p, o)?))),
     ("qwen3", |p, o| Ok(Box::new(qwen3::load(p, o)?))),
+    ("olmoe", |p, o| Ok(Box::new(olmoe::load(p, o)?))),
 ];
 
-/// Loads the model at `path` on the GPU with the forward of its architecture.
+/// Loads the model at `path` on the GPU with the forward of its architecture, after
+/// [`validate::validate_path`] has checked the whole header (before any GPU allocation).
 pub fn load_gpu(path: &Path, arch: &str, opts: &GpuOptions) -> Result<Box<dyn GpuModel>> {
     match GPU_FORWARDS.iter().find(|(a, _)| *a == arch) {
-        Some((_, load)) => load(path, opts),
+        Some((_, load)) => {
+            validate::validate_path(path).map_err(|e| gpu::err(e.to_string()))?;
+            load(path, opts)
+        }
         None => {
             let known: Vec<&str> = GPU_FORWARDS.iter().map(|(a, _)| *a).collect();
             Err(gpu::err(format!(

@@ -7,7 +7,7 @@ use std::path::Path;
 use memra_gguf::GgufFile;
 
 use super::GpuOptions;
-use super::decoder::{Decoder, DecoderConfig, DecoderSpec, Glu, LayerSpec, NormPlacement, embed_scale};
+use super::decoder::{Decoder, DecoderConfig, DecoderSpec, FfnSpec, Glu, LayerSpec, NormPlacement, embed_scale};
 use super::gpu::{Result, err};
 use super::spec::qwen3::{Qwen3, Qwen3Hparams, Qwen3Weights};
 
@@ -36,6 +36,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
         embed_scale: embed_scale(Qwen3::EMBEDDING_SCALE, n_embd)?,
         // model-specs §3 step 5: softmax(q·k / sqrt(head_dim)).
         attn_scale: 1.0 / (hp.head_dim as f32).sqrt(),
+        moe: None,
     };
     let layers = w
         .layers
@@ -50,9 +51,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
             attn_output: l.attn_output,
             post_attention_norm: None,
             ffn_norm: l.ffn_norm,
-            ffn_gate: l.ffn_gate,
-            ffn_up: l.ffn_up,
-            ffn_down: l.ffn_down,
+            ffn: FfnSpec::Dense { ffn_gate: l.ffn_gate, ffn_up: l.ffn_up, ffn_down: l.ffn_down },
             post_ffw_norm: None,
             rope_base: hp.rope_freq_base,
             rope_scale: 1.0,
