@@ -3,8 +3,10 @@
 //! std::barrier for __syncthreads and for the warp exchange behind __shfl_xor_sync, synchronous
 //! copies for cp.async, blocks run one after another) and compared with memra-reference on fresh
 //! random inputs (seed printed; replay with `MEMRA_SEED=<seed>`), bf16-rounded caches, NaN-poisoned
-//! outputs, two launches per case (the split counters must be back at zero: the harness exits 3
-//! otherwise). It checks indexing, masking, the online softmax and the split combine without a
+//! outputs, three launches per case on one workspace sized for the first one's split count, then
+//! two with the case's (as callers reuse a workspace for every split count up to its size; the
+//! split counters must be back at zero and nothing past the wrapper's size written: the harness
+//! exits 3 otherwise). It checks indexing, masking, the online softmax and the split combine without a
 //! GPU; it says nothing about speed or memory ordering. Tolerance: relative L2 ≤ 1e-5 (f32
 //! arithmetic on the values the reference reads). Skips (one SKIP line) without a C++20 compiler.
 
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use memra_engine::kernels::mla_decode;
+use memra_engine::kernels::{attn_decode, mla_decode};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::{Rng, rel_err};
 
@@ -87,24 +89,28 @@ static std::vector<unsigned char> slurp(const char* path) {
     std::vector<unsigned char> v(n + 16); if (fread(v.data(), 1, n, f) != (size_t)n) exit(2); fclose(f); return v; }
 template <int HD, int NH, int NKV, CacheType C> struct ACfg { static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 128; };
 template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
-// attn: kind=0 cfg n_seq hd nh nkv window n_split max_ctx q k v pos out
+// attn: kind=0 cfg n_seq hd nh nkv window n_split max_ctx work_split work_floats q k v pos out
 // mla:  kind=1 cfg nh kvl rope max_ctx n_split pos work_split work_floats q c out
-template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int n_split, int max_ctx, float scale, char** f) {
+// attn and mla alike: the workspace (work_floats slots: the wrapper's size for work_split, 16
+// guard slots after) is first used by a launch with work_split splits, then by two with n_split
+// (callers reuse one workspace for every split count up to its size).
+template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int n_split, int max_ctx, int work_split, int work_floats, float scale, char** f) {
     auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]), pos = slurp(f[3]);
-    std::vector<float> out(n_seq * nh * hd), work((size_t)n_seq * nh * n_split * (hd + 2) + n_seq * nh, 0.0f);
+    std::vector<float> out(n_seq * nh * hd), work((size_t)work_floats + 16, 0.0f);
+    std::fill(work.begin() + work_floats, work.end(), -7.0f);
     int G = nh / nkv, nhg = (G + 3) / 4;
-    for (int rep = 0; rep < 2; ++rep) {
+    const int splits[3] = {work_split, n_split, n_split};
+    for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
-        run_grid({(unsigned)(nkv * nhg), (unsigned)n_split, (unsigned)n_seq}, K::THREADS, 0, [&] {
-            attn_decode_impl<K>((const float*)q.data(), k.data(), v.data(), (const int*)pos.data(), out.data(), work.data(), n_seq, hd, nh, nkv, max_ctx, window, n_split, scale); });
+        run_grid({(unsigned)(nkv * nhg), (unsigned)s, (unsigned)n_seq}, K::THREADS, 0, [&] {
+            attn_decode_impl<K>((const float*)q.data(), k.data(), v.data(), (const int*)pos.data(), out.data(), work.data(), n_seq, hd, nh, nkv, max_ctx, window, s, scale); });
     }
-    const unsigned* ctr = (const unsigned*)(work.data() + (size_t)n_seq * nh * n_split * (hd + 2));
-    for (int i = 0; i < n_seq * nh; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    // Counters (and their padding) at the front, back at zero; nothing past the wrapper's size.
+    const unsigned* ctr = (const unsigned*)work.data();
+    for (int i = 0; i < (n_seq * nh + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     FILE* fo = fopen(f[4], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
-// The workspace (work_floats slots: the wrapper's size for work_split, 16 guard slots after) is
-// first used by a launch with work_split splits, then by two with n_split (callers reuse one
-// workspace for every split count up to its size).
 template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split, int pos, int work_split, int work_floats, float scale, int eb, char** f) {
     auto q = slurp(f[0]), c = slurp(f[1]);
     std::vector<float> out(nh * kvl), work((size_t)work_floats + 16, 0.0f);
@@ -127,14 +133,14 @@ int main(int argc, char** argv) {
     using B = CacheType;
     int kind = atoi(argv[1]), cfg = atoi(argv[2]);
     if (kind == 0) {
-        int a[7]; for (int i = 0; i < 7; ++i) a[i] = atoi(argv[3 + i]);
-        float scale = (float)atof(argv[10]);
-        char** f = argv + 11;
+        int a[9]; for (int i = 0; i < 9; ++i) a[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[12]);
+        char** f = argv + 13;
         switch (cfg) {
-        case 0: attn<ACfg<256, 4, 1, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
-        case 1: attn<ACfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
-        case 2: attn<ACfg<128, 32, 8, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
-        case 3: attn<ACfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, f); break;
+        case 0: attn<ACfg<256, 4, 1, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        case 1: attn<ACfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        case 2: attn<ACfg<128, 32, 8, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        case 3: attn<ACfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
         default: return 4;
         }
     } else {
@@ -311,6 +317,7 @@ fn attn_case(
     nkv: usize,
     window: usize,
     n_split: usize,
+    work_split: usize,
     positions: &[usize],
     f32_cache: bool,
 ) {
@@ -322,12 +329,15 @@ fn attn_case(
     let (vb, vv) = cache(rng, n_seq * max_ctx * row, f32_cache);
     let scale = 1.0 / (hd as f32).sqrt();
     let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
-    let args: Vec<String> = [0, cfg, n_seq, hd, nh, nkv, window, n_split, max_ctx]
-        .iter()
-        .map(|v| v.to_string())
-        .chain([format!("{scale:e}")])
-        .collect();
-    let tag = format!("attn-{cfg}-{hd}-{nh}-{nkv}-{window}-{n_split}-{n_seq}");
+    let work = attn_decode::work_floats(n_seq, nh, hd, n_split.max(work_split));
+    let args: Vec<String> = [
+        0, cfg, n_seq, hd, nh, nkv, window, n_split, max_ctx, work_split, work,
+    ]
+    .iter()
+    .map(|v| v.to_string())
+    .chain([format!("{scale:e}")])
+    .collect();
+    let tag = format!("attn-{cfg}-{hd}-{nh}-{nkv}-{window}-{n_split}-{n_seq}-after-{work_split}");
     let got = run(
         bin,
         &tag,
@@ -449,16 +459,24 @@ fn attn_decode_emulated_on_host_threads_matches_reference() {
     };
     let mut rng = Rng::from_env_or_time("attn_decode_emulated_on_host_threads_matches_reference");
     // cfg 0: gemma3 4/1/256 bf16; 1: generic bf16; 2: Qwen3-8B 32/8/128 bf16; 3: generic f32.
-    attn_case(bin, &mut rng, 0, 256, 4, 1, 16, 3, &[49], false); // window, splits
-    attn_case(bin, &mut rng, 0, 256, 4, 1, 0, 3, &[0], false); // one key, empty splits
-    attn_case(bin, &mut rng, 1, 256, 4, 1, 512, 2, &[70], false); // window longer than the context
-    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 1, &[69], false);
-    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 2, &[37, 3], false); // a batch
-    attn_case(bin, &mut rng, 1, 256, 6, 2, 5, 2, &[20], false); // group of 3
-    attn_case(bin, &mut rng, 1, 128, 16, 2, 0, 1, &[30], false); // group of 8: two head groups
-    attn_case(bin, &mut rng, 1, 64, 16, 1, 0, 2, &[40], false);
-    attn_case(bin, &mut rng, 3, 256, 4, 1, 0, 1, &[40], true);
-    attn_case(bin, &mut rng, 3, 64, 2, 1, 0, 3, &[40], true);
+    // The argument after n_split: the split count that first uses the workspace (sized for it).
+    attn_case(bin, &mut rng, 0, 256, 4, 1, 16, 3, 3, &[49], false); // window, splits
+    attn_case(bin, &mut rng, 0, 256, 4, 1, 0, 3, 3, &[0], false); // one key, empty splits
+    attn_case(bin, &mut rng, 1, 256, 4, 1, 512, 2, 2, &[70], false); // window longer than the context
+    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 1, 1, &[69], false);
+    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 2, 2, &[37, 3], false); // a batch
+    attn_case(bin, &mut rng, 1, 256, 6, 2, 5, 2, 2, &[20], false); // group of 3
+    attn_case(bin, &mut rng, 1, 128, 16, 2, 0, 1, 1, &[30], false); // group of 8: two head groups
+    attn_case(bin, &mut rng, 1, 64, 16, 1, 0, 2, 2, &[40], false);
+    attn_case(bin, &mut rng, 3, 256, 4, 1, 0, 1, 1, &[40], true);
+    attn_case(bin, &mut rng, 3, 64, 2, 1, 0, 3, 3, &[40], true);
+    // A workspace sized for and first used by more splits (the decoder's global layers before
+    // its sliding-window ones; the GPU tests' split sweeps).
+    attn_case(bin, &mut rng, 0, 256, 4, 1, 0, 2, 5, &[60], false);
+    attn_case(bin, &mut rng, 0, 256, 4, 1, 16, 1, 4, &[45], false); // then a single split
+    attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 2, 3, &[37, 11], false); // a batch
+    attn_case(bin, &mut rng, 1, 128, 16, 2, 0, 3, 6, &[50], false); // two head groups
+    attn_case(bin, &mut rng, 3, 64, 2, 1, 0, 2, 4, &[33], true);
 }
 
 #[test]

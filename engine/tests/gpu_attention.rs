@@ -4,7 +4,8 @@
 //! awkward context lengths (1, 7, 2047, 2048, 2049, 40000) and several split counts (1, an odd
 //! count that leaves splits empty, the wrapper's rule). Fresh random inputs (seed printed; replay
 //! with `MEMRA_SEED=<seed>`), outputs NaN-poisoned before every launch, the split workspace reused
-//! across launches (so a counter the kernel fails to reset breaks the next launch).
+//! across launches (so a counter the kernel fails to reset breaks the next launch; attn_decode
+//! sweeps the split counts up and back down, so fewer splits follow more on one workspace).
 //!
 //! Tolerance: the caches are rounded to bf16 on the host and the reference (f64 softmax and sums)
 //! reads the same rounded values, so the only differences left are the kernel's f32 arithmetic
@@ -218,7 +219,10 @@ fn check_attn<C: HostCache>(
         let mut work = s
             .alloc_zeros::<f32>(attn_decode::work_floats(n_seq, g.n_head, g.hd, most))
             .expect("alloc");
-        for n_split in splits {
+        // Up the split counts, then back down on the same workspace: a launch with fewer splits
+        // after one with more (the decoder's sliding-window layers after its global ones).
+        let sweep = splits.iter().chain(splits.iter().rev().skip(1)).copied();
+        for n_split in sweep {
             let p = AttnDecodeParams {
                 n_seq,
                 head_dim: g.hd,

@@ -23,8 +23,12 @@
 //   the block writes out directly and `work` is unused (may be null). n_split > 1: each block
 //   writes (max, sum, unnormalized accumulator) to `work`; the last block of a head group (an
 //   atomic counter) combines them and resets the counter to 0.
-//   work (f32 units): acc [n_seq, n_head, n_split, hd], then (m, l) [n_seq, n_head, n_split, 2],
-//   then u32 counters [n_seq, n_head] zeroed once when allocated (the kernel leaves them 0).
+//   work (f32 units): u32 counters [n_seq, n_head] padded to a multiple of 4 (zeroed once when
+//   allocated; the kernel leaves them 0), then acc [n_seq, n_head, n_split, hd] and (m, l)
+//   [n_seq, n_head, n_split, 2]. The counters come first so that their place does not depend on
+//   n_split: a workspace sized for S splits serves every n_split ≤ S at the same n_seq and n_head
+//   (with counters after the partials, a launch with more splits wrote partials over the
+//   counters of one with fewer, whose combine then never ran or ran early).
 // Geometry: n_hg = ceil(G / 4); grid (n_kv · n_hg, n_split, n_seq), block THREADS, no dynamic
 //   shared memory (static: (THREADS/32)·HP·(hd + 2)·4 bytes ≤ 40 KiB, e.g. THREADS 128 at hd 256).
 // Inside a block: K and V rows are read with 16-byte loads; a row is split over LPR = min(32,
@@ -327,9 +331,9 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int c1 = min(c0 + chunk, p + 1);
     const float sl2 = scale * attn_detail::LOG2E;
     const i64 n_part = (i64)n_seq * n_head * n_split;
-    float* work_acc = work;
-    float* work_ml = work + n_part * hd;
-    u32* counters = reinterpret_cast<u32*>(work_ml + n_part * 2);
+    u32* counters = reinterpret_cast<u32*>(work);
+    float* work_acc = work + ((i64)n_seq * n_head + 3) / 4 * 4;  // 16-byte aligned partials
+    float* work_ml = work_acc + n_part * hd;
     // One merge buffer for every instantiation (separate __shared__ arrays would add up).
     constexpr int W = Cfg::THREADS / WARP_SIZE;
     constexpr int HP_MAX = HP_SPEC != 0 ? HP_SPEC : HP_CAP;

@@ -59,9 +59,11 @@ pub fn head_groups(n_head: usize, n_kv: usize) -> usize {
     (n_head / n_kv.max(1)).div_ceil(HEADS_PER_BLOCK).max(1)
 }
 
-/// f32 slots of the workspace for `n_split > 1`: partials then u32 counters (allocate zeroed).
+/// f32 slots of the workspace for `n_split > 1`: u32 counters (padded to 16 bytes) then partials.
+/// Allocate it zeroed; it serves every split count up to `n_split` at these `n_seq`/`n_head`/
+/// `head_dim` (the counters sit at the front, and each launch leaves them at zero).
 pub fn work_floats(n_seq: usize, n_head: usize, head_dim: usize, n_split: usize) -> usize {
-    n_seq * n_head * n_split * (head_dim + 2) + n_seq * n_head
+    (n_seq * n_head).next_multiple_of(4) + n_seq * n_head * n_split * (head_dim + 2)
 }
 
 /// A split count for keys up to `max_len`: enough blocks for ~2 waves on `sm_count`
@@ -220,6 +222,8 @@ mod tests {
         assert_eq!(splits_for(1, 1, 32, 8, 132, 256), 1);
         assert_eq!(head_groups(32, 8), 1);
         assert_eq!(head_groups(64, 8), 2);
-        assert_eq!(work_floats(1, 4, 256, 3), 4 * 3 * 258 + 4);
+        assert_eq!(work_floats(1, 4, 256, 3), 4 + 4 * 3 * 258);
+        assert_eq!(work_floats(2, 6, 128, 5), 12 + 2 * 6 * 5 * 130);
+        assert_eq!(work_floats(1, 2, 64, 2), 4 + 2 * 2 * 66);
     }
 }
