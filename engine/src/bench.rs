@@ -42,6 +42,7 @@ use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{add_rmsnorm, argmax, embed, geglu, matmul, matvec, rmsnorm, swiglu, topk};
 
+pub mod report;
 pub mod sweep;
 
 /// Tokens of the prefill matmul and of the "prefill" row counts of the row-wise families.
@@ -95,6 +96,15 @@ pub struct BenchArgs {
     /// Greedy decode steps of the `--model` run.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
+    /// Measure nothing: report on this earlier `--json` output (no GPU needed; bench/report.rs).
+    #[arg(long, value_name = "RUN_JSON")]
+    pub report: Option<PathBuf>,
+    /// Merge these peer figures (scripts/peers.py output) into the report.
+    #[arg(long, value_name = "PEERS_JSON")]
+    pub peers: Option<PathBuf>,
+    /// Also write the chart (specialized, generic, peer, roofline per shape) as SVG.
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -738,6 +748,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(model) = &args.model {
         return run_model(args, model);
     }
+    if let Some(run) = &args.report {
+        return report::run_report(args, run);
+    }
     let cases = plan(args.arch.as_deref(), args.family.as_deref());
     if args.list {
         list(&cases);
@@ -813,7 +826,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("geomean specialized/generic speedup, {arch}: {g:.3}x over {n} shapes");
     }
 
-    if let Some(path) = &args.json {
+    if args.json.is_some() || args.svg.is_some() || args.peers.is_some() {
         let doc = json!({
             "schema": 1,
             "device": gpu.name(),
@@ -830,12 +843,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             "geomean_speedup": means.iter().map(|(a, g, n)| json!({"arch": a, "speedup": g, "shapes": n})).collect::<Vec<_>>(),
             "results": rows.iter().map(|r| r.to_json(copy_gbps)).collect::<Vec<_>>(),
         });
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
-        let text = serde_json::to_string_pretty(&doc)?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        report::emit(args, doc)?;
     }
     Ok(())
 }

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""peers.py — time the ops and shapes `memra bench` plans in PyTorch, on the same GPU.
+
+Run on the GPU machine (torch 2.11 there, no network):
+
+    python3 scripts/peers.py --from memra.json --json peers.json [--shapes extra.json]
+    python3 scripts/peers.py --from memra.json --list        # the plan only, no torch needed
+
+Shapes: the `results` entries (family, shape, dtype) of a `memra bench --json` file, so the peer
+runs exactly what memra ran; `--shapes FILE` adds entries from a JSON list of
+{"family", "shape", "dtype"} (e.g. benches/peers-attention.json: attention decode, which memra
+bench does not plan yet). Each distinct (family, shape, dtype) is timed once.
+
+Implementations (`impl` in the output):
+- torch_eager:   the op in eager PyTorch (several kernels where torch has no fused one).
+- torch_compile: the same function through torch.compile (Inductor), `--compile-mode`
+                 (default `default`; `max-autotune-no-cudagraphs` autotunes GEMMs but compiles
+                 for minutes). CUDA graphs stay off in both, as in memra bench.
+- cublas:        matvec / matmul via torch.matmul on bf16 (cuBLAS). For matvec/matmul this is
+                 what eager runs, so no separate torch_eager row is written.
+torch has no GGUF quant types: for q8_0/q4_k/... weights the peer runs the dequantized **bf16**
+weight (`peer_dtype: "bf16"`) and `bytes` counts the bytes torch moves (2 bytes per weight), not
+memra's. Activations are f32 as in memra (x, norms, GLU, logits), except where the op needs the
+weight's dtype (matvec/matmul inputs are bf16, outputs bf16).
+
+Timing as memra bench: `--warmup` untimed calls, then `--iters` calls each between two CUDA
+events, median reported; before every timed call a memset of 2 × L2 runs outside the events (it
+evicts L2 and keeps the GPU busy while Python enqueues the call). Copy bandwidth: a 1 GiB
+device-to-device copy, bytes read + written.
+
+A shape the script cannot express (or that fails: out of memory, compile error) is recorded with
+`median_us: null` and `skipped: "<reason>"`; the script does not stop. Output schema:
+benches/results/SCHEMA.md, "Peers file".
+"""
+import argparse
+import datetime
+import json
+import re
+import sys
+import time
+
+GIB = 1 << 30
+
+
+def parse_shape(family, shape, dtype):
+    """Return (op, dims) for a memra (family, shape, dtype), or raise ValueError(reason)."""
+    def ints(pattern):
+        m = re.fullmatch(pattern, shape)
+        if not m:
+            raise ValueError(f"shape {shape!r} does not match {pattern!r} for family {family}")
+        return [int(g) for g in m.groups()]
+
+    if family == "matvec":
+        k, n = ints(r"k(\d+)_n(\d+)")
+        return dict(k=k, n=n)
+    if family == "matmul":
+        t, k, n = ints(r"t(\d+)_k(\d+)_n(\d+)")
+        return dict(t=t, k=k, n=n)
+    if family in ("rmsnorm", "add_rmsnorm", "swiglu", "geglu", "argmax"):
+        rows, n = ints(r"(\d+)x(\d+)")
+        return dict(rows=rows, n=n)
+    if family == "topk":
+        rows, n, k = ints(r"(\d+)x(\d+)_k(\d+)")
+        return dict(rows=rows, n=n, k=k)
+    if family == "embed":
+        t, e, v = ints(r"t(\d+)_e(\d+)_v(\d+)")
+        return dict(t=t, e=e, v=v)
+    if family == "attn_decode":
+        # q heads, kv heads, head dim (qk), value dim, context tokens; batch 1, one query token.
+        h, kv, d, dv, c = ints(r"h(\d+)_kv(\d+)_d(\d+)_dv(\d+)_c(\d+)")
+        return dict(h=h, kv=kv, d=d, dv=dv, c=c)
+    raise ValueError(f"no torch peer for family {family!r}")
+
+
+def peer_dtype(family, dtype):
+    if family in ("matvec", "matmul", "embed", "attn_decode"):
+        return "bf16"  # quantized weights: the dequantized bf16 weight
+    return "f32"
+
+
+def plan_bytes_flops(family, d):
+    """Bytes the torch op must move at least (each input read, each output written once)."""
+    if family == "matvec":
+        return 2 * d["k"] * d["n"] + 2 * d["k"] + 2 * d["n"], 2 * d["k"] * d["n"]
+    if family == "matmul":
+        t, k, n = d["t"], d["k"], d["n"]
+        return 2 * k * n + 2 * t * k + 2 * t * n, 2 * t * k * n
+    rows, n = d.get("rows"), d.get("n")
+    if family == "rmsnorm":
+        return 2 * 4 * rows * n + 4 * n, None
+    if family == "add_rmsnorm":
+        return 4 * 4 * rows * n + 4 * n, None
+    if family in ("swiglu", "geglu"):
+        return 3 * 4 * rows * n, None
+    if family in ("argmax", "topk"):
+        return 4 * rows * n, None
+    if family == "embed":
+        return d["t"] * d["e"] * 2 + 4 * d["t"] * d["e"] + 8 * d["t"], None
+    if family == "attn_decode":
+        h, kv, dd, dv, c = d["h"], d["kv"], d["d"], d["dv"], d["c"]
+        byts = 2 * (c * kv * dd + c * kv * dv + h * dd + h * dv)
+        return byts, 2 * h * c * (dd + dv)
+    raise ValueError(family)
+
+
+def load_plan(paths_from, paths_shapes):
+    entries = []
+    for p in paths_from:
+        doc = json.load(open(p))
+        if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+            raise SystemExit(f"peers.py: {p}: not a memra bench JSON (no `results` array)")
+        entries += [(r["family"], r["shape"], r["dtype"]) for r in doc["results"]]
+    for p in paths_shapes:
+        doc = json.load(open(p))
+        if not isinstance(doc, list):
+            raise SystemExit(f"peers.py: {p}: expected a JSON list of {{family, shape, dtype}}")
+        for i, r in enumerate(doc):
+            try:
+                entries.append((r["family"], r["shape"], r["dtype"]))
+            except (KeyError, TypeError) as e:
+                raise SystemExit(f"peers.py: {p}: entry {i}: missing {e}")
+    seen, out = set(), []
+    for e in entries:
+        if e not in seen:
+            seen.add(e)
+            out.append(e)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# torch side
+
+
+def make_ops(torch, family, d):
+    """Return (inputs, {impl: fn}) where fn(*inputs) runs the op once."""
+    F = torch.nn.functional
+    dev = "cuda"
+    f32, bf16 = torch.float32, torch.bfloat16
+    eps = 1e-6
+
+    def randn(*shape, dtype=f32):
+        return torch.randn(*shape, device=dev, dtype=f32).to(dtype)
+
+    if family in ("matvec", "matmul"):
+        t = 1 if family == "matvec" else d["t"]
+        w = randn(d["n"], d["k"], dtype=bf16) * 0.02
+        x = randn(t, d["k"], dtype=bf16)
+        fn = lambda x, w: torch.matmul(x, w.t())
+        return (x, w), {"cublas": fn}, fn
+    if family == "rmsnorm":
+        x, w = randn(d["rows"], d["n"]), randn(d["n"])
+
+        def fn(x, w):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        return (x, w), {"torch_eager": fn}, fn
+    if family == "add_rmsnorm":
+        res, delta, w = randn(d["rows"], d["n"]), randn(d["rows"], d["n"]), randn(d["n"])
+
+        def fn(res, delta, w):
+            res.add_(delta)  # residual updated in place, as memra's kernel does
+            return res * torch.rsqrt(res.pow(2).mean(-1, keepdim=True) + eps) * w
+        return (res, delta, w), {"torch_eager": fn}, fn
+    if family in ("swiglu", "geglu"):
+        gate, up = randn(d["rows"], d["n"]), randn(d["rows"], d["n"])
+        act = F.silu if family == "swiglu" else (lambda g: F.gelu(g, approximate="tanh"))
+        fn = lambda gate, up: act(gate) * up
+        return (gate, up), {"torch_eager": fn}, fn
+    if family == "argmax":
+        logits = randn(d["rows"], d["n"])
+        fn = lambda logits: torch.argmax(logits, dim=-1)
+        return (logits,), {"torch_eager": fn}, fn
+    if family == "topk":
+        logits = randn(d["rows"], d["n"])
+        k = d["k"]
+        fn = lambda logits: torch.topk(logits, k, dim=-1)
+        return (logits,), {"torch_eager": fn}, fn
+    if family == "embed":
+        table = randn(d["v"], d["e"], dtype=bf16)
+        tokens = torch.randint(0, d["v"], (d["t"],), device=dev)
+        fn = lambda tokens, table: F.embedding(tokens, table).float()
+        return (tokens, table), {"torch_eager": fn}, fn
+    if family == "attn_decode":
+        h, kv, dd, dv, c = d["h"], d["kv"], d["d"], d["dv"], d["c"]
+        q = randn(1, h, 1, dd, dtype=bf16)
+        k = randn(1, kv, c, dd, dtype=bf16)
+        v = randn(1, kv, c, dv, dtype=bf16)
+        gqa = h != kv
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        return (q, k, v), {"torch_eager": fn}, fn
+    raise ValueError(f"no torch peer for family {family!r}")
+
+
+def time_fn(torch, fn, args, flush, warmup, iters):
+    for _ in range(warmup):
+        fn(*args)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        flush.zero_()
+        starts[i].record()
+        fn(*args)
+        ends[i].record()
+    torch.cuda.synchronize()
+    us = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    return us[len(us) // 2]
+
+
+def copy_bandwidth(torch, warmup, iters):
+    src = torch.empty(GIB, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    for _ in range(warmup):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        e.synchronize()
+        ms.append(s.elapsed_time(e))
+    ms.sort()
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * GIB / (ms[len(ms) // 2] * 1e-3) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--from", dest="from_", action="append", default=[], metavar="MEMRA_JSON",
+                    help="memra bench --json output whose results give the shapes (repeatable)")
+    ap.add_argument("--shapes", action="append", default=[], metavar="FILE",
+                    help="extra shapes: JSON list of {family, shape, dtype} (repeatable)")
+    ap.add_argument("--json", metavar="OUT", help="write the results here")
+    ap.add_argument("--list", action="store_true", help="print the plan and exit (no torch)")
+    ap.add_argument("--iters", type=int, default=None, help="timed calls (default: the memra file's, else 30)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed calls (default: the memra file's, else 5)")
+    ap.add_argument("--compile-mode", default="default",
+                    choices=["default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"])
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--family", action="append", default=[], help="only these families")
+    ap.add_argument("--budget-s", type=float, default=480.0,
+                    help="stop compiling (record skipped) after this many seconds; eager still runs")
+    args = ap.parse_args()
+
+    if not args.from_ and not args.shapes:
+        ap.error("give --from MEMRA_JSON and/or --shapes FILE")
+    plan = load_plan(args.from_, args.shapes)
+    if args.family:
+        plan = [e for e in plan if e[0] in args.family]
+    iters, warmup = args.iters, args.warmup
+    if args.from_:
+        first = json.load(open(args.from_[0]))
+        iters = iters or first.get("iters")
+        warmup = warmup if warmup is not None else first.get("warmup")
+    iters, warmup = iters or 30, 5 if warmup is None else warmup
+
+    if args.list:
+        for fam, shape, dtype in plan:
+            try:
+                d = parse_shape(fam, shape, dtype)
+                b, f = plan_bytes_flops(fam, d)
+                print(f"{fam:<12} {shape:<24} {dtype:<6} -> {peer_dtype(fam, dtype):<5} bytes {b} flops {f}")
+            except ValueError as e:
+                print(f"{fam:<12} {shape:<24} {dtype:<6} skipped: {e}")
+        return 0
+
+    import torch
+    if not torch.cuda.is_available():
+        print("peers.py: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 4096)
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 0) or (60 << 20)
+    copy_gbps = copy_bandwidth(torch, 3, iters)
+    print(f"peers: {props.name}, torch {torch.__version__}, L2 {l2 >> 20} MiB, "
+          f"copy {copy_gbps:.0f} GB/s, {len(plan)} shapes", file=sys.stderr)
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+
+    started = time.time()
+    results = []
+    cache = {}  # (family, shape, peer dtype) -> rows without dtype: quant types share one bf16 peer
+    for fam, shape, dtype in plan:
+        base = dict(family=fam, shape=shape, dtype=dtype)
+        try:
+            d = parse_shape(fam, shape, dtype)
+        except ValueError as e:
+            results.append(dict(base, impl="torch_eager", peer_dtype=None, median_us=None,
+                                bytes=None, flops=None, skipped=str(e)))
+            continue
+        pd = peer_dtype(fam, dtype)
+        key = (fam, shape, pd)
+        if key not in cache:
+            rows = []
+            byts, flops = plan_bytes_flops(fam, d)
+            try:
+                inputs, impls, fn = make_ops(torch, fam, d)
+            except Exception as e:  # out of memory etc.: record and go on
+                cache[key] = [dict(impl="torch_eager", median_us=None, skipped=f"setup: {e}".splitlines()[0])]
+                torch.cuda.empty_cache()
+                results += [dict(base, peer_dtype=pd, bytes=byts, flops=flops, **r) for r in cache[key]]
+                continue
+            for impl, f in impls.items():
+                try:
+                    rows.append(dict(impl=impl, median_us=time_fn(torch, f, inputs, flush, warmup, iters)))
+                except Exception as e:
+                    rows.append(dict(impl=impl, median_us=None, skipped=f"{type(e).__name__}: {e}".splitlines()[0]))
+            if args.no_compile:
+                rows.append(dict(impl="torch_compile", median_us=None, skipped="--no-compile"))
+            elif time.time() - started > args.budget_s:
+                rows.append(dict(impl="torch_compile", median_us=None, skipped=f"time budget {args.budget_s:.0f} s spent"))
+            else:
+                try:
+                    cf = torch.compile(fn, mode=args.compile_mode, dynamic=False, fullgraph=True)
+                    rows.append(dict(impl="torch_compile", median_us=time_fn(torch, cf, inputs, flush, warmup, iters)))
+                except Exception as e:
+                    rows.append(dict(impl="torch_compile", median_us=None, skipped=f"{type(e).__name__}: {e}".splitlines()[0]))
+            for r in rows:
+                r["bytes"], r["flops"] = byts, flops
+            cache[key] = rows
+            del inputs
+            torch.cuda.empty_cache()
+            line = ", ".join(f"{r['impl']} {r['median_us']:.2f} us" if r["median_us"] is not None
+                             else f"{r['impl']} skipped" for r in rows)
+            print(f"  {fam:<12} {shape:<24} {pd:<5} {line}", file=sys.stderr)
+        results += [dict(base, peer_dtype=pd, **r) for r in cache[key]]
+
+    doc = {
+        "schema": 1,
+        "device": props.name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "compile_mode": None if args.no_compile else args.compile_mode,
+        "iters": iters,
+        "warmup": warmup,
+        "l2_bytes": l2,
+        "copy_bytes": 2 * GIB,
+        "copy_gbps": copy_gbps,
+        "results": results,
+    }
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+        print(f"wrote {args.json}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
