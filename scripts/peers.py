@@ -240,7 +240,7 @@ def main():
                     choices=["default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"])
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--family", action="append", default=[], help="only these families")
-    ap.add_argument("--budget-s", type=float, default=480.0,
+    ap.add_argument("--budget-s", type=float, default=300.0,
                     help="stop compiling (record skipped) after this many seconds; eager still runs")
     args = ap.parse_args()
 
@@ -300,9 +300,10 @@ def main():
             try:
                 inputs, impls, fn = make_ops(torch, fam, d)
             except Exception as e:  # out of memory etc.: record and go on
-                cache[key] = [dict(impl="torch_eager", median_us=None, skipped=f"setup: {e}".splitlines()[0])]
+                cache[key] = [dict(impl="torch_eager", median_us=None, bytes=byts, flops=flops,
+                                   skipped=f"setup: {type(e).__name__}: {e}".splitlines()[0])]
                 torch.cuda.empty_cache()
-                results += [dict(base, peer_dtype=pd, bytes=byts, flops=flops, **r) for r in cache[key]]
+                results += [dict(base, peer_dtype=pd, **r) for r in cache[key]]
                 continue
             for impl, f in impls.items():
                 try:

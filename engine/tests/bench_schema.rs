@@ -114,6 +114,18 @@ fn synthetic_peers(
             rows.push(row);
         }
     }
+    // A shape memra bench does not run: reported as a `peer only` row.
+    let attn_us = 1.0 + 100.0 * rng.uniform_f64();
+    rows.push(json!({"family": "attn_decode", "shape": "h64_kv1_d576_dv512_c4096", "dtype": "bf16", "impl": "torch_eager",
+        "peer_dtype": "bf16", "median_us": attn_us, "bytes": 9052160, "flops": 570425344}));
+    best.insert(
+        (
+            "attn_decode".into(),
+            "h64_kv1_d576_dv512_c4096".into(),
+            "bf16".into(),
+        ),
+        attn_us,
+    );
     let peers = json!({"schema": 1, "device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "date": "2026-11-30T00:00:00Z",
         "compile_mode": "default", "iters": 30, "warmup": 5, "l2_bytes": 62914560, "copy_bytes": 2147483648u64,
         "copy_gbps": 4200.0, "results": rows});
@@ -290,6 +302,20 @@ fn report_with_peers_picks_the_fastest_peer() {
             "seed {seed}: specialized time of {key:?}"
         );
     }
+    let peer_only: Vec<&Value> = comparison
+        .iter()
+        .filter(|c| c["arch"] == report::PEER_ONLY)
+        .collect();
+    assert_eq!(
+        peer_only.len(),
+        1,
+        "seed {seed}: the attn_decode peer should be the one `peer only` row"
+    );
+    assert_eq!(peer_only[0]["family"], "attn_decode");
+    assert_eq!(
+        peer_only[0]["bytes"], 9052160,
+        "peer-only rows carry the peer's bytes"
+    );
     let with_peer = comparison
         .iter()
         .filter(|c| !c["peer_us"].is_null())

@@ -189,8 +189,45 @@ pub fn compare(doc: &Value) -> Vec<CompareRow> {
             _ => {}
         }
     }
+    // Peer figures for shapes memra did not run (e.g. attn_decode from benches/peers-attention.json):
+    // shown as baselines under their own heading, in the peers file's order.
+    let mut extra: Vec<CompareRow> = Vec::new();
+    for p in doc
+        .pointer("/peers/results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (family, shape, dtype) = (s(p, "family"), s(p, "shape"), s(p, "dtype"));
+        let known = |c: &CompareRow| c.family == family && c.shape == shape && c.dtype == dtype;
+        if rows.iter().any(known) || extra.iter().any(known) {
+            continue;
+        }
+        let Some(peer) = peers
+            .get(&(family.clone(), shape.clone(), dtype.clone()))
+            .cloned()
+        else {
+            continue;
+        };
+        let bytes = peer.3;
+        extra.push(CompareRow {
+            arch: PEER_ONLY.into(),
+            family,
+            shape,
+            dtype,
+            bytes,
+            specialized_us: None,
+            generic_us: None,
+            roofline_us: bytes as f64 / (copy_gbps * 1e3),
+            peer: Some(peer),
+        });
+    }
+    rows.extend(extra);
     rows
 }
+
+/// The `arch` of comparison rows that only a peer measured (memra bench has no such shape).
+pub const PEER_ONLY: &str = "peer only";
 
 /// Geometric mean of specialized/generic per architecture, and per (architecture, family).
 pub fn geomeans(rows: &[CompareRow]) -> Geomeans {
@@ -270,7 +307,7 @@ pub fn comparison_table(doc: &Value, rows: &[CompareRow]) -> String {
         let _ = writeln!(t, "\n== {arch}");
         let _ = writeln!(
             t,
-            "{:<12} {:<22} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11} {:>10}  peer (impl, dtype)",
+            "{:<12} {:<26} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11} {:>10}  peer (impl, dtype)",
             "family",
             "shape",
             "dtype",
@@ -284,7 +321,7 @@ pub fn comparison_table(doc: &Value, rows: &[CompareRow]) -> String {
         for r in rows.iter().filter(|r| r.arch == arch) {
             let _ = writeln!(
                 t,
-                "{:<12} {:<22} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11.2} {:>10}  {}",
+                "{:<12} {:<26} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11.2} {:>10}  {}",
                 r.family,
                 r.shape,
                 r.dtype,
@@ -503,6 +540,9 @@ pub fn svg(doc: &Value, rows: &[CompareRow]) -> String {
                 "geomean specialized/generic {g:.3}x over {n} shapes (goal ≥ {GOAL_SPEEDUP:.2}x: {})",
                 if *g >= GOAL_SPEEDUP { "met" } else { "not met" }
             ),
+            None if *arch == PEER_ONLY => {
+                "torch baselines for shapes memra bench does not run yet".to_string()
+            }
             None => "no specialized/generic pairs".to_string(),
         };
         let _ = writeln!(
