@@ -71,7 +71,7 @@ impl FieldType {
             FieldType::RopeMode => vec!["none", "interleaved", "neox"],
             FieldType::QkNorm => vec!["none", "per_head", "full"],
             FieldType::CacheType => vec!["f32", "bf16"],
-            FieldType::MoeMode => vec!["plain", "swiglu", "down"],
+            FieldType::MoeMode => vec!["plain", "swiglu", "geglu", "down"],
             FieldType::Gating => vec!["softmax", "sigmoid"],
         }
     }
@@ -99,7 +99,7 @@ impl FieldType {
             },
             FieldType::MoeMode => format!(
                 "memra::MoeMode::{}",
-                camel(token, &["plain", "swiglu", "down"])?
+                camel(token, &["plain", "swiglu", "geglu", "down"])?
             ),
             FieldType::Gating => format!(
                 "memra::Gating::{}",
@@ -424,6 +424,10 @@ mod tests {
         assert_eq!(
             FieldType::MoeMode.cpp("swiglu").as_deref(),
             Some("memra::MoeMode::Swiglu")
+        );
+        assert_eq!(
+            FieldType::MoeMode.cpp("geglu").as_deref(),
+            Some("memra::MoeMode::Geglu")
         );
         assert_eq!(
             FieldType::Gating.cpp("sigmoid").as_deref(),

@@ -304,7 +304,7 @@ pub fn known_symbol(s: &str) -> bool {
             s,
             "none" | "interleaved" | "neox" | "per_head" | "full" | "f32" | "bf16"
         )
-        || matches!(s, "plain" | "swiglu" | "down" | "softmax" | "sigmoid")
+        || matches!(s, "plain" | "swiglu" | "geglu" | "down" | "softmax" | "sigmoid")
         || GgmlType::from_name(s).is_some()
 }
 

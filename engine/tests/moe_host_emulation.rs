@@ -1,11 +1,13 @@
-//! CPU emulation of the MoE kernels (moe_router, moe_matvec in its three modes): the templates
+//! CPU emulation of the MoE kernels (moe_router, moe_matvec in its four modes): the templates
 //! compiled as host C++ on std::threads (engine/tests/emu_common: barriers, shuffles,
 //! synchronous cp.async), blocks run one after another, compared with memra-reference on fresh
 //! random inputs (seed printed; replay with `MEMRA_SEED=<seed>`), NaN-poisoned outputs, padded
 //! strides, fewer grid rows than slots (grid-stride path) and an out-of-range expert id (its
 //! outputs must be NaN, nothing else touched). Every QType generic; Q4_K, Q8_0 and Q6_K also
-//! specialized. LANES 16 (the specs' variants use 32): 32-row tiles, half-size chunks. Router ids must equal `moe::route`'s exactly (the kernel computes the
-//! probabilities in f64 as the reference does); weights ≤ 1e-6 relative. Products: relative L2
+//! specialized. Dense gated FFNs as one expert (n_expert = n_used = 1, ids = [0]): Gemma 3's
+//! geglu at 640 → 2048 Q5_0 and swiglu, specialized and generic. LANES 16 (the specs' variants
+//! use 32): 32-row tiles, half-size chunks. Router ids must equal `moe::route`'s exactly (the
+//! kernel computes the probabilities in f64 as the reference does); weights ≤ 1e-6 relative. Products: relative L2
 //! ≤ 1e-4 (f32 arithmetic on the same dequantized values). Says nothing about speed. Skips
 //! (one SKIP line) without a C++20 compiler.
 
@@ -36,7 +38,7 @@ template <class C> int moe(char** a) {
     auto* wp = aligned_copy<unsigned char>(w); auto* wup = aligned_copy<unsigned char>(wu);
     auto* xp = aligned_copy<float>(x); auto* yp = aligned_copy<float>(y);
     using G = MatvecGeometry<MoeMatvecGeometryCfg<C>>;
-    int tile_rows = C::MODE == MoeMode::Swiglu ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
+    int tile_rows = moe_detail::paired<C::MODE>() ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
     Dim3 grid{(unsigned)((tile_rows + G::ROWS - 1) / G::ROWS), (unsigned)std::min(slots, gy_max), 1};
     run_grid(grid, C::THREADS, G::SMEM, [&] {
         moe_matvec_impl<C>(wp, wup, (const int*)ids.data(), (const float*)wts.data(), xp, yp, k, n, nt, nu, ne, ldx, ldy); });
@@ -62,11 +64,13 @@ int main(int argc, char** argv) {
     if (spec) {
         if (what == "plain") return moe<MCfg<KDIM, NDIM, MoeMode::Plain, 0>>(a);
         if (what == "swiglu") return moe<MCfg<KDIM, NDIM, MoeMode::Swiglu, 0>>(a);
+        if (what == "geglu") return moe<MCfg<KDIM, NDIM, MoeMode::Geglu, 0>>(a);
         if (what == "down") return moe<MCfg<NDIM, KDIM, MoeMode::Down, 0>>(a);
     }
 #endif
     if (what == "plain") return moe<MCfg<0, 0, MoeMode::Plain, 0>>(a);
     if (what == "swiglu") return moe<MCfg<0, 0, MoeMode::Swiglu, 0>>(a);
+    if (what == "geglu") return moe<MCfg<0, 0, MoeMode::Geglu, 0>>(a);
     if (what == "down") return moe<MCfg<0, 0, MoeMode::Down, 0>>(a);
     if (what == "down_acc") return moe<MCfg<0, 0, MoeMode::Down, 1>>(a);
     return 9; }
@@ -86,6 +90,14 @@ fn emulator_source() -> String {
         "// Block-wide sum",
         "common.cuh",
     );
+    // The gated activations moe_matvec shares with swiglu.cuh / geglu.cuh (not the row kernel).
+    let glu = template("swiglu.cuh");
+    let act = cut(
+        &glu,
+        "enum class Act",
+        "template <Act A, class Cfg>",
+        "swiglu.cuh",
+    );
     let moe = template("moe_matvec.cuh");
     let moe_body = cut(
         &moe,
@@ -101,7 +113,7 @@ fn emulator_source() -> String {
         "moe_router.cuh",
     );
     format!(
-        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{keys}\n}}\n{}{moe_body}{router_body}{GRID_RUNNER}{DRIVER}",
+        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{keys}\nnamespace glu_detail {{\n{act}\n}}\n}}\n{}{moe_body}{router_body}{GRID_RUNNER}{DRIVER}",
         emu_common::matvec_host_body()
     )
 }
@@ -273,7 +285,21 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 &x,
                 &y0,
             );
+            let geg = launch(
+                &mut b,
+                &defines,
+                "geglu",
+                variant_spec,
+                d,
+                &wg,
+                &wu,
+                &ids,
+                &wts,
+                &x,
+                &y0,
+            );
             let (mut got_p, mut want_p, mut got_s, mut want_s) = (vec![], vec![], vec![], vec![]);
+            let (mut got_g, mut want_g) = (vec![], vec![]);
             for s in 0..slots {
                 let row = |v: &[f32]| v[s * ldy..s * ldy + nn].to_vec();
                 if s + 1 < slots {
@@ -296,6 +322,11 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                         "{}: bad id slot not NaN",
                         what("swiglu")
                     );
+                    assert!(
+                        row(&geg).iter().all(|v| v.is_nan()),
+                        "{}: bad id slot not NaN",
+                        what("geglu")
+                    );
                     continue;
                 }
                 let e = ids[s] as usize;
@@ -306,11 +337,15 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 want_p.extend(&g);
                 got_s.extend(row(&swi));
                 want_s.extend(act::swiglu(&g, &u));
+                got_g.extend(row(&geg));
+                want_g.extend(act::geglu(&g, &u));
             }
             let err = rel_err(&got_p, &want_p);
             assert!(err <= TOL, "{}: rel L2 {err:e} > {TOL:e}", what("plain"));
             let err = rel_err(&got_s, &want_s);
             assert!(err <= TOL, "{}: rel L2 {err:e} > {TOL:e}", what("swiglu"));
+            let err = rel_err(&got_g, &want_g);
+            assert!(err <= TOL, "{}: rel L2 {err:e} > {TOL:e}", what("geglu"));
 
             // down: y[b] = Σ_j wt·W_down[e]·h[s], h random [slots][ldh].
             let ldh = nn + 8;
@@ -387,6 +422,80 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 let err = rel_err(&g, &want);
                 assert!(err <= TOL, "{}: rel L2 {err:e} > {TOL:e}", what(mode));
                 eprintln!("{}: ok", what(mode));
+            }
+        }
+    }
+}
+
+/// A dense gated FFN as one expert: n_expert = n_used = 1, ids = [0], the 2-D gate and up
+/// tensors as w / w_up, one decode token (and a 3-token batch, every slot expert 0). Gemma 3's
+/// shape (640 → 2048, Q5_0) in geglu and swiglu, specialized and generic, against
+/// `act::geglu` / `act::swiglu` of two `linear::matvec_gguf`. Row padding must stay NaN.
+#[test]
+fn dense_gated_ffn_as_one_expert_matches_reference() {
+    let test = "dense_gated_ffn_as_one_expert_matches_reference";
+    let Some(mut b) = Builder::new(test, "moe-dense", &emulator_source()) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    let seed = rng.seed();
+    let (ty, kk, nn) = (GgmlType::Q5_0, 640usize, 2048usize);
+    let defines = vec![
+        format!("QT={}", ty.name()),
+        format!("KDIM={kk}"),
+        format!("NDIM={nn}"),
+        "NEXP=64".into(),
+        "NUSED=8".into(),
+        "SPEC=1".into(),
+    ];
+    let wg = quant::quantize(ty, &rng.normal_vec(nn * kk, 1.0)).unwrap();
+    let wu = quant::quantize(ty, &rng.normal_vec(nn * kk, 1.0)).unwrap();
+    for n_tokens in [1usize, 3] {
+        let ldx = kk + 4 * (n_tokens - 1);
+        let ldy = nn + (n_tokens - 1);
+        let x = rng.normal_vec((n_tokens - 1) * ldx + kk, 1.0);
+        let ids = vec![0i32; n_tokens];
+        let y0 = vec![f32::NAN; (n_tokens - 1) * ldy + nn];
+        let d = [kk, nn, n_tokens, 1, 1, ldx, ldy, 2];
+        for spec in [true, false] {
+            for mode in ["geglu", "swiglu"] {
+                let what = format!(
+                    "{mode} {ty:?} k={kk} n={nn} n_tokens={n_tokens} spec={spec} (MEMRA_SEED={seed})"
+                );
+                let got = launch(
+                    &mut b,
+                    &defines,
+                    mode,
+                    spec,
+                    d,
+                    &wg,
+                    &wu,
+                    &ids,
+                    &[0.0],
+                    &x,
+                    &y0,
+                );
+                let (mut g_all, mut want) = (vec![], vec![]);
+                for t in 0..n_tokens {
+                    let xt = &x[t * ldx..][..kk];
+                    let g = linear::matvec_gguf(ty, &wg, kk, nn, xt).unwrap();
+                    let u = linear::matvec_gguf(ty, &wu, kk, nn, xt).unwrap();
+                    want.extend(if mode == "geglu" {
+                        act::geglu(&g, &u)
+                    } else {
+                        act::swiglu(&g, &u)
+                    });
+                    g_all.extend_from_slice(&got[t * ldy..t * ldy + nn]);
+                    if t + 1 < n_tokens {
+                        assert!(
+                            got[t * ldy + nn..(t + 1) * ldy].iter().all(|v| v.is_nan()),
+                            "{what}: row padding written"
+                        );
+                    }
+                }
+                let err = rel_err(&g_all, &want);
+                assert!(err <= TOL, "{what}: rel L2 {err:e} > {TOL:e}");
+                eprintln!("{what}: ok (rel L2 {err:e})");
             }
         }
     }

@@ -24,7 +24,7 @@ enum class RopeMode : int { None = 0, Interleaved = 1, Neox = 2 };
 enum class QkNorm : int { None = 0, PerHead = 1, Full = 2 };
 enum class CacheType : int { F32 = 0, BF16 = 1 };
 // MoE (moe_matvec.cuh, moe_router.cuh). Gating values = GGUF `expert_gating_func`.
-enum class MoeMode : int { Plain = 0, Swiglu = 1, Down = 2 };
+enum class MoeMode : int { Plain = 0, Swiglu = 1, Down = 2, Geglu = 3 };
 enum class Gating : int { Softmax = 1, Sigmoid = 2 };
 
 constexpr int WARP_SIZE = 32;

@@ -7,6 +7,8 @@
 //   MODE Swiglu:  y[s, n]  = silu(Σ_k Wg[e_s][n][k]·x[b, k]) · Σ_k Wu[e_s][n][k]·x[b, k]
 //                    (gate and up rows n of the same expert sit in one lane group, so the
 //                    gated activation is applied where both sums meet)
+//   MODE Geglu:   as Swiglu with gelu_tanh for silu (swiglu.cuh's formula, geglu's; Gemma 3).
+//                    A dense gated FFN is the n_expert = 1, n_used = 1, ids = [0] case.
 //   MODE Down:    y[b, n] (+)= Σ_j wt[b, j] · Σ_k W[e_bj][n][k] · x[b·n_used + j, k]
 //                    (the n_used matrices concatenate along K into one accumulator per row,
 //                    scaled per segment by the routing weight: the combine is fused, no atomics)
@@ -16,25 +18,27 @@
 //   int   K               expert row length (n_embd for gate/up, n_ff_exp for down); 0 = run time
 //   int   N               expert rows (n_ff_exp for gate/up, n_embd for down); 0 = run time
 //   QType QTYPE           expert tensor type
-//   MoeMode MODE          Plain, Swiglu (gate + up tensors, SwiGLU fused), Down (weighted combine)
-//   int   THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (Swiglu: ROWS_PER_GROUP even)
+//   MoeMode MODE          Plain, Swiglu (gate + up tensors, SwiGLU fused), Geglu (same, GELU-tanh),
+//                         Down (weighted combine)
+//   int   THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (Swiglu / Geglu: ROWS_PER_GROUP even)
 //   int   ACCUMULATE      Down only: 1 = y += combine (residual fusion)
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const unsigned char* w_up, const int* ids, const float* weights,
 //    const float* x, float* y, int k, int n, int n_tokens, int n_used, int n_expert, int ldx, int ldy)
-//   w, w_up: n_expert·N·row_bytes(K) bytes each, 16-byte aligned (w_up: Swiglu only, else unread);
+//   w, w_up: n_expert·N·row_bytes(K) bytes each, 16-byte aligned (w_up: Swiglu / Geglu only, else unread);
 //   ids [n_tokens·n_used] i32; weights [n_tokens·n_used] f32 (Down only, else unread);
-//   x: Plain/Swiglu [n_tokens][ldx], Down [n_tokens·n_used][ldx] (16-byte aligned, ldx % 4 == 0);
-//   y: Plain/Swiglu [n_tokens·n_used][ldy], Down [n_tokens][ldy].
+//   x: Plain/Swiglu/Geglu [n_tokens][ldx], Down [n_tokens·n_used][ldx] (16-byte aligned, ldx % 4 == 0);
+//   y: Plain/Swiglu/Geglu [n_tokens·n_used][ldy], Down [n_tokens][ldy].
 //   An id outside [0, n_expert) makes the outputs it feeds NaN (ids come from the device).
 //
 // Launch geometry: R = THREADS / LANES · ROWS_PER_GROUP tile rows per block; Plain: grid
-//   (ceil(N / R), n_tokens·n_used); Swiglu: (ceil(2N / R), n_tokens·n_used) (tile row 2n = gate
+//   (ceil(N / R), n_tokens·n_used); Swiglu / Geglu: (ceil(2N / R), n_tokens·n_used) (tile row 2n = gate
 //   row n, 2n + 1 = up row n); Down: (ceil(N / R), n_tokens). grid.y ≤ 65535. Block THREADS,
 //   dynamic shared memory = matvec's with BATCH 1 (MatvecGeometry<MoeMatvecGeometryCfg<Cfg>>::SMEM).
 #pragma once
 #include "memra/matvec.cuh"
+#include "memra/swiglu.cuh"
 
 namespace memra {
 
@@ -47,12 +51,18 @@ template <class Cfg> struct MoeMatvecGeometryCfg {
 
 namespace moe_detail {
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+template <MoeMode M> constexpr bool paired() { return M == MoeMode::Swiglu || M == MoeMode::Geglu; }
 
-// Plain / Swiglu: one (token, slot) per grid.y; tile rows of expert e (Swiglu: gate/up interleaved).
+// The gated activation of a paired mode: glu_detail's, so the fused and unfused paths agree.
+template <MoeMode M> __device__ __forceinline__ float gate_act(float g) {
+    return glu_detail::act<M == MoeMode::Geglu ? glu_detail::Act::GeluTanh : glu_detail::Act::Silu>(g);
+}
+
+// Plain / Swiglu / Geglu: one (token, slot) per grid.y; tile rows of expert e (paired modes:
+// gate/up interleaved).
 template <class Cfg> struct ExpertRows {
     static constexpr bool SEGMENTED = false, WEIGHTED = false;
-    static constexpr bool PAIRED = Cfg::MODE == MoeMode::Swiglu;
+    static constexpr bool PAIRED = paired<Cfg::MODE>();
     static constexpr int LANES = Cfg::LANES;
     const u8* w;
     const u8* w_up;
@@ -76,11 +86,11 @@ template <class Cfg> struct ExpertRows {
     template <int RPG, int NB>
     __device__ __forceinline__ void store(int lane, int first_row, const float (&sums)[RPG][NB], int) const {
         if constexpr (PAIRED) {
-            static_assert(RPG % 2 == 0, "MODE Swiglu needs an even ROWS_PER_GROUP (gate and up rows pair up)");
+            static_assert(RPG % 2 == 0, "MODE Swiglu / Geglu needs an even ROWS_PER_GROUP (gate and up rows pair up)");
 #pragma unroll
             for (int i = 0; i < RPG / 2; ++i) {
                 const int row = first_row / 2 + i;
-                if (lane == i % LANES && row < n) y[row] = silu(sums[2 * i][0]) * sums[2 * i + 1][0];
+                if (lane == i % LANES && row < n) y[row] = gate_act<Cfg::MODE>(sums[2 * i][0]) * sums[2 * i + 1][0];
             }
         } else {
 #pragma unroll
@@ -160,12 +170,12 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
             __syncthreads();  // the next token's prologue reuses the stage slots
         }
     } else {
-        const int tile_rows = Cfg::MODE == MoeMode::Swiglu ? 2 * N : N;
+        const int tile_rows = moe_detail::paired<Cfg::MODE>() ? 2 * N : N;
         for (int s = blockIdx.y; s < n_tokens * n_used; s += gridDim.y) {
             const int e = __ldg(ids + s);
             float* ys = y + (i64)s * ldy;
             if (e < 0 || e >= n_expert) {
-                const int per = Cfg::MODE == MoeMode::Swiglu ? G::ROWS / 2 : G::ROWS;
+                const int per = moe_detail::paired<Cfg::MODE>() ? G::ROWS / 2 : G::ROWS;
                 for (int r = blockIdx.x * per + tid; r < N && r < (int)(blockIdx.x + 1) * per; r += Cfg::THREADS)
                     ys[r] = __int_as_float(0x7fc00000);
                 continue;

@@ -1,7 +1,9 @@
 //! moe_matvec: decode products over stacked GGUF expert tensors (ne = [K, N, n_expert]) that
 //! read only the selected experts (templates/memra/moe_matvec.cuh): plain `y[s] = W[e_s]·x[b]`,
-//! swiglu `y[s] = silu(Wg[e_s]·x[b]) ⊙ (Wu[e_s]·x[b])`, down `y[b] (+)= Σ_j wt[s]·W[e_s]·x[s]`
+//! swiglu `y[s] = silu(Wg[e_s]·x[b]) ⊙ (Wu[e_s]·x[b])`, geglu the same with gelu_tanh, down `y[b] (+)= Σ_j wt[s]·W[e_s]·x[s]`
 //! with `s = b·n_used + j`, `e_s = ids[s]`. matvec's streaming core, units and geometry.
+//! A dense gated FFN (gate + up + activation in one launch) is the one-expert case:
+//! `n_expert = n_used = 1`, `ids = [0]`, `w` / `w_up` the 2-D ffn_gate / ffn_up tensors.
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 use memra_gguf::GgmlType;
@@ -41,6 +43,8 @@ pub enum Mode {
     Plain,
     /// `swiglu`: `y[s] = silu(Wg[e_s]·x[b]) ⊙ (Wu[e_s]·x[b])`, gate and up in one launch.
     Swiglu,
+    /// `geglu`: `y[s] = gelu_tanh(Wg[e_s]·x[b]) ⊙ (Wu[e_s]·x[b])` (Gemma 3's FFN).
+    Geglu,
     /// `down`: `y[b] (+)= Σ_j weights[s]·W[e_s]·x[s]`.
     Down,
 }
@@ -49,11 +53,29 @@ pub fn mode(kernel: &Kernel) -> Result<Mode, Error> {
     match checks::required_sym(kernel, "mode")? {
         "plain" => Ok(Mode::Plain),
         "swiglu" => Ok(Mode::Swiglu),
+        "geglu" => Ok(Mode::Geglu),
         "down" => Ok(Mode::Down),
         m => Err(checks::invalid(
             kernel,
-            format!("mode `{m}` is not plain, swiglu or down"),
+            format!("mode `{m}` is not plain, swiglu, geglu or down"),
         )),
+    }
+}
+
+impl Mode {
+    /// Gate and up tensors in one launch, the activation applied where both sums meet.
+    pub fn is_paired(self) -> bool {
+        matches!(self, Mode::Swiglu | Mode::Geglu)
+    }
+
+    /// The Cfg `MODE` token (`mode` in a registry request).
+    pub fn token(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Swiglu => "swiglu",
+            Mode::Geglu => "geglu",
+            Mode::Down => "down",
+        }
     }
 }
 
@@ -63,7 +85,7 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
     Ok(MatvecTuning { batch: 1, ..t })
 }
 
-/// Grid: `(ceil(tile rows / R), slots)`, tile rows = N (2N in Swiglu), slots = n_tokens·n_used
+/// Grid: `(ceil(tile rows / R), slots)`, tile rows = N (2N in Swiglu / Geglu), slots = n_tokens·n_used
 /// (n_tokens in Down), capped at 65535 (the kernel strides over slots).
 pub fn launch_config(
     geo: &matvec::MatvecGeometry,
@@ -74,7 +96,7 @@ pub fn launch_config(
 ) -> LaunchConfig {
     let (tile_rows, slots) = match mode {
         Mode::Plain => (n, n_tokens * n_used),
-        Mode::Swiglu => (2 * n, n_tokens * n_used),
+        Mode::Swiglu | Mode::Geglu => (2 * n, n_tokens * n_used),
         Mode::Down => (n, n_tokens),
     };
     let mut cfg = matvec::launch_config(geo, tile_rows);
@@ -82,7 +104,7 @@ pub fn launch_config(
     cfg
 }
 
-/// The tensors and vectors of one launch. `w` (and `w_up` for Swiglu): the whole stacked expert
+/// The tensors and vectors of one launch. `w` (and `w_up` for Swiglu / Geglu): the whole stacked expert
 /// tensor, `n_expert·n·row_bytes(k)` bytes; `weights` for Down.
 pub struct MoeMatvecInputs<'s, 'a> {
     pub w: &'s CudaView<'a, u8>,
@@ -127,10 +149,10 @@ pub fn moe_matvec(
     let tune = tuning(kernel)?;
     checks::check_dim(kernel, "k", k)?;
     checks::check_dim(kernel, "n", n)?;
-    if mode == Mode::Swiglu && tune.rows_per_group % 2 != 0 {
+    if mode.is_paired() && tune.rows_per_group % 2 != 0 {
         return Err(checks::invalid(
             kernel,
-            "mode swiglu needs an even rows_per_group",
+            format!("mode {} needs an even rows_per_group", mode.token()),
         ));
     }
     if n_used == 0 || n_expert == 0 || n_used > n_expert {
@@ -143,14 +165,24 @@ pub fn moe_matvec(
     let n_total = n_expert.checked_mul(n).ok_or_else(overflow)?;
     matvec::check_weight(kernel, ty, inp.w.len(), k, n_total)?;
     checks::check_aligned16(kernel, "w", inp.w)?;
-    let w_up = match (mode, inp.w_up) {
-        (Mode::Swiglu, Some(u)) => {
+    let w_up = match (mode.is_paired(), inp.w_up) {
+        (true, Some(u)) => {
             matvec::check_weight(kernel, ty, u.len(), k, n_total)?;
             checks::check_aligned16(kernel, "w_up", u)?;
             u.slice(..)
         }
-        (Mode::Swiglu, None) => return Err(checks::invalid(kernel, "mode swiglu needs w_up")),
-        (_, Some(_)) => return Err(checks::invalid(kernel, "w_up is only read in mode swiglu")),
+        (true, None) => {
+            return Err(checks::invalid(
+                kernel,
+                format!("mode {} needs w_up", mode.token()),
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(checks::invalid(
+                kernel,
+                "w_up is only read in modes swiglu and geglu",
+            ));
+        }
         // Not read by the kernel; any valid pointer fills the slot.
         (_, None) => inp.w.slice(..),
     };
@@ -216,7 +248,7 @@ pub fn moe_matvec(
         ldy: checks::to_i32(kernel, "ldy", ldy)?,
     };
     checks::to_i32(kernel, "slots", slots)?;
-    // SAFETY: w (and w_up in Swiglu) hold n_expert·n rows of row_bytes(qtype, k) bytes, 16-byte
+    // SAFETY: w (and w_up in Swiglu / Geglu) hold n_expert·n rows of row_bytes(qtype, k) bytes, 16-byte
     // aligned; the kernel reads only rows of experts in [0, n_expert) (it checks every id); ids
     // (and weights in Down) hold n_tokens·n_used entries, x and y the rows of this mode at
     // their strides (checked); the dynamic shared memory matches MatvecGeometry with BATCH 1.
@@ -230,7 +262,7 @@ pub fn moe_matvec(
 }
 
 /// Bytes of the expert rows one launch reads: `n_used` experts per token (distinct ids assumed)
-/// × n rows of row_bytes(k), twice in Swiglu. For bandwidth figures.
+/// × n rows of row_bytes(k), twice in Swiglu / Geglu. For bandwidth figures.
 pub fn selected_bytes(
     ty: GgmlType,
     mode: Mode,
@@ -240,5 +272,5 @@ pub fn selected_bytes(
 ) -> Option<usize> {
     let u = matvec::unit_shape(ty)?;
     let rb = k / u.block_elems as usize * u.block_bytes as usize;
-    Some(rb * n * n_selected * if mode == Mode::Swiglu { 2 } else { 1 })
+    Some(rb * n * n_selected * if mode.is_paired() { 2 } else { 1 })
 }

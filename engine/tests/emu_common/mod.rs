@@ -61,7 +61,7 @@ inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 typedef unsigned char u8; typedef signed char i8; typedef unsigned short u16; typedef unsigned int u32; typedef unsigned long long u64; typedef long long i64;
 enum class QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30 };
-enum class MoeMode : int { Plain = 0, Swiglu = 1, Down = 2 };
+enum class MoeMode : int { Plain = 0, Swiglu = 1, Down = 2, Geglu = 3 };
 enum class Gating : int { Softmax = 1, Sigmoid = 2 };
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int WARP_SIZE = 32;
