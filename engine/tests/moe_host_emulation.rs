@@ -38,7 +38,7 @@ template <class C> int moe(char** a) {
     auto* wp = aligned_copy<unsigned char>(w); auto* wup = aligned_copy<unsigned char>(wu);
     auto* xp = aligned_copy<float>(x); auto* yp = aligned_copy<float>(y);
     using G = MatvecGeometry<MoeMatvecGeometryCfg<C>>;
-    int tile_rows = moe_detail::paired<C::MODE>() ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
+    int tile_rows = moe_detail::PAIRED_MODE<C::MODE> ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
     Dim3 grid{(unsigned)((tile_rows + G::ROWS - 1) / G::ROWS), (unsigned)std::min(slots, gy_max), 1};
     run_grid(grid, C::THREADS, G::SMEM, [&] {
         moe_matvec_impl<C>(wp, wup, (const int*)ids.data(), (const float*)wts.data(), xp, yp, k, n, nt, nu, ne, ldx, ldy); });

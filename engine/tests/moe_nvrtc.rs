@@ -1,5 +1,6 @@
 //! CPU-only: the MoE families (moe_router, moe_matvec) compile with NVRTC for sm_90 — every
-//! QType and mode generic, OLMoE and GLM-5 shapes specialized — with no spills and no stack
+//! QType and mode generic, OLMoE and GLM-5 shapes specialized, the dense gated FFNs of Gemma 3
+//! (geglu) and Qwen3 (swiglu) as one-expert variants — with no spills and no stack
 //! frame, and their Rust argument structs match the kernels' PTX parameter lists. Skips (one
 //! SKIP line) without NVRTC.
 
@@ -43,11 +44,13 @@ fn router_variants() -> Vec<&'static KernelVariant> {
 }
 
 /// Every QType × mode generic; OLMoE (2048 ↔ 1024) and GLM-5 (6144 ↔ 2048) gate/up (swiglu)
-/// and down (down) specialized for Q4_K, Q8_0 and Q6_K, plus plain at GLM-5's gate shape.
+/// and down (down) specialized for Q4_K, Q8_0 and Q6_K, plus plain at GLM-5's gate shape; the
+/// dense FFNs of specs/gemma3.toml (640 → 2048 q5_0 geglu) and specs/qwen3.toml (4096 → 12288
+/// q8_0 swiglu).
 fn matvec_variants() -> Vec<&'static KernelVariant> {
     let mut v = Vec::new();
     for q in QTYPES {
-        for mode in ["plain", "swiglu", "down"] {
+        for mode in ["plain", "swiglu", "geglu", "down"] {
             v.push(variant(
                 "moe_matvec",
                 &[("qtype", V::S(q)), ("mode", V::S(mode))],
@@ -85,6 +88,20 @@ fn matvec_variants() -> Vec<&'static KernelVariant> {
             ("mode", V::S("plain")),
         ],
     ));
+    for (k, n, q, mode) in [
+        (640i64, 2048i64, "q5_0", "geglu"),
+        (4096, 12288, "q8_0", "swiglu"),
+    ] {
+        v.push(variant(
+            "moe_matvec",
+            &[
+                ("k", V::I(k)),
+                ("n", V::I(n)),
+                ("qtype", V::S(q)),
+                ("mode", V::S(mode)),
+            ],
+        ));
+    }
     v
 }
 
@@ -170,6 +187,15 @@ fn moe_args_structs_match_kernel_parameters() {
             "moe_matvec",
             &[("qtype", V::S("q8_0")), ("mode", V::S("swiglu"))],
         ),
+        variant(
+            "moe_matvec",
+            &[
+                ("k", V::I(640)),
+                ("n", V::I(2048)),
+                ("qtype", V::S("q5_0")),
+                ("mode", V::S("geglu")),
+            ],
+        ),
     ];
     check_params::<moe_matvec::MoeMatvecArgs<'static>>(&m, h, sm).unwrap_or_else(|e| panic!("{e}"));
 }
@@ -196,6 +222,22 @@ fn moe_variants_are_named_like_planned_ones() {
         v.source.contains("MEMRA_DEFINE_MOE_MATVEC("),
         "{}",
         v.source
+    );
+    let geglu = variant(
+        "moe_matvec",
+        &[
+            ("k", V::I(640)),
+            ("n", V::I(2048)),
+            ("qtype", V::S("q5_0")),
+            ("mode", V::S("geglu")),
+        ],
+    );
+    assert!(
+        geglu
+            .source
+            .contains("static constexpr memra::MoeMode MODE = memra::MoeMode::Geglu;"),
+        "{}",
+        geglu.source
     );
     let g = variant("moe_router", &[("gating", V::S("sigmoid"))]);
     assert!(g.name.starts_with("moe_router__generic"), "{}", g.name);

@@ -51,7 +51,8 @@ template <class Cfg> struct MoeMatvecGeometryCfg {
 
 namespace moe_detail {
 
-template <MoeMode M> constexpr bool paired() { return M == MoeMode::Swiglu || M == MoeMode::Geglu; }
+// Gate and up rows interleaved, the activation applied where both sums meet.
+template <MoeMode M> constexpr bool PAIRED_MODE = M == MoeMode::Swiglu || M == MoeMode::Geglu;
 
 // The gated activation of a paired mode: glu_detail's, so the fused and unfused paths agree.
 template <MoeMode M> __device__ __forceinline__ float gate_act(float g) {
@@ -62,7 +63,7 @@ template <MoeMode M> __device__ __forceinline__ float gate_act(float g) {
 // gate/up interleaved).
 template <class Cfg> struct ExpertRows {
     static constexpr bool SEGMENTED = false, WEIGHTED = false;
-    static constexpr bool PAIRED = paired<Cfg::MODE>();
+    static constexpr bool PAIRED = PAIRED_MODE<Cfg::MODE>;
     static constexpr int LANES = Cfg::LANES;
     const u8* w;
     const u8* w_up;
@@ -170,12 +171,12 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
             __syncthreads();  // the next token's prologue reuses the stage slots
         }
     } else {
-        const int tile_rows = moe_detail::paired<Cfg::MODE>() ? 2 * N : N;
+        const int tile_rows = moe_detail::PAIRED_MODE<Cfg::MODE> ? 2 * N : N;
         for (int s = blockIdx.y; s < n_tokens * n_used; s += gridDim.y) {
             const int e = __ldg(ids + s);
             float* ys = y + (i64)s * ldy;
             if (e < 0 || e >= n_expert) {
-                const int per = moe_detail::paired<Cfg::MODE>() ? G::ROWS / 2 : G::ROWS;
+                const int per = moe_detail::PAIRED_MODE<Cfg::MODE> ? G::ROWS / 2 : G::ROWS;
                 for (int r = blockIdx.x * per + tid; r < N && r < (int)(blockIdx.x + 1) * per; r += Cfg::THREADS)
                     ys[r] = __int_as_float(0x7fc00000);
                 continue;
