@@ -14,6 +14,9 @@
 //!   `linear::matvec_gguf` (+ `act::swiglu`), down vs the f64 routing-weighted sum over the
 //!   kernel's own h; f32 path: ≤ 1e-4 relative L2.
 //!
+//! - dense gated FFN as one expert (n_expert = n_used = 1, ids = [0]): Gemma 3 geglu and Qwen3
+//!   swiglu shapes vs `act::geglu` / `act::swiglu`.
+//!
 //! Run on a GPU machine: `cargo test --release -p memra-engine --test gpu_moe -- --ignored --nocapture`.
 
 mod dense_common;
@@ -641,4 +644,83 @@ fn gpu_moe_wrappers_refuse_bad_arguments() {
     moe_matvec::moe_matvec(&k, &with_up, &mut yv, d)
         .unwrap_or_else(|e| panic!("valid call refused: {e}"));
     println!("VERDICT gpu_moe_wrappers_refuse_bad_arguments: ok");
+}
+
+/// A dense gated FFN as one expert, the decoder's fused decode call: the 2-D ffn_gate /
+/// ffn_up tensors as w / w_up, `n_expert = n_used = 1`, `ids = [0; n_tokens]`, weights None.
+/// Gemma 3 270M (640 → 2048, Q5_0, geglu) and Qwen3 8B (4096 → 12288, Q8_0, swiglu) shapes,
+/// specialized and generic, 1 and 3 tokens, vs `act::geglu` / `act::swiglu` of two
+/// `linear::matvec_gguf`; a missing w_up is refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dense_gated_ffn_as_one_expert_matches_reference() {
+    let test = "gpu_dense_gated_ffn_as_one_expert_matches_reference";
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time(test);
+    let seed = rng.seed();
+    let shapes = [
+        ("gemma3-270m", GgmlType::Q5_0, 640usize, 2048usize, "geglu"),
+        ("qwen3-8b", GgmlType::Q8_0, 4096, 12288, "swiglu"),
+    ];
+    for (name, ty, ke, nf, mode) in shapes {
+        let gate = Stacked::new(s, ty, ke, nf, 1, &[0], &mut rng);
+        let upw = Stacked::new(s, ty, ke, nf, 1, &[0], &mut rng);
+        let (dgv, duv) = (gate.dev.slice(..), upw.dev.slice(..));
+        for spec in [true, false] {
+            let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty))), ("mode", V::S(mode))];
+            if spec {
+                p.push(("k", V::I(ke as i64)));
+                p.push(("n", V::I(nf as i64)));
+            }
+            let k = load(&gpu, variant("moe_matvec", &p));
+            for n_tokens in [1usize, 3] {
+                let what = format!("{} {name} T={n_tokens} (MEMRA_SEED={seed})", k.name());
+                let x = rng.normal_vec(n_tokens * ke, 1.0);
+                let (dx, dids) = (up(s, &x), up(s, &vec![0i32; n_tokens]));
+                let (dxv, didv) = (dx.slice(..), dids.slice(..));
+                let dims = MoeDims {
+                    k: ke,
+                    n: nf,
+                    n_tokens,
+                    n_used: 1,
+                    n_expert: 1,
+                    ldx: ke,
+                    ldy: nf,
+                };
+                let mut dy = up(s, &vec![f32::NAN; n_tokens * nf]);
+                let no_up = MoeMatvecInputs {
+                    w: &dgv,
+                    w_up: None,
+                    ids: &didv,
+                    weights: None,
+                    x: &dxv,
+                };
+                let r = moe_matvec::moe_matvec(&k, &no_up, &mut dy.slice_mut(..), dims);
+                assert!(r.is_err(), "{what}: missing w_up accepted");
+                let inp = MoeMatvecInputs {
+                    w_up: Some(&duv),
+                    ..no_up
+                };
+                moe_matvec::moe_matvec(&k, &inp, &mut dy.slice_mut(..), dims)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let got = down(s, &dy);
+                let mut want = Vec::new();
+                for t in 0..n_tokens {
+                    let xt = &x[t * ke..][..ke];
+                    let g = linear::matvec_gguf(ty, gate.expert(0), ke, nf, xt).unwrap();
+                    let u = linear::matvec_gguf(ty, upw.expert(0), ke, nf, xt).unwrap();
+                    want.extend(if mode == "geglu" {
+                        act::geglu(&g, &u)
+                    } else {
+                        act::swiglu(&g, &u)
+                    });
+                }
+                let err = rel_err(&got, &want);
+                assert!(err <= F32_TOL, "{what}: {mode} rel L2 {err:e}");
+                println!("{what}: {mode} ok (rel L2 {err:e})");
+            }
+        }
+    }
+    println!("VERDICT {test}: one-expert geglu / swiglu match memra-reference (<= {F32_TOL:e})");
 }
