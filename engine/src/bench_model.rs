@@ -40,7 +40,7 @@ pub fn measure(
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");

@@ -53,6 +53,10 @@ pub struct RunArgs {
     /// Launch every decode kernel separately instead of replaying a captured CUDA graph.
     #[arg(long)]
     pub no_graphs: bool,
+    /// Run the dense FFN of a decode step as three launches (gate, up, activation) instead of
+    /// one fused launch.
+    #[arg(long)]
+    pub no_fuse: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -140,7 +144,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
             (_, true) => Policy::GenericOnly,
             _ => Policy::Best,
         };
-        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs };
+        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse };
         let model = models::load_gpu(path, &arch, &opts)?;
         for line in model.report() {
             eprintln!("memra: {line}");

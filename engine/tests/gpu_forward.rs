@@ -101,8 +101,10 @@ impl Cpu {
     }
 }
 
+/// `graphs` also stands for the other fast paths: without graphs, no fused FFN either, so both
+/// the fused and the unfused decode step are compared with the CPU.
 fn load(arch: &str, path: &Path, policy: Policy, graphs: bool) -> Box<dyn GpuModel> {
-    let opts = GpuOptions { policy, graphs, max_ctx: Some(1024), ..GpuOptions::default() };
+    let opts = GpuOptions { policy, graphs, fuse_ffn: graphs, max_ctx: Some(1024), ..GpuOptions::default() };
     models::load_gpu(path, arch, &opts).unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -191,7 +191,10 @@ struct Layer {
 }
 
 enum Ffn {
-    Dense { gate: Linear, up: Linear, down: Linear },
+    /// `fused`: the expert kernel in `geglu`/`swiglu` mode over this one "expert" (gate and up in
+    /// one launch with the activation), for decode steps; `None` when the build has no such
+    /// variant or gate and up differ in type (three launches then).
+    Dense { gate: Linear, up: Linear, down: Linear, fused: Option<&'static str> },
     Moe {
         router: Linear,
         /// Stacked experts `[n_expert][rows][k]` in their GGUF type, with their variants.
@@ -229,6 +232,8 @@ struct Net {
     names: Names,
     sm_count: usize,
     weight_bytes: usize,
+    /// One expert id 0: the fused dense FFN runs the expert kernel on a single "expert".
+    zero_id: CudaSlice<i32>,
 }
 
 /// What a forward writes besides the activations: the KV cache and the last logits.
@@ -296,7 +301,22 @@ impl Decoder {
             let mut lin = |t: &TensorInfo<'_>| -> Result<Linear> { plan.linear(upload(t)?) };
             let (attn_q, attn_k, attn_v, attn_output) = (lin(&l.attn_q)?, lin(&l.attn_k)?, lin(&l.attn_v)?, lin(&l.attn_output)?);
             let ffn = match &l.ffn {
-                FfnSpec::Dense { ffn_gate, ffn_up, ffn_down } => Ffn::Dense { gate: lin(ffn_gate)?, up: lin(ffn_up)?, down: lin(ffn_down)? },
+                FfnSpec::Dense { ffn_gate, ffn_up, ffn_down } => {
+                    let (gate, up, down) = (lin(ffn_gate)?, lin(ffn_up)?, lin(ffn_down)?);
+                    let fused = if gate.w.ty == up.w.ty && opts.fuse_ffn {
+                        let mode = match cfg.glu {
+                            Glu::Swiglu => "swiglu",
+                            Glu::Geglu => "geglu",
+                        };
+                        gpu::qtype_token(moe_matvec::FAMILY, gate.w.ty).ok().and_then(|q| {
+                            let req = [("k", Param::Int(gate.w.k as i64)), ("n", Param::Int(gate.w.n as i64)), ("qtype", Param::Sym(q)), ("mode", Param::Sym(mode))];
+                            plan.want(moe_matvec::FAMILY, &req).ok()
+                        })
+                    } else {
+                        None
+                    };
+                    Ffn::Dense { gate, up, down, fused }
+                }
                 FfnSpec::Moe { ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps } => {
                     let router = lin(ffn_gate_inp)?;
                     let (gate, up, down) = (upload(ffn_gate_exps)?, upload(ffn_up_exps)?, upload(ffn_down_exps)?);
@@ -401,7 +421,8 @@ impl Decoder {
             best_val: gpu::alloc(&gpu, 1, "argmax")?,
             argmax_scratch: argmax::alloc_scratch(kernels.get(names.argmax)?, 1, n_vocab)?,
         };
-        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, weight_bytes: bytes };
+        let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, weight_bytes: bytes, zero_id };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         Ok(Decoder { gpu, net, state, step, use_graphs: opts.graphs, graph: None, report })
     }
@@ -476,7 +497,14 @@ impl Net {
                 eps,
             )?;
             match &l.ffn {
-                Ffn::Dense { gate: wg, up: wu, down: wd } => {
+                Ffn::Dense { gate: wg, up: wu, down: wd, fused: Some(fused) } if t == 1 => {
+                    let (gv, uv, id0, hv) = (wg.w.data.slice(..), wu.w.data.slice(..), self.zero_id.slice(..), h.slice(..e));
+                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &id0, weights: None, x: &hv };
+                    let dims = MoeDims { k: e, n: n_ff, n_tokens: 1, n_used: 1, n_expert: 1, ldx: e, ldy: n_ff };
+                    moe_matvec::moe_matvec(k.get(fused)?, &inp, &mut ff.slice_mut(..n_ff), dims)?;
+                    wd.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
+                }
+                Ffn::Dense { gate: wg, up: wu, down: wd, .. } => {
                     wg.forward(k, &h.slice(..t * e), &mut gate.slice_mut(..t * n_ff), t)?;
                     wu.forward(k, &h.slice(..t * e), &mut up.slice_mut(..t * n_ff), t)?;
                     let glu = match c.glu {

@@ -26,11 +26,14 @@ pub struct GpuOptions {
     pub max_ctx: Option<usize>,
     /// Replay decode steps as a captured CUDA graph.
     pub graphs: bool,
+    /// Run a decode step's dense gated FFN (gate, up, activation) as one fused launch where
+    /// the build has the variant.
+    pub fuse_ffn: bool,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true }
+        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true }
     }
 }
 
