@@ -35,6 +35,7 @@ benches/results/SCHEMA.md, "Peers file".
 import argparse
 import datetime
 import json
+import os
 import re
 import sys
 import time
@@ -281,6 +282,34 @@ def main():
           f"copy {copy_gbps:.0f} GB/s, {len(plan)} shapes", file=sys.stderr)
     flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
 
+    def save(results, final):
+        """Write the file; also after every shape, so a crash (torch.compile has segfaulted on
+        this image before) leaves the shapes done so far in a valid file."""
+        doc = {
+            "schema": 1,
+            "device": props.name,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "compile_mode": None if args.no_compile else args.compile_mode,
+            "iters": iters,
+            "warmup": warmup,
+            "l2_bytes": l2,
+            "copy_bytes": 2 * GIB,
+            "copy_gbps": copy_gbps,
+            "complete": final,
+            "results": results,
+        }
+        text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(args.json + ".tmp", args.json)
+            if final:
+                print(f"wrote {args.json}", file=sys.stderr)
+        elif final:
+            sys.stdout.write(text)
+
     started = time.time()
     results = []
     cache = {}  # (family, shape, peer dtype) -> rows without dtype: quant types share one bf16 peer
@@ -329,28 +358,9 @@ def main():
                              else f"{r['impl']} skipped" for r in rows)
             print(f"  {fam:<12} {shape:<24} {pd:<5} {line}", file=sys.stderr)
         results += [dict(base, peer_dtype=pd, **r) for r in cache[key]]
+        save(results, final=False)
 
-    doc = {
-        "schema": 1,
-        "device": props.name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "compile_mode": None if args.no_compile else args.compile_mode,
-        "iters": iters,
-        "warmup": warmup,
-        "l2_bytes": l2,
-        "copy_bytes": 2 * GIB,
-        "copy_gbps": copy_gbps,
-        "results": results,
-    }
-    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
-        print(f"wrote {args.json}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    save(results, final=True)
     return 0
 
 

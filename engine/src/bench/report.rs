@@ -35,6 +35,14 @@ fn write_text(path: &Path, text: &str) -> Result<(), String> {
 /// `memra bench --report RUN.json`: no measuring, the report of an earlier run.
 pub fn run_report(args: &super::BenchArgs, run: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let doc = read_json(run)?;
+    let kind = doc_kind(&doc);
+    if kind != Doc::Bench {
+        return Err(format!(
+            "{}: a {kind:?} file; --report takes the JSON of a kernel run (`memra bench --json`)",
+            run.display()
+        )
+        .into());
+    }
     validate(&doc, Doc::Bench).map_err(|e| {
         format!(
             "{}: does not match benches/results/SCHEMA.md: {}",
@@ -281,7 +289,7 @@ pub fn comparison_table(doc: &Value, rows: &[CompareRow]) -> String {
         Some(p) => {
             let _ = writeln!(
                 t,
-                "peers: torch {} on {} (torch.compile mode {}), copy {:.0} GB/s; quantized weights run as dequantized bf16 in torch",
+                "peers: torch {} on {} (torch.compile mode {}), copy {:.0} GB/s; quantized weights run as dequantized bf16 in torch{}",
                 s(p, "torch"),
                 s(p, "device"),
                 p.get("compile_mode")
@@ -289,7 +297,12 @@ pub fn comparison_table(doc: &Value, rows: &[CompareRow]) -> String {
                     .unwrap_or("off"),
                 p.get("copy_gbps")
                     .and_then(Value::as_f64)
-                    .unwrap_or(f64::NAN)
+                    .unwrap_or(f64::NAN),
+                if p.get("complete") == Some(&Value::Bool(false)) {
+                    "\nWARNING: the peers file is incomplete (scripts/peers.py stopped early; see its log)"
+                } else {
+                    ""
+                }
             );
         }
         None => {
@@ -654,6 +667,8 @@ pub enum Doc {
     Model,
     /// scripts/peers.py output.
     Peers,
+    /// `memra bench --sweep matvec --json` (bench/sweep.rs).
+    Sweep,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -666,6 +681,8 @@ pub enum Ty {
     IntOrNull,
     FloatOrNull,
     StrOrNull,
+    Bool,
+    ObjectOrNull,
 }
 
 impl Ty {
@@ -679,6 +696,8 @@ impl Ty {
             Ty::IntOrNull => v.is_null() || v.is_i64() || v.is_u64(),
             Ty::FloatOrNull => v.is_null() || v.is_number(),
             Ty::StrOrNull => v.is_null() || v.is_string(),
+            Ty::Bool => v.is_boolean(),
+            Ty::ObjectOrNull => v.is_null() || v.is_object(),
         }
     }
 }
@@ -778,6 +797,49 @@ pub const COMPARISON: &[(&str, Ty)] = &[
     ("peer_dtype", Ty::StrOrNull),
     ("peer_bytes", Ty::IntOrNull),
 ];
+pub const SWEEP_TOP: &[(&str, Ty)] = &[
+    ("tool", Ty::Str),
+    ("commit", Ty::Str),
+    ("date", Ty::Str),
+    ("device", Ty::Str),
+    ("sm", Ty::Str),
+    ("driver", Ty::Str),
+    ("copy_gbps", Ty::Float),
+    ("iters", Ty::Int),
+    ("warmup", Ty::Int),
+    ("l2_flushed", Ty::Bool),
+    ("cases_planned", Ty::Int),
+    ("cases_done", Ty::Int),
+    ("tolerance_rel_l2", Ty::Float),
+    ("pattern_rows", Ty::Int),
+    ("cases", Ty::Array),
+];
+pub const SWEEP_CASE: &[(&str, Ty)] = &[
+    ("model", Ty::Str),
+    ("tensor", Ty::Str),
+    ("k", Ty::Int),
+    ("n", Ty::Int),
+    ("dtype", Ty::Str),
+    ("batch", Ty::Int),
+    ("bytes", Ty::Int),
+    ("best_specialized", Ty::ObjectOrNull),
+    ("best_generic", Ty::ObjectOrNull),
+    ("baseline_default_per_tile", Ty::ObjectOrNull),
+    ("candidates", Ty::Array),
+];
+pub const SWEEP_CANDIDATE: &[(&str, Ty)] = &[
+    ("variant", Ty::Str),
+    ("kind", Ty::Str),
+    ("tuning", Ty::Object),
+    ("grid", Ty::Str),
+    ("blocks", Ty::Int),
+    ("ok", Ty::Bool),
+    ("rel_err", Ty::FloatOrNull),
+    ("median_us", Ty::FloatOrNull),
+    ("min_us", Ty::FloatOrNull),
+    ("gbps", Ty::FloatOrNull),
+    ("pct_copy", Ty::FloatOrNull),
+];
 /// Every key table, for the test that SCHEMA.md documents each key.
 pub const ALL_TABLES: &[&[(&str, Ty)]] = &[
     COMMON,
@@ -788,6 +850,9 @@ pub const ALL_TABLES: &[&[(&str, Ty)]] = &[
     PEERS_TOP,
     PEER_RESULT,
     COMPARISON,
+    SWEEP_TOP,
+    SWEEP_CASE,
+    SWEEP_CANDIDATE,
 ];
 
 fn check(v: &Value, keys: &[(&str, Ty)], at: &str, errs: &mut Vec<String>) {
@@ -882,6 +947,41 @@ pub fn validate(v: &Value, doc: Doc) -> Result<(), Vec<String>> {
                 }
             }
         }
+        Doc::Sweep => {
+            check(v, SWEEP_TOP, "$", &mut errs);
+            check_each(v, "cases", SWEEP_CASE, "$.", &mut errs);
+            for (i, c) in v
+                .get("cases")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                check_each(
+                    c,
+                    "candidates",
+                    SWEEP_CANDIDATE,
+                    &format!("$.cases[{i}]."),
+                    &mut errs,
+                );
+                for (j, r) in c
+                    .get("candidates")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                {
+                    let at = format!("$.cases[{i}].candidates[{j}]");
+                    one_of(r, "kind", &["specialized", "generic"], &at, &mut errs);
+                    // A candidate that passed the oracle check has its time.
+                    if r.get("ok") == Some(&Value::Bool(true))
+                        && !r.get("median_us").is_some_and(Value::is_number)
+                    {
+                        errs.push(format!("{at}: ok but median_us is not a number"));
+                    }
+                }
+            }
+        }
         Doc::Peers => {
             check(v, PEERS_TOP, "$", &mut errs);
             check_each(v, "results", PEER_RESULT, "$.", &mut errs);
@@ -914,9 +1014,14 @@ pub fn validate(v: &Value, doc: Doc) -> Result<(), Vec<String>> {
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
-/// Which kind a file is: `models` → Model, `torch` → Peers, else Bench.
+/// Which kind a file is: `models` → Model, `torch` → Peers, a `--sweep` tool → Sweep, else Bench.
 pub fn doc_kind(v: &Value) -> Doc {
-    if v.get("models").is_some() {
+    if v.get("tool")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.starts_with("memra bench --sweep"))
+    {
+        Doc::Sweep
+    } else if v.get("models").is_some() {
         Doc::Model
     } else if v.get("torch").is_some() {
         Doc::Peers
