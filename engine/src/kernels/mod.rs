@@ -25,7 +25,7 @@ pub mod moe_matvec;
 pub mod moe_router;
 
 pub use launch::{ArgKind, KernelArg, KernelArgs, LaunchConfig, launch};
-pub use registry::{KernelVariant, Param, Selection, select};
+pub use registry::{KernelVariant, Param, Policy, Selection, select, select_with};
 
 // Attention families (H-attn).
 pub mod attn_decode;
