@@ -22,17 +22,21 @@ enum Command {
     /// and which memra spec matches it. Works without a GPU.
     #[command(after_help = "Examples:\n  memra inspect model.gguf\n  memra inspect model.gguf --json | jq .hparams")]
     Inspect(inspect::InspectArgs),
-    /// Generate text from a prompt, streaming it as tokens are produced. Only the CPU reference
-    /// forward exists so far (`--cpu`, gemma3); the GPU path is not built yet.
-    #[command(after_help = "Examples:\n  memra run model.gguf -p \"Water boils at\" -n 16 --cpu --temp 0\n  memra run model.gguf -p \"Once upon a time\" --cpu --temp 0.8 --top-k 40 --top-p 0.95 --seed 1")]
+    /// Generate text from a prompt, streaming it as tokens are produced, on the GPU forward of
+    /// the file's architecture (gemma3, qwen3, olmoe) with this build's specialized kernels where
+    /// the dims match, or on the CPU reference forward (`--cpu`, every architecture). Without a
+    /// file: the embedded micro model of the built architecture (random weights).
+    #[command(after_help = "Examples:\n  memra run model.gguf -p \"Water boils at\" -n 16 --temp 0\n  memra run model.gguf -p \"Once upon a time\" --temp 0.8 --top-k 40 --top-p 0.95 --seed 1\n  memra run model.gguf -p \"Water boils at\" --require-specialized   # fail unless every kernel is specialized\n  memra run model.gguf -p \"Water boils at\" -n 16 --cpu --temp 0   # the f32 reference path\n  memra run                                                   # the embedded default model")]
     Run(memra_engine::run::RunArgs),
     /// List this build's kernel variants; compile them with NVRTC (cache-aware) for the GPU or
     /// for `--sm` without one; report registers and spills.
     #[command(after_help = "Examples:\n  memra kernels\n  memra kernels --compile --sm 90 --report\n  memra kernels --clear-cache")]
     Kernels(memra_engine::kernels::cli::KernelsCommand),
     /// Measure every kernel family at the built architectures' preset shapes on the GPU:
-    /// specialized vs generic vs the copy bandwidth measured in the same run.
-    #[command(after_help = "Examples:\n  memra bench\n  memra bench --arch glm-dsa --family matvec --json out/h200.json\n  memra bench --list")]
+    /// specialized vs generic vs the copy bandwidth measured in the same run; or a whole model
+    /// (`--model`), a tuning sweep (`--sweep matvec`), or a report with torch peers and an SVG
+    /// chart from saved results (`--report`, no GPU needed).
+    #[command(after_help = "Examples:\n  memra bench\n  memra bench --arch glm-dsa --family matvec --json out/h200.json\n  memra bench --list\n  memra bench --model gemma-3-270m-q4_k_m.gguf --json model.json\n  memra bench --report h200.json --peers peers.json --svg chart.svg")]
     Bench(memra_engine::bench::BenchArgs),
 }
 
