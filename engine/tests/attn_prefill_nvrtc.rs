@@ -6,8 +6,8 @@
 
 mod dense_common;
 
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use dense_common::{V, assert_compile_sm90_without_spills, headers, variant};
+use memra_engine::cuda::{SmArch, library};
 use memra_engine::kernels::attn_prefill::{self, AttnPrefillArgs};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
@@ -45,45 +45,13 @@ fn attn_prefill_compiles_for_sm90_without_spills() {
     if library::nvrtc_or_skip(test).is_none() {
         return;
     }
-    let variants = all_variants();
-    let cache = KernelCache::new(CacheConfig::memory_only());
-    let results = compile_variants(&cache, &variants, headers(), SmArch(90));
-    let mut failures = Vec::new();
-    for (v, r) in variants.iter().zip(results) {
-        match r {
-            Err(e) => failures.push(format!("{}: {e}", v.name)),
-            Ok(c) => {
-                let rep = c.cubin.report();
-                eprintln!(
-                    "{:<60} regs {:>3}  spill st/ld {}/{}  stack {}  smem {}",
-                    v.name,
-                    rep.registers.unwrap_or(0),
-                    rep.spill_stores.unwrap_or(0),
-                    rep.spill_loads.unwrap_or(0),
-                    rep.stack_frame.unwrap_or(0),
-                    rep.static_smem.unwrap_or(0)
-                );
-                if rep.registers.is_none() {
-                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
-                }
-                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
-                    failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
-                }
-                // Four warps need ≤ 255 registers; 2 blocks per SM at hd 256 need ≤ 255 too, so
-                // this only catches a launch-bound slip.
-                if rep.registers.is_some_and(|r| r > 255) {
-                    failures.push(format!("{}: {:?} registers", v.name, rep.registers));
-                }
-            }
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        variants.len(),
-        failures.join("\n")
-    );
+    // Four warps need ≤ 255 registers; 2 blocks per SM at hd 256 need ≤ 255 too, so this only
+    // catches a launch-bound slip.
+    assert_compile_sm90_without_spills(&all_variants(), |v, rep| {
+        rep.registers
+            .is_some_and(|r| r > 255)
+            .then(|| format!("{}: {:?} registers", v.name, rep.registers))
+    });
 }
 
 #[test]

@@ -15,17 +15,15 @@
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_attention -- --ignored`.
 
 mod dense_common;
+mod gpu_common;
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use dense_common::{V, bf16_to_f32, headers, variant};
-use memra_engine::cuda::module::load_modules;
-use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use cudarc::driver::ValidAsZeroBits;
+use dense_common::{V, bf16_to_f32, variant};
+use gpu_common::{down, gpu, load_all, nan_buf, up};
+use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::attn_decode::{self, AttnDecodeParams};
 use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
 use memra_engine::kernels::qk_norm_rope::CacheElem;
-use memra_engine::kernels::registry::KernelVariant;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::mla::{MlaAttnInputs, MlaDims, mla_attention_absorbed};
 use memra_reference::{Rng, rel_err};
@@ -37,38 +35,6 @@ const LENGTHS: [usize; 6] = [1, 7, 2047, 2048, 2049, 40000];
 
 // ---------------------------------------------------------------------------------------------
 // Harness.
-
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Compiles (in parallel) and loads every variant.
-fn load_all(gpu: &Gpu, vs: &[&'static KernelVariant]) -> Vec<Kernel> {
-    let compiled: Vec<_> = compile_variants(gpu.cache(), vs, headers(), gpu.arch())
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    let mut kernels =
-        load_modules(gpu.ctx(), gpu.stream(), &compiled).unwrap_or_else(|e| panic!("{e}"));
-    vs.iter()
-        .map(|v| kernels.remove(v.name).expect("loaded kernel"))
-        .collect()
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
-    s.clone_htod(host).expect("upload")
-}
-
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
-    s: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-) -> Vec<T> {
-    s.clone_dtoh(dev).expect("download")
-}
-
-fn nan_buf(s: &Arc<CudaStream>, n: usize) -> CudaSlice<f32> {
-    up(s, &vec![f32::NAN; n.max(1)])
-}
 
 /// f32 -> bf16 bits, round to nearest even (as the kernels' cache writers do).
 fn to_bf16(f: f32) -> u16 {

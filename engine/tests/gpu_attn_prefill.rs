@@ -18,16 +18,14 @@
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_attn_prefill -- --ignored`.
 
 mod dense_common;
+mod gpu_common;
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::module::load_modules;
-use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use cudarc::driver::ValidAsZeroBits;
+use dense_common::{V, variant};
+use gpu_common::{down, gpu, load_all, up};
+use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::attn_prefill::{self, AttnPrefillParams};
 use memra_engine::kernels::qk_norm_rope::CacheElem;
-use memra_engine::kernels::registry::KernelVariant;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::{Rng, rel_err};
 
@@ -39,34 +37,6 @@ const SPARE_ROWS: usize = 5;
 
 // ---------------------------------------------------------------------------------------------
 // Harness.
-
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Compiles (in parallel) and loads every variant.
-fn load_all(gpu: &Gpu, vs: &[&'static KernelVariant]) -> Vec<Kernel> {
-    let compiled: Vec<_> = compile_variants(gpu.cache(), vs, headers(), gpu.arch())
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    let mut kernels =
-        load_modules(gpu.ctx(), gpu.stream(), &compiled).unwrap_or_else(|e| panic!("{e}"));
-    vs.iter()
-        .map(|v| kernels.remove(v.name).expect("loaded kernel"))
-        .collect()
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
-    s.clone_htod(host).expect("upload")
-}
-
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
-    s: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-) -> Vec<T> {
-    s.clone_dtoh(dev).expect("download")
-}
 
 fn bf16_round(f: f32) -> f32 {
     if f.is_nan() {

@@ -7,15 +7,13 @@
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_dense -- --ignored`.
 
 mod dense_common;
+mod gpu_common;
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use dense_common::{V, bf16_to_f32, headers, variant};
-use memra_engine::cuda::module::load_modules;
-use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use cudarc::driver::ValidAsZeroBits;
+use dense_common::{V, bf16_to_f32, variant};
+use gpu_common::{down, gpu, load, nan_buf, up};
+use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::qk_norm_rope::{CacheElem, QkNormRopeParams};
-use memra_engine::kernels::registry::KernelVariant;
 use memra_engine::kernels::swiglu::GluLayout;
 use memra_engine::kernels::{add_rmsnorm, argmax, embed, geglu, qk_norm_rope, rmsnorm, swiglu, topk};
 use memra_gguf::GgmlType;
@@ -27,31 +25,6 @@ const BF16_TOL: f64 = 1e-2;
 
 // ---------------------------------------------------------------------------------------------
 // Harness.
-
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn load(gpu: &Gpu, v: &'static KernelVariant) -> Kernel {
-    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch())
-        .pop()
-        .expect("one result")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut kernels = load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
-    kernels.remove(v.name).expect("loaded kernel")
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
-    s.clone_htod(host).expect("upload")
-}
-
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(s: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
-    s.clone_dtoh(dev).expect("download")
-}
-
-fn nan_buf(s: &Arc<CudaStream>, n: usize) -> CudaSlice<f32> {
-    up(s, &vec![f32::NAN; n.max(1)])
-}
 
 #[track_caller]
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64, rng: &Rng) {

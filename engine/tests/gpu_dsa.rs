@@ -16,13 +16,12 @@
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_dsa -- --ignored`.
 
 mod dense_common;
+mod gpu_common;
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use dense_common::{V, bf16_to_f32, headers, variant};
-use memra_engine::cuda::module::load_modules;
-use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use dense_common::{V, bf16_to_f32, variant};
+use gpu_common::{down, gpu, load_all, up};
+use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use memra_engine::kernels::dsa_indexer::{self, DsaIndexerParams};
 use memra_engine::kernels::dsa_topk::{self, DsaTopkParams};
@@ -48,33 +47,6 @@ const ATTN_TOL: f64 = 1e-3;
 
 // ---------------------------------------------------------------------------------------------
 // Harness.
-
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn load_all(gpu: &Gpu, vs: &[&'static KernelVariant]) -> Vec<Kernel> {
-    let compiled: Vec<_> = compile_variants(gpu.cache(), vs, headers(), gpu.arch())
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    let mut kernels =
-        load_modules(gpu.ctx(), gpu.stream(), &compiled).unwrap_or_else(|e| panic!("{e}"));
-    vs.iter()
-        .map(|v| kernels.remove(v.name).expect("loaded kernel"))
-        .collect()
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
-    s.clone_htod(host).expect("upload")
-}
-
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
-    s: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-) -> Vec<T> {
-    s.clone_dtoh(dev).expect("download")
-}
 
 fn to_bf16(f: f32) -> u16 {
     let b = f.to_bits();

@@ -8,71 +8,18 @@
 //! Run on a GPU machine: `cargo test --release -p memra-engine --test gpu_matvec -- --ignored --nocapture`.
 
 mod dense_common;
+mod gpu_common;
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::module::load_modules;
-use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use cudarc::driver::CudaSlice;
+use dense_common::{V, variant};
+use gpu_common::{QTYPES, down, gpu, load, random_weight, token, up};
+use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::matvec::{self, GridPolicy};
 use memra_engine::kernels::registry::KernelVariant;
-use memra_gguf::{GgmlType, quant};
+use memra_gguf::GgmlType;
 use memra_reference::{Rng, linear, rel_err};
 
 const F32_TOL: f64 = 1e-4;
-
-const QTYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-];
-
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn load(gpu: &Gpu, v: &'static KernelVariant) -> Kernel {
-    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch())
-        .pop()
-        .expect("one result")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut kernels =
-        load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
-    kernels.remove(v.name).expect("loaded kernel")
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
-    s.clone_htod(host).expect("upload")
-}
-
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
-    s: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-) -> Vec<T> {
-    s.clone_dtoh(dev).expect("download")
-}
-
-fn token(ty: GgmlType) -> &'static str {
-    Box::leak(ty.name().to_ascii_lowercase().into_boxed_str())
-}
-
-/// Random weights of type `ty`: N(0, 1) values quantized by memra-gguf (the test input is the
-/// quantized bytes; the oracle dequantizes the same bytes).
-fn random_weight(ty: GgmlType, k: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
-    let w = rng.normal_vec(k * n, 1.0);
-    quant::quantize(ty, &w).unwrap_or_else(|e| panic!("quantize {ty:?} {k}x{n}: {e}"))
-}
 
 /// The matvec variant: specialized when `dims` is Some((k, n)), generic otherwise.
 fn mv_variant(

@@ -20,50 +20,21 @@
 //! Run on a GPU machine: `cargo test --release -p memra-engine --test gpu_moe -- --ignored --nocapture`.
 
 mod dense_common;
+mod gpu_common;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::module::load_modules;
-use memra_engine::cuda::{Gpu, Kernel, compile_variants};
+use cudarc::driver::{CudaSlice, CudaStream};
+use dense_common::{V, variant};
+use gpu_common::{down, gpu, load, token, up};
+use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use memra_engine::kernels::moe_router;
-use memra_engine::kernels::registry::KernelVariant;
 use memra_gguf::{GgmlType, quant};
 use memra_reference::moe::{Gating, RouterConfig, route};
 use memra_reference::{Rng, act, linear, rel_err};
 
 const F32_TOL: f64 = 1e-4;
-
-fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn load(gpu: &Gpu, v: &'static KernelVariant) -> Kernel {
-    let compiled = compile_variants(gpu.cache(), &[v], headers(), gpu.arch())
-        .pop()
-        .expect("one result")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut kernels =
-        load_modules(gpu.ctx(), gpu.stream(), &[compiled]).unwrap_or_else(|e| panic!("{e}"));
-    kernels.remove(v.name).expect("loaded kernel")
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
-    s.clone_htod(host).expect("upload")
-}
-
-fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
-    s: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-) -> Vec<T> {
-    s.clone_dtoh(dev).expect("download")
-}
-
-fn token(ty: GgmlType) -> &'static str {
-    Box::leak(ty.name().to_ascii_lowercase().into_boxed_str())
-}
 
 // ------------------------------------------------------------------------------------------
 // Router.

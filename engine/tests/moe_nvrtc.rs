@@ -6,8 +6,8 @@
 
 mod dense_common;
 
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use dense_common::{V, assert_compile_sm90_without_spills, headers, variant};
+use memra_engine::cuda::{SmArch, library};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
 use memra_engine::kernels::{moe_matvec, moe_router};
@@ -105,47 +105,11 @@ fn matvec_variants() -> Vec<&'static KernelVariant> {
     v
 }
 
-fn compile_and_report(variants: &[&'static KernelVariant]) -> Vec<String> {
-    let cache = KernelCache::new(CacheConfig::memory_only());
-    let results = compile_variants(&cache, variants, headers(), SmArch(90));
-    let mut failures = Vec::new();
-    for (v, r) in variants.iter().zip(results) {
-        match r {
-            Err(e) => failures.push(format!("{}: {e}", v.name)),
-            Ok(c) => {
-                let rep = c.cubin.report();
-                eprintln!(
-                    "{:<64} regs {:>3}  spill st/ld {}/{}  stack {}",
-                    v.name,
-                    rep.registers.unwrap_or(0),
-                    rep.spill_stores.unwrap_or(0),
-                    rep.spill_loads.unwrap_or(0),
-                    rep.stack_frame.unwrap_or(0)
-                );
-                if rep.registers.is_none() {
-                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
-                }
-                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
-                    failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
-                }
-            }
-        }
-    }
-    failures
-}
-
 fn assert_all_compile(test: &str, variants: Vec<&'static KernelVariant>) {
     if library::nvrtc_or_skip(test).is_none() {
         return;
     }
-    let failures = compile_and_report(&variants);
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        variants.len(),
-        failures.join("\n")
-    );
+    assert_compile_sm90_without_spills(&variants, |_, _| None);
 }
 
 #[test]

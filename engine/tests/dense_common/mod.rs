@@ -10,7 +10,9 @@ use std::sync::{Mutex, OnceLock};
 use memra_codegen::families::{Catalogue, FieldKind, FieldType};
 use memra_codegen::render::render_cuda;
 use memra_codegen::variant::{KernelVariant as PlannedVariant, Param as PlannedParam, ParamVal};
-use memra_engine::cuda::HeaderSet;
+use memra_engine::cuda::{
+    CacheConfig, HeaderSet, KernelCache, PtxasReport, SmArch, compile_variants,
+};
 use memra_engine::kernels::registry::{KernelVariant, Param};
 
 pub fn workspace_root() -> PathBuf {
@@ -151,4 +153,47 @@ pub fn variant(family: &str, params: &[(&str, V)]) -> &'static KernelVariant {
 /// bf16 bits -> f32.
 pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
+}
+
+/// Compiles `variants` for sm_90 with NVRTC (no GPU needed), prints each one's ptxas report, and
+/// asserts that every variant compiled, has a report, neither spills nor keeps a stack frame, and
+/// passes `extra` (a message for a report it rejects).
+pub fn assert_compile_sm90_without_spills(
+    variants: &[&'static KernelVariant],
+    extra: impl Fn(&KernelVariant, &PtxasReport) -> Option<String>,
+) {
+    let cache = KernelCache::new(CacheConfig::memory_only());
+    let results = compile_variants(&cache, variants, headers(), SmArch(90));
+    let mut failures = Vec::new();
+    for (v, r) in variants.iter().zip(results) {
+        match r {
+            Err(e) => failures.push(format!("{}: {e}", v.name)),
+            Ok(c) => {
+                let rep = c.cubin.report();
+                eprintln!(
+                    "{:<60} regs {:>3}  spill st/ld {}/{}  stack {}  smem {}",
+                    v.name,
+                    rep.registers.unwrap_or(0),
+                    rep.spill_stores.unwrap_or(0),
+                    rep.spill_loads.unwrap_or(0),
+                    rep.stack_frame.unwrap_or(0),
+                    rep.static_smem.unwrap_or(0)
+                );
+                if rep.registers.is_none() {
+                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
+                }
+                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
+                    failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
+                }
+                failures.extend(extra(v, &rep));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
 }
