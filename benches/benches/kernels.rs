@@ -147,7 +147,7 @@ fn dsa_decode_gpu(c: &mut Criterion) {
     let d = kvl + rope;
     let sms = gpu.sm_count().unwrap_or(132);
     let bf16 = |v: &&KernelVariant| v.param("cache_t").is_none_or(|c| c == Param::Sym("bf16"));
-    let pick = |family: &str, specialized: bool| registry::family(family).into_iter().find(|v| bf16(v) && (v.arch == Some("glm-dsa")) == specialized);
+    let pick = |family: &str, specialized: bool| registry::family(family).into_iter().find(|v| bf16(v) && (if specialized { v.arch == Some("glm-dsa") } else { v.is_generic() }));
     let mut rng = Rng::from_env_or_time("dsa_decode bench");
     let s = gpu.stream();
     let bits = |n: usize, rng: &mut Rng| -> Vec<u16> { rng.normal_vec(n, 1.0).iter().map(|x| (x.to_bits() >> 16) as u16).collect() };
