@@ -116,37 +116,7 @@ pub fn attn_decode<C: CacheElem>(
     p: &AttnDecodeParams,
 ) -> Result<(), Error> {
     let threads = checks::threads(kernel, DEFAULT_THREADS)?;
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "cache buffers are {} but the variant reads cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
-    if !HEAD_DIMS.contains(&p.head_dim) {
-        return Err(checks::invalid(
-            kernel,
-            format!("head_dim={} (supported: {HEAD_DIMS:?})", p.head_dim),
-        ));
-    }
-    if p.n_kv == 0 || p.n_head == 0 || !p.n_head.is_multiple_of(p.n_kv) {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "n_head={} is not a positive multiple of n_kv={}",
-                p.n_head, p.n_kv
-            ),
-        ));
-    }
-    if p.window == Some(0) {
-        return Err(checks::invalid(
-            kernel,
-            "window = 0 hides every key (use None for no window)",
-        ));
-    }
+    check_gqa::<C>(kernel, p.head_dim, p.n_head, p.n_kv, p.window)?;
     if p.n_split == 0 || p.n_split > GRID_Y_MAX as usize || p.n_seq > GRID_Y_MAX as usize {
         return Err(checks::invalid(
             kernel,
@@ -207,6 +177,47 @@ pub fn attn_decode<C: CacheElem>(
     // (all checked above); the kernel reads cache rows < max_ctx only (positions outside
     // [0, max_ctx) produce NaN, not a read); the dims match the baked ones; the block size is THREADS.
     unsafe { launch(kernel, launch_config(threads, p), &mut args) }
+}
+
+/// The checks GQA attention launches share (decode and prefill): the cache buffers match the
+/// variant's `cache_t`, a supported head size, `n_head` a positive multiple of `n_kv`, and a
+/// window that shows at least one key.
+pub(crate) fn check_gqa<C: CacheElem>(
+    kernel: &Kernel,
+    head_dim: usize,
+    n_head: usize,
+    n_kv: usize,
+    window: Option<usize>,
+) -> Result<(), Error> {
+    let cache_t = checks::required_sym(kernel, "cache_t")?;
+    if cache_t != C::CACHE_T {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "cache buffers are {} but the variant reads cache_t={cache_t}",
+                C::CACHE_T
+            ),
+        ));
+    }
+    if !HEAD_DIMS.contains(&head_dim) {
+        return Err(checks::invalid(
+            kernel,
+            format!("head_dim={head_dim} (supported: {HEAD_DIMS:?})"),
+        ));
+    }
+    if n_kv == 0 || n_head == 0 || !n_head.is_multiple_of(n_kv) {
+        return Err(checks::invalid(
+            kernel,
+            format!("n_head={n_head} is not a positive multiple of n_kv={n_kv}"),
+        ));
+    }
+    if window == Some(0) {
+        return Err(checks::invalid(
+            kernel,
+            "window = 0 hides every key (use None for no window)",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

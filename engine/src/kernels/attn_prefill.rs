@@ -6,6 +6,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
+use crate::kernels::attn_decode::check_gqa;
 use crate::kernels::checks::{self, GRID_Y_MAX};
 use crate::kernels::launch::{KernelArgs, launch};
 use crate::kernels::qk_norm_rope::CacheElem;
@@ -17,7 +18,7 @@ pub const THREADS: u32 = 128;
 pub const KEYS_PER_TILE: usize = 64;
 const PAD: usize = 8;
 /// Head sizes the template implements.
-pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub const HEAD_DIMS: [usize; 3] = crate::kernels::attn_decode::HEAD_DIMS;
 /// Largest dynamic shared memory per block on sm_90 (227 KiB).
 pub const MAX_SMEM: usize = 232_448;
 const GRID_X_MAX: usize = i32::MAX as usize;
@@ -122,37 +123,7 @@ pub fn attn_prefill<C: CacheElem>(
             format!("threads={threads} (the template needs {THREADS})"),
         ));
     }
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "cache buffers are {} but the variant reads cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
-    if !HEAD_DIMS.contains(&p.head_dim) {
-        return Err(checks::invalid(
-            kernel,
-            format!("head_dim={} (supported: {HEAD_DIMS:?})", p.head_dim),
-        ));
-    }
-    if p.n_kv == 0 || p.n_head == 0 || !p.n_head.is_multiple_of(p.n_kv) {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "n_head={} is not a positive multiple of n_kv={}",
-                p.n_head, p.n_kv
-            ),
-        ));
-    }
-    if p.window == Some(0) {
-        return Err(checks::invalid(
-            kernel,
-            "window = 0 hides every key (use None for no window)",
-        ));
-    }
+    check_gqa::<C>(kernel, p.head_dim, p.n_head, p.n_kv, p.window)?;
     if p.max_ctx == 0 {
         return Err(checks::invalid(kernel, "max_ctx = 0"));
     }
