@@ -26,6 +26,7 @@ pub mod models;
 pub mod moe;
 pub mod norm;
 pub mod rng;
+pub mod q8;
 pub mod rope;
 
 pub use compare::{logit_verdict, logit_verdict_rows, max_abs_diff, rel_err};
