@@ -3,11 +3,15 @@
 //! First the copy bandwidth of this device, measured now (a 1 GiB device-to-device copy, bytes
 //! read + written). Then, for every specialized variant of each built architecture (or one
 //! `--arch`), its family at that variant's baked shape, run with the specialized variant and with
-//! its generic twin on the same buffers. Each timing: `--warmup` launches, then `--iters` (≥ 20)
-//! launches each between two CUDA events, median reported. Before every timed launch a memset of
-//! twice the L2 size runs (outside the events): it evicts L2 and keeps the GPU busy while the
-//! host enqueues the launch, so host launch latency stays out of the events. Inputs also rotate
-//! among several buffer sets when one set is smaller than twice L2 (criterion batches rely on it).
+//! its generic twin on the same buffers. Each timing: `--warmup` rounds, then `--iters` (≥ 20)
+//! rounds; a round launches the specialized and the generic variant once each, alternating which
+//! goes first, each launch between its own two CUDA events (medians reported). Measuring the two
+//! back to back in one loop keeps order effects (clocks ramping up after the host-side buffer
+//! setup, drift over a case) out of the ratio; the earlier version timed all specialized
+//! launches first. Before every timed launch a memset of twice the L2 size runs (outside the
+//! events): it evicts L2 and keeps the GPU busy while the host enqueues the launch, so host
+//! launch latency stays out of the events. Inputs also rotate among several buffer sets when one
+//! set is smaller than twice L2 (criterion batches rely on it).
 //!
 //! Bytes moved per launch (the fewest: each input read once, each output written once):
 //! - matvec (batch 1): weight bytes (GGUF row bytes × N) + x (4K) + y (4N); FLOPs 2·K·N.
@@ -18,13 +22,33 @@
 //! - swiglu / geglu: gate + up + out (3 · 4·rows·n_ff).
 //! - argmax / topk: logits (4·rows·n_vocab); the outputs are negligible and not counted.
 //! - embed: gathered table rows (T · row bytes) + out (4·T·n_embd) + tokens (4T).
+//! - attn_decode (one token at position ctx − 1): K and V cache rows (2 · 2·ctx·n_kv·hd, bf16)
+//!   + q + out (2 · 4·H·hd) + pos; FLOPs 4·H·hd·ctx.
+//! - attn_prefill (T tokens from position 0, causal): K, V (2 · 2·T·n_kv·hd) + q + out
+//!   (2 · 4·T·H·hd); FLOPs `attn_prefill::flops` (visible pairs only).
+//! - mla_decode: the latent rows (2·ctx·(kv_lora + rope)) + q (4·H·(kv_lora + rope)) + out
+//!   (4·H·kv_lora); FLOPs 2·H·ctx·(2·kv_lora + rope).
+//! - mla_sparse_decode: only the k selected latent rows (2·k·(kv_lora + rope)) + idx + q + out;
+//!   FLOPs 2·H·k·(2·kv_lora + rope).
+//! - dsa_index_key: k rows in (4·T·hd) + LayerNorm weight and bias + pos + cache rows out (2·T·hd).
+//! - dsa_indexer (one query): keys (2·ctx·hd) + q + w + scores out (4·ctx); FLOPs 2·H·hd·ctx.
+//! - dsa_topk (one query): scores (4·ctx) + the k indices out.
+//! - moe_router: logits (4·T·n_expert) + bias (sigmoid gating) + ids and weights out.
+//! - moe_matvec: only the selected experts' rows (`moe_matvec::selected_bytes` over the T·n_used
+//!   distinct ids; gate and up both in swiglu/geglu) + x + y + ids (+ routing weights in down
+//!   mode); FLOPs 2·K·N per selected expert (twice when paired).
 //!
 //! Shapes come from the registry: a specialized variant's baked params (k/n/qtype for matvec and
-//! matmul, n for the norms, n_ff, n_vocab, n_embd). matvec also runs each specialized shape in
-//! Q8_0, Q4_K and BF16: where the registry has no specialized variant of that type, one is
-//! rendered here with `matvec::render_source` (same tuning; `origin: "rendered"` in the JSON).
+//! matmul, n for the norms, n_ff, n_vocab, n_embd, heads and head sizes, k of the DSA top-k,
+//! n_expert/n_used of the router). Contexts: GQA decode at 4k and 32k, dense MLA decode at 32k
+//! and 128k, the DSA step at 128k visible keys (k = the arch's top-k); prefill chunks of 4096
+//! tokens; moe_matvec at one decode token (routed: n_used distinct experts of the router's
+//! n_expert; no router: the dense FFN as one expert; plain: MLA's per-head absorption, one row
+//! per head). Only bf16-cache attention variants are planned. matvec also runs each specialized
+//! shape in Q8_0, Q4_K and BF16: where the registry has no specialized variant of that type, one
+//! is rendered here with `matvec::render_source` (same tuning; `origin: "rendered"` in the JSON).
 //! Not measured: qk_norm_rope (no bench wiring yet), batch > 1 matvec, matmul in types other than
-//! the baked one.
+//! the baked one, sliding-window attention.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -40,8 +64,12 @@ use serde_json::{Value, json};
 use crate::cuda::{Error, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
-use crate::kernels::{add_rmsnorm, argmax, embed, geglu, matmul, matvec, rmsnorm, swiglu, topk};
+use crate::kernels::{
+    add_rmsnorm, argmax, attn_decode, attn_prefill, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
+    mla_sparse_decode, moe_matvec, moe_router, rmsnorm, swiglu, topk,
+};
 
+mod attn_moe;
 pub mod report;
 pub mod sweep;
 
@@ -113,14 +141,117 @@ pub struct BenchArgs {
 /// One launch shape of one family.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Shape {
-    Matvec { ty: GgmlType, k: usize, n: usize },
-    Matmul { ty: GgmlType, t: usize, k: usize, n: usize },
-    Rmsnorm { rows: usize, n: usize },
-    AddRmsnorm { rows: usize, n: usize, delta_norm: bool },
-    Glu { family: &'static str, rows: usize, n_ff: usize },
-    Argmax { rows: usize, n_vocab: usize },
-    Topk { rows: usize, n_vocab: usize, k: usize },
-    Embed { ty: GgmlType, t: usize, n_embd: usize, n_vocab: usize },
+    Matvec {
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+    },
+    Matmul {
+        ty: GgmlType,
+        t: usize,
+        k: usize,
+        n: usize,
+    },
+    Rmsnorm {
+        rows: usize,
+        n: usize,
+    },
+    AddRmsnorm {
+        rows: usize,
+        n: usize,
+        delta_norm: bool,
+    },
+    Glu {
+        family: &'static str,
+        rows: usize,
+        n_ff: usize,
+    },
+    Argmax {
+        rows: usize,
+        n_vocab: usize,
+    },
+    Topk {
+        rows: usize,
+        n_vocab: usize,
+        k: usize,
+    },
+    Embed {
+        ty: GgmlType,
+        t: usize,
+        n_embd: usize,
+        n_vocab: usize,
+    },
+    /// GQA decode, one sequence, one query token at position `ctx − 1`, bf16 cache.
+    AttnDecode {
+        n_head: usize,
+        n_kv: usize,
+        head_dim: usize,
+        ctx: usize,
+    },
+    /// Causal GQA prefill of `t` tokens from position 0, bf16 cache.
+    AttnPrefill {
+        t: usize,
+        n_head: usize,
+        n_kv: usize,
+        head_dim: usize,
+    },
+    /// Absorbed MLA decode over `ctx` latent rows (bf16).
+    MlaDecode {
+        n_head: usize,
+        kv_lora: usize,
+        rope: usize,
+        ctx: usize,
+    },
+    /// DSA index keys of `t` tokens: LayerNorm + RoPE + bf16 cache write.
+    DsaIndexKey {
+        t: usize,
+        head_dim: usize,
+        n_rot: usize,
+    },
+    /// DSA indexer scores of one query over `ctx` bf16 keys.
+    DsaIndexer {
+        n_head: usize,
+        head_dim: usize,
+        ctx: usize,
+    },
+    /// Top-`k` of one query's `ctx` index scores.
+    DsaTopk {
+        ctx: usize,
+        k: usize,
+    },
+    /// Absorbed MLA decode over `k` selected rows of a `ctx`-row latent cache.
+    MlaSparseDecode {
+        n_head: usize,
+        kv_lora: usize,
+        rope: usize,
+        ctx: usize,
+        k: usize,
+    },
+    /// Router of `t` tokens: top `n_used` of `n_expert` (sigmoid + bias, or softmax).
+    MoeRouter {
+        t: usize,
+        n_expert: usize,
+        n_used: usize,
+        sigmoid: bool,
+    },
+    /// `t` tokens' products over `n_used` experts each of `n_expert` (all `t·n_used` distinct).
+    MoeMatvec {
+        ty: GgmlType,
+        mode: moe_matvec::Mode,
+        t: usize,
+        k: usize,
+        n: usize,
+        n_expert: usize,
+        n_used: usize,
+    },
+}
+
+/// Bytes of one bf16 cache element.
+const BF16: u64 = 2;
+
+/// The prefill launch of an [`Shape::AttnPrefill`]: causal from position 0, scale 1/√hd.
+pub fn prefill_params(t: usize, n_head: usize, n_kv: usize, head_dim: usize) -> attn_prefill::AttnPrefillParams {
+    attn_prefill::AttnPrefillParams { n_tokens: t, head_dim, n_head, n_kv, max_ctx: t, pos0: 0, window: None, scale: 1.0 / (head_dim as f32).sqrt() }
 }
 
 fn weight_bytes(ty: GgmlType, k: usize, n: usize) -> u64 {
@@ -138,6 +269,15 @@ impl Shape {
             Shape::Argmax { .. } => argmax::FAMILY,
             Shape::Topk { .. } => topk::FAMILY,
             Shape::Embed { .. } => embed::FAMILY,
+            Shape::AttnDecode { .. } => attn_decode::FAMILY,
+            Shape::AttnPrefill { .. } => attn_prefill::FAMILY,
+            Shape::MlaDecode { .. } => mla_decode::FAMILY,
+            Shape::DsaIndexKey { .. } => dsa_index_key::FAMILY,
+            Shape::DsaIndexer { .. } => dsa_indexer::FAMILY,
+            Shape::DsaTopk { .. } => dsa_topk::FAMILY,
+            Shape::MlaSparseDecode { .. } => mla_sparse_decode::FAMILY,
+            Shape::MoeRouter { .. } => moe_router::FAMILY,
+            Shape::MoeMatvec { .. } => moe_matvec::FAMILY,
         }
     }
 
@@ -151,13 +291,34 @@ impl Shape {
             Shape::Argmax { rows, n_vocab } => format!("{rows}x{n_vocab}"),
             Shape::Topk { rows, n_vocab, k } => format!("{rows}x{n_vocab}_k{k}"),
             Shape::Embed { t, n_embd, n_vocab, .. } => format!("t{t}_e{n_embd}_v{n_vocab}"),
+            // The attention labels are peers-attention.json's: q heads, kv heads, qk dim, v dim.
+            Shape::AttnDecode { n_head, n_kv, head_dim, ctx } => format!("h{n_head}_kv{n_kv}_d{head_dim}_dv{head_dim}_c{ctx}"),
+            Shape::MlaDecode { n_head, kv_lora, rope, ctx } => format!("h{n_head}_kv1_d{}_dv{kv_lora}_c{ctx}", kv_lora + rope),
+            Shape::MlaSparseDecode { n_head, kv_lora, rope, ctx, k } => {
+                format!("h{n_head}_kv1_d{}_dv{kv_lora}_k{k}_c{ctx}", kv_lora + rope)
+            }
+            Shape::AttnPrefill { t, n_head, n_kv, head_dim } => format!("t{t}_h{n_head}_kv{n_kv}_d{head_dim}"),
+            Shape::DsaIndexKey { t, head_dim, n_rot } => format!("t{t}_d{head_dim}_r{n_rot}"),
+            Shape::DsaIndexer { n_head, head_dim, ctx } => format!("q1_h{n_head}_d{head_dim}_c{ctx}"),
+            Shape::DsaTopk { ctx, k } => format!("q1_c{ctx}_k{k}"),
+            Shape::MoeRouter { t, n_expert, n_used, .. } => format!("t{t}_e{n_expert}_k{n_used}"),
+            Shape::MoeMatvec { mode, t, k, n, n_expert, n_used, .. } => format!("t{t}_k{k}_n{n}_e{n_expert}_u{n_used}_{}", mode.token()),
         }
     }
 
     /// The weight type for matvec/matmul/embed, `f32` for the activation-only families.
     pub fn dtype(&self) -> String {
         match self {
-            Shape::Matvec { ty, .. } | Shape::Matmul { ty, .. } | Shape::Embed { ty, .. } => ty.name().to_ascii_lowercase(),
+            Shape::Matvec { ty, .. } | Shape::Matmul { ty, .. } | Shape::Embed { ty, .. } | Shape::MoeMatvec { ty, .. } => {
+                ty.name().to_ascii_lowercase()
+            }
+            // The cache type of the attention / DSA families (the benched variants read bf16).
+            Shape::AttnDecode { .. }
+            | Shape::AttnPrefill { .. }
+            | Shape::MlaDecode { .. }
+            | Shape::MlaSparseDecode { .. }
+            | Shape::DsaIndexKey { .. }
+            | Shape::DsaIndexer { .. } => "bf16".into(),
             _ => "f32".into(),
         }
     }
@@ -173,6 +334,28 @@ impl Shape {
             Shape::Glu { rows, n_ff, .. } => f * (3 * rows * n_ff) as u64,
             Shape::Argmax { rows, n_vocab } | Shape::Topk { rows, n_vocab, .. } => f * (rows * n_vocab) as u64,
             Shape::Embed { ty, t, n_embd, .. } => weight_bytes(ty, n_embd, t) + f * (t * n_embd + t) as u64,
+            Shape::AttnDecode { n_head, n_kv, head_dim, ctx } => BF16 * (2 * ctx * n_kv * head_dim) as u64 + f * (2 * n_head * head_dim + 1) as u64,
+            Shape::AttnPrefill { t, n_head, n_kv, head_dim } => BF16 * (2 * t * n_kv * head_dim) as u64 + f * (2 * t * n_head * head_dim) as u64,
+            Shape::MlaDecode { n_head, kv_lora, rope, ctx } => {
+                BF16 * (ctx * (kv_lora + rope)) as u64 + f * (n_head * (2 * kv_lora + rope) + 1) as u64
+            }
+            // Only the selected rows are read.
+            Shape::MlaSparseDecode { n_head, kv_lora, rope, k, .. } => {
+                BF16 * (k * (kv_lora + rope)) as u64 + f * (n_head * (2 * kv_lora + rope) + k + 1) as u64
+            }
+            // k rows in, LayerNorm weight + bias, positions, cache rows out.
+            Shape::DsaIndexKey { t, head_dim, .. } => f * (t * head_dim + 2 * head_dim + t) as u64 + BF16 * (t * head_dim) as u64,
+            Shape::DsaIndexer { n_head, head_dim, ctx } => BF16 * (ctx * head_dim) as u64 + f * (n_head * head_dim + n_head + 1 + ctx) as u64,
+            Shape::DsaTopk { ctx, k } => f * (ctx + 1 + k + 1) as u64,
+            Shape::MoeRouter { t, n_expert, n_used, sigmoid } => f * (t * n_expert + if sigmoid { n_expert } else { 0 } + 2 * t * n_used) as u64,
+            // Only the selected experts' rows (twice when gate and up are paired) + x, y, ids
+            // (and the routing weights in down mode).
+            Shape::MoeMatvec { ty, mode, t, k, n, n_used, .. } => {
+                let slots = t * n_used;
+                let w = moe_matvec::selected_bytes(ty, mode, k, n, slots).unwrap_or(0) as u64;
+                let (x_rows, y_rows, wts) = if mode == moe_matvec::Mode::Down { (slots, t, slots) } else { (t, slots, 0) };
+                w + f * (x_rows * k + y_rows * n + slots + wts) as u64
+            }
         }
     }
 
@@ -181,6 +364,13 @@ impl Shape {
         match *self {
             Shape::Matvec { k, n, .. } => Some(2 * (k * n) as u64),
             Shape::Matmul { t, k, n, .. } => Some(2 * (t * k) as u64 * n as u64),
+            // q·k and p·v per (head, visible key).
+            Shape::AttnDecode { n_head, head_dim, ctx, .. } => Some(4 * (n_head * head_dim * ctx) as u64),
+            Shape::AttnPrefill { t, n_head, n_kv, head_dim } => Some(attn_prefill::flops(&prefill_params(t, n_head, n_kv, head_dim))),
+            Shape::MlaDecode { n_head, kv_lora, rope, ctx } => Some(2 * (n_head * ctx) as u64 * (2 * kv_lora + rope) as u64),
+            Shape::MlaSparseDecode { n_head, kv_lora, rope, k, .. } => Some(2 * (n_head * k) as u64 * (2 * kv_lora + rope) as u64),
+            Shape::DsaIndexer { n_head, head_dim, ctx } => Some(2 * (n_head * head_dim) as u64 * ctx as u64),
+            Shape::MoeMatvec { mode, t, k, n, n_used, .. } => Some(2 * (k * n * t * n_used) as u64 * if mode.is_paired() { 2 } else { 1 }),
             _ => None,
         }
     }
@@ -248,7 +438,7 @@ pub fn generic_twin(v: &KernelVariant, qtype: Option<&str>) -> Option<&'static K
         }
     };
     // Keys that change what is computed must match; the rest are tuning and only rank candidates.
-    const SEMANTIC: [&str; 6] = ["qtype", "delta_norm", "batch", "accumulate", "rope_mode", "cache_t"];
+    const SEMANTIC: [&str; 9] = ["qtype", "delta_norm", "batch", "accumulate", "rope_mode", "cache_t", "mode", "gating", "qk_norm"];
     registry::variants()
         .iter()
         .filter(|g| g.is_generic() && g.family == v.family)
@@ -264,7 +454,11 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
     }
     let tok = token(ty);
     if let Some(found) = registry::variants().iter().find(|v| {
-        v.family == matvec::FAMILY && !v.is_generic() && int(v, "k") == Some(k) && int(v, "n") == Some(n) && v.param("qtype") == Some(Param::Sym(tok))
+        v.family == matvec::FAMILY
+            && !v.is_generic()
+            && int(v, "k") == Some(k)
+            && int(v, "n") == Some(n)
+            && v.param("qtype") == Some(Param::Sym(tok))
             && v.params.iter().filter(|(key, _)| *key != "qtype").all(|(key, val)| base.param(key) == Some(*val))
     }) {
         return (found, false);
@@ -283,18 +477,26 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
     let params: Vec<(&'static str, Param)> =
         base.params.iter().map(|&(key, val)| if key == "qtype" { (key, Param::Sym(tok)) } else { (key, val) }).collect();
     let source: &'static str = Box::leak(matvec::render_source(name, ty, k, n, &tune).into_boxed_str());
-    let v = Box::leak(Box::new(KernelVariant { name, family: matvec::FAMILY, arch: base.arch, params: Box::leak(params.into_boxed_slice()), source }));
+    let v =
+        Box::leak(Box::new(KernelVariant { name, family: matvec::FAMILY, arch: base.arch, params: Box::leak(params.into_boxed_slice()), source }));
     (v, true)
 }
 
 /// The n_vocab of an architecture's preset as far as the registry shows it (its argmax variant).
 fn arch_vocab(arch: &str) -> usize {
-    registry::variants()
-        .iter()
-        .find(|v| v.arch == Some(arch) && v.family == argmax::FAMILY)
-        .and_then(|v| int(v, "n_vocab"))
-        .unwrap_or(32000)
+    registry::variants().iter().find(|v| v.arch == Some(arch) && v.family == argmax::FAMILY).and_then(|v| int(v, "n_vocab")).unwrap_or(32000)
 }
+
+/// A baked int of `arch`'s first specialized variant of `family` (e.g. the router's n_expert).
+fn arch_int(arch: &str, family: &str, key: &str) -> Option<usize> {
+    registry::variants().iter().filter(|v| v.arch == Some(arch) && v.family == family).find_map(|v| int(v, key))
+}
+
+/// Decode contexts of GQA attention (peers-attention.json's), of dense MLA (GLM-5 at 32k and
+/// 128k), and of the DSA step (128k visible keys).
+pub const ATTN_DECODE_CTX: [usize; 2] = [4096, 32768];
+pub const MLA_DECODE_CTX: [usize; 2] = [32768, 131072];
+pub const DSA_CTX: usize = 131072;
 
 /// The cases for the built architectures (or `arch`), optionally one family.
 pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
@@ -315,7 +517,9 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
         }
         match v.family {
             "matvec" => {
-                let (Some(k), Some(n), Some(baked)) = (int(v, "k"), int(v, "n"), sym_type(v)) else { continue };
+                let (Some(k), Some(n), Some(baked)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
+                    continue;
+                };
                 if int(v, "batch").unwrap_or(1) != 1 {
                     continue;
                 }
@@ -330,7 +534,9 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 }
             }
             "matmul" => {
-                let (Some(k), Some(n), Some(ty)) = (int(v, "k"), int(v, "n"), sym_type(v)) else { continue };
+                let (Some(k), Some(n), Some(ty)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
+                    continue;
+                };
                 push(&mut cases, Shape::Matmul { ty, t: PREFILL_T, k, n }, a, v, None, false);
             }
             "rmsnorm" => {
@@ -354,22 +560,110 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 }
             }
             "argmax" => {
-                let Some(n_vocab) = int(v, "n_vocab") else { continue };
+                let Some(n_vocab) = int(v, "n_vocab") else {
+                    continue;
+                };
                 push(&mut cases, Shape::Argmax { rows: 1, n_vocab }, a, v, None, false);
             }
             "topk" => {
-                let (Some(n_vocab), Some(k)) = (int(v, "n_vocab"), int(v, "k")) else { continue };
+                let (Some(n_vocab), Some(k)) = (int(v, "n_vocab"), int(v, "k")) else {
+                    continue;
+                };
                 for rows in [1, PREFILL_T] {
                     push(&mut cases, Shape::Topk { rows, n_vocab, k }, a, v, None, false);
                 }
             }
             "embed" => {
-                let (Some(n_embd), Some(ty)) = (int(v, "n_embd"), sym_type(v)) else { continue };
+                let (Some(n_embd), Some(ty)) = (int(v, "n_embd"), sym_type(v)) else {
+                    continue;
+                };
                 for t in [1, PREFILL_T] {
                     push(&mut cases, Shape::Embed { ty, t, n_embd, n_vocab: arch_vocab(a) }, a, v, None, false);
                 }
             }
-            // Not wired yet (module doc): qk_norm_rope and families added later.
+            // The attention and DSA variants benched read a bf16 cache (f32 ones are not planned).
+            _ if v.param("cache_t").is_some_and(|c| c != Param::Sym("bf16")) => {}
+            "attn_decode" => {
+                let (Some(n_head), Some(n_kv), Some(head_dim)) = (int(v, "n_head"), int(v, "n_kv"), int(v, "head_dim")) else {
+                    continue;
+                };
+                for ctx in ATTN_DECODE_CTX {
+                    push(&mut cases, Shape::AttnDecode { n_head, n_kv, head_dim, ctx }, a, v, None, false);
+                }
+            }
+            "attn_prefill" => {
+                let (Some(n_head), Some(n_kv), Some(head_dim)) = (int(v, "n_head"), int(v, "n_kv"), int(v, "head_dim")) else {
+                    continue;
+                };
+                push(&mut cases, Shape::AttnPrefill { t: PREFILL_T, n_head, n_kv, head_dim }, a, v, None, false);
+            }
+            "mla_decode" => {
+                let (Some(n_head), Some(kv_lora), Some(rope)) = (int(v, "n_head"), int(v, "kv_lora"), int(v, "rope")) else {
+                    continue;
+                };
+                for ctx in MLA_DECODE_CTX {
+                    push(&mut cases, Shape::MlaDecode { n_head, kv_lora, rope, ctx }, a, v, None, false);
+                }
+            }
+            "mla_sparse_decode" => {
+                let (Some(n_head), Some(kv_lora), Some(rope)) = (int(v, "n_head"), int(v, "kv_lora"), int(v, "rope")) else {
+                    continue;
+                };
+                let k = arch_int(a, dsa_topk::FAMILY, "k").unwrap_or(2048);
+                push(&mut cases, Shape::MlaSparseDecode { n_head, kv_lora, rope, ctx: DSA_CTX, k }, a, v, None, false);
+            }
+            "dsa_index_key" => {
+                let (Some(head_dim), Some(n_rot)) = (int(v, "head_dim"), int(v, "n_rot")) else {
+                    continue;
+                };
+                for t in [1, PREFILL_T] {
+                    push(&mut cases, Shape::DsaIndexKey { t, head_dim, n_rot }, a, v, None, false);
+                }
+            }
+            "dsa_indexer" => {
+                let (Some(n_head), Some(head_dim)) = (int(v, "n_idx_head"), int(v, "idx_head_dim")) else {
+                    continue;
+                };
+                push(&mut cases, Shape::DsaIndexer { n_head, head_dim, ctx: DSA_CTX }, a, v, None, false);
+            }
+            "dsa_topk" => {
+                let Some(k) = int(v, "k") else { continue };
+                push(&mut cases, Shape::DsaTopk { ctx: DSA_CTX, k }, a, v, None, false);
+            }
+            "moe_router" => {
+                let (Some(n_expert), Some(n_used)) = (int(v, "n_expert"), int(v, "n_used")) else {
+                    continue;
+                };
+                let sigmoid = v.param("gating") == Some(Param::Sym("sigmoid"));
+                for t in [1, PREFILL_T] {
+                    push(&mut cases, Shape::MoeRouter { t, n_expert, n_used, sigmoid }, a, v, None, false);
+                }
+            }
+            "moe_matvec" => {
+                let (Some(k), Some(n), Some(ty)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
+                    continue;
+                };
+                let mode = match v.param("mode") {
+                    Some(Param::Sym("plain")) => moe_matvec::Mode::Plain,
+                    Some(Param::Sym("swiglu")) => moe_matvec::Mode::Swiglu,
+                    Some(Param::Sym("geglu")) => moe_matvec::Mode::Geglu,
+                    Some(Param::Sym("down")) => moe_matvec::Mode::Down,
+                    _ => continue,
+                };
+                let router = (arch_int(a, moe_router::FAMILY, "n_expert"), arch_int(a, moe_router::FAMILY, "n_used"));
+                let heads = arch_int(a, mla_decode::FAMILY, "n_head").or(arch_int(a, mla_sparse_decode::FAMILY, "n_head"));
+                let (t, n_expert, n_used) = match (mode, router, heads) {
+                    // Plain: MLA's per-head absorption, the head as the expert, one row per head.
+                    (moe_matvec::Mode::Plain, _, Some(h)) => (h, h, 1),
+                    (moe_matvec::Mode::Plain, ..) => continue,
+                    // Routed experts of one decode token.
+                    (_, (Some(e), Some(u)), _) => (1, e, u),
+                    // No router: the dense gated FFN as the one-expert case (moe_matvec.rs).
+                    _ => (1, 1, 1),
+                };
+                push(&mut cases, Shape::MoeMatvec { ty, mode, t, k, n, n_expert, n_used }, a, v, None, false);
+            }
+            // Not wired yet (module doc): qk_norm_rope.
             _ => {}
         }
     }
@@ -421,6 +715,15 @@ impl Filler {
         Ok(b)
     }
 
+    /// `n` bf16 values (the f32 pattern's upper halves), for the bf16 caches.
+    fn bf16s(&mut self, n: usize) -> Result<CudaSlice<u16>, Error> {
+        let host: Vec<u16> = self.rng.normal_vec(1 << 20, 1.0).iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let pattern = self.stream.clone_htod(&host).map_err(drv("cuMemcpyHtoD (bf16 pattern)"))?;
+        let mut b = alloc::<u16>(&self.stream, n)?;
+        tile(&self.stream, &mut b, &pattern)?;
+        Ok(b)
+    }
+
     /// `n` rows of `ty` at `k` elements: 64 random rows quantized, repeated.
     fn weights(&mut self, ty: GgmlType, k: usize, n: usize) -> Result<CudaSlice<u8>, Error> {
         let rows = n.clamp(1, 64);
@@ -440,11 +743,34 @@ impl Filler {
 
 /// One set of buffers a launch reads and writes.
 enum Set {
-    Matrix { w: CudaSlice<u8>, x: CudaSlice<f32>, y: CudaSlice<f32> },
-    Norm { x: CudaSlice<f32>, w: CudaSlice<f32>, out: CudaSlice<f32>, residual: CudaSlice<f32> },
-    Glu { gate: CudaSlice<f32>, up: CudaSlice<f32>, out: CudaSlice<f32> },
-    Logits { logits: CudaSlice<f32>, idx: CudaSlice<i32>, val: CudaSlice<f32> },
-    Embed { tokens: CudaSlice<i32>, table: Arc<CudaSlice<u8>>, out: CudaSlice<f32> },
+    Matrix {
+        w: CudaSlice<u8>,
+        x: CudaSlice<f32>,
+        y: CudaSlice<f32>,
+    },
+    Norm {
+        x: CudaSlice<f32>,
+        w: CudaSlice<f32>,
+        out: CudaSlice<f32>,
+        residual: CudaSlice<f32>,
+    },
+    Glu {
+        gate: CudaSlice<f32>,
+        up: CudaSlice<f32>,
+        out: CudaSlice<f32>,
+    },
+    Logits {
+        logits: CudaSlice<f32>,
+        idx: CudaSlice<i32>,
+        val: CudaSlice<f32>,
+    },
+    Embed {
+        tokens: CudaSlice<i32>,
+        table: Arc<CudaSlice<u8>>,
+        out: CudaSlice<f32>,
+    },
+    /// Attention, DSA and MoE families (bench/attn_moe.rs).
+    Extra(attn_moe::ExtraSet),
 }
 
 /// A case's buffers on the device, ready to launch any of its variants.
@@ -452,6 +778,10 @@ pub struct Prepared {
     pub shape: Shape,
     sets: Vec<Set>,
     scratch: HashMap<&'static str, CudaSlice<u8>>,
+    /// Split-kernel workspaces per variant (attn_decode, mla_decode, mla_sparse_decode).
+    work: HashMap<&'static str, CudaSlice<f32>>,
+    shared: attn_moe::Shared,
+    sm_count: usize,
 }
 
 impl Prepared {
@@ -465,11 +795,18 @@ impl Prepared {
             Shape::Embed { ty, n_embd, n_vocab, .. } => Some(Arc::new(fill.weights(ty, n_embd, n_vocab)?)),
             _ => None,
         };
+        let shared = attn_moe::Shared::new(&mut fill, &shape)?;
         for _ in 0..sets.max(1) {
+            if let Some(set) = attn_moe::make_set(&mut fill, &shape)? {
+                out.push(Set::Extra(set));
+                continue;
+            }
             out.push(match shape {
                 Shape::Matvec { ty, k, n } => Set::Matrix { w: fill.weights(ty, k, n)?, x: fill.f32s(k)?, y: alloc(s, n)? },
                 Shape::Matmul { ty, t, k, n } => Set::Matrix { w: fill.weights(ty, k, n)?, x: fill.f32s(t * k)?, y: alloc(s, t * n)? },
-                Shape::Rmsnorm { rows, n } => Set::Norm { x: fill.f32s(rows * n)?, w: fill.f32s(n)?, out: alloc(s, rows * n)?, residual: alloc(s, 1)? },
+                Shape::Rmsnorm { rows, n } => {
+                    Set::Norm { x: fill.f32s(rows * n)?, w: fill.f32s(n)?, out: alloc(s, rows * n)?, residual: alloc(s, 1)? }
+                }
                 Shape::AddRmsnorm { rows, n, .. } => {
                     Set::Norm { x: fill.f32s(rows * n)?, w: fill.f32s(n)?, out: alloc(s, rows * n)?, residual: fill.f32s(rows * n)? }
                 }
@@ -480,10 +817,12 @@ impl Prepared {
                 Shape::Embed { t, n_embd, n_vocab, .. } => {
                     Set::Embed { tokens: fill.tokens(t, n_vocab)?, table: table.clone().expect("made above"), out: alloc(s, t * n_embd)? }
                 }
+                _ => unreachable!("attn_moe::make_set builds the sets of the other shapes"),
             });
         }
         gpu.sync()?;
-        Ok(Prepared { shape, sets: out, scratch: HashMap::new() })
+        let sm_count = gpu.sm_count()?;
+        Ok(Prepared { shape, sets: out, scratch: HashMap::new(), work: HashMap::new(), shared, sm_count })
     }
 
     pub fn sets(&self) -> usize {
@@ -534,6 +873,7 @@ impl Prepared {
             (Shape::Embed { t, n_embd, n_vocab, .. }, Set::Embed { tokens, table, out }) => {
                 embed::embed(kernel, &tokens.slice(..), &table.slice(..), &mut out.slice_mut(..), t, n_embd, n_vocab, 1.0)
             }
+            (shape, Set::Extra(set)) => attn_moe::launch(kernel, &shape, set, &mut self.shared, &mut self.work, self.sm_count),
             _ => unreachable!("Prepared::new builds the set that matches its shape"),
         }
     }
@@ -597,6 +937,51 @@ pub fn time_launches(
     Ok(us)
 }
 
+/// The kernels of round `i` of [`time_interleaved`] in launch order: each once, the first
+/// rotating with `i` (specialized first in even rounds, generic first in odd ones).
+pub fn round_order(i: usize, n: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |r| (i + r) % n)
+}
+
+/// Per-launch times of `n` kernels on the same buffers, interleaved: `warmup` untimed rounds,
+/// then `iters` rounds; in round `i` every kernel `j` runs once (`f(j, i)`, the same buffer set
+/// for all), in an order that rotates with `i`, each launch after its own `flush` and between its
+/// own two events. Returns microseconds per kernel, sorted.
+pub fn time_interleaved(
+    gpu: &Gpu,
+    warmup: u32,
+    iters: u32,
+    flush: &mut CudaSlice<u8>,
+    n: usize,
+    f: &mut dyn FnMut(usize, usize) -> Result<(), Error>,
+) -> Result<Vec<Vec<f64>>, Error> {
+    let s = gpu.stream();
+    for i in 0..warmup as usize {
+        for j in 0..n {
+            f(j, i)?;
+        }
+    }
+    let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
+    for i in 0..iters as usize {
+        for j in round_order(i, n) {
+            s.memset_zeros(flush).map_err(drv("cuMemsetD8Async (L2 flush)"))?;
+            let start = record(s)?;
+            f(j, warmup as usize + i)?;
+            events[j].push((start, record(s)?));
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for ev in &events {
+        let mut us = Vec::with_capacity(ev.len());
+        for (start, end) in ev {
+            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3);
+        }
+        us.sort_by(f64::total_cmp);
+        out.push(us);
+    }
+    Ok(out)
+}
+
 fn median(sorted: &[f64]) -> f64 {
     let n = sorted.len();
     if n % 2 == 1 { sorted[n / 2] } else { 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]) }
@@ -618,7 +1003,8 @@ pub fn copy_bandwidth(gpu: &Gpu, warmup: u32, iters: u32) -> Result<f64, Error> 
             times.push((start, end));
         }
     }
-    let mut ms: Vec<f64> = times.iter().map(|(a, b)| a.elapsed_ms(b).map(|v| v as f64)).collect::<Result<_, _>>().map_err(drv("cuEventElapsedTime"))?;
+    let mut ms: Vec<f64> =
+        times.iter().map(|(a, b)| a.elapsed_ms(b).map(|v| v as f64)).collect::<Result<_, _>>().map_err(drv("cuEventElapsedTime"))?;
     ms.sort_by(f64::total_cmp);
     Ok(2.0 * COPY_BYTES as f64 / (median(&ms) * 1e-3) / 1e9)
 }
@@ -710,11 +1096,11 @@ fn driver_version() -> Option<String> {
 }
 
 fn list(cases: &[Case]) {
-    println!("{:<12} {:<12} {:<26} {:<8} {:<48} generic", "family", "arch", "shape", "dtype", "specialized");
+    println!("{:<17} {:<8} {:<33} {:<6} {:<54} generic", "family", "arch", "shape", "dtype", "specialized");
     for c in cases {
         let spec = c.specialized.map(|v| format!("{}{}", v.name, if c.rendered { " (rendered)" } else { "" })).unwrap_or_else(|| "-".into());
         println!(
-            "{:<12} {:<12} {:<26} {:<8} {:<48} {}",
+            "{:<17} {:<8} {:<33} {:<6} {:<54} {}",
             c.shape.family(),
             c.arch,
             c.shape.label(),
@@ -729,7 +1115,9 @@ fn list(cases: &[Case]) {
 pub fn geomeans(rows: &[Row]) -> Vec<(&'static str, f64, usize)> {
     let mut by_arch: Vec<(&'static str, f64, usize)> = Vec::new();
     for r in rows.iter().filter(|r| r.kind == Kind::Specialized) {
-        let Some(x) = r.speedup_vs_generic else { continue };
+        let Some(x) = r.speedup_vs_generic else {
+            continue;
+        };
         match by_arch.iter_mut().find(|(a, ..)| *a == r.arch) {
             Some((_, sum, n)) => {
                 *sum += x.ln();
@@ -786,11 +1174,14 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         let sets = sets_for(&case.shape, l2);
         let mut prepared = Prepared::new(&gpu, case.shape, sets, Rng::new(rng.next_u64()))
             .map_err(|e| format!("{} {}: {e}", case.shape.family(), case.shape.label()))?;
+        let variants: Vec<(&'static KernelVariant, Kind)> = case.variants().collect();
+        let launched: Vec<&Kernel> = variants.iter().map(|(v, _)| kernels.get(v.name)).collect::<Result<_, _>>()?;
+        // Specialized and generic alternate launch by launch (module doc), so clock ramps and
+        // drift over the case reach both alike.
+        let times = time_interleaved(&gpu, args.warmup, args.iters, &mut flush, launched.len(), &mut |j, i| prepared.launch(launched[j], i))
+            .map_err(|e| format!("{} ({}): {e}", case.shape.label(), variants.iter().map(|(v, _)| v.name).collect::<Vec<_>>().join(" vs ")))?;
         let mut measured: Vec<Row> = Vec::new();
-        for (v, kind) in case.variants() {
-            let kernel = kernels.get(v.name)?;
-            let us = time_launches(&gpu, args.warmup, args.iters, &mut flush, &mut |i| prepared.launch(kernel, i))
-                .map_err(|e| format!("{} {}: {e}", v.name, case.shape.label()))?;
+        for ((v, kind), us) in variants.into_iter().zip(times) {
             measured.push(Row {
                 family: case.shape.family(),
                 variant: v.name,
@@ -887,13 +1278,13 @@ pub fn table(rows: &[Row], copy_gbps: f64) -> String {
     let _ = writeln!(t, "copy bandwidth: {copy_gbps:.0} GB/s");
     let _ = writeln!(
         t,
-        "{:<12} {:<48} {:<11} {:<22} {:<7} {:>10} {:>8} {:>7} {:>8} {:>9}",
+        "{:<17} {:<54} {:<11} {:<33} {:<7} {:>10} {:>8} {:>7} {:>8} {:>9}",
         "family", "variant", "kind", "shape", "dtype", "median_us", "GB/s", "%copy", "TFLOP/s", "spec/gen"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "{:<12} {:<48} {:<11} {:<22} {:<7} {:>10.2} {:>8.0} {:>6.1}% {:>8} {:>9}",
+            "{:<17} {:<54} {:<11} {:<33} {:<7} {:>10.2} {:>8.0} {:>6.1}% {:>8} {:>9}",
             r.family,
             r.variant,
             r.kind.label(),
@@ -954,6 +1345,99 @@ mod tests {
             }
             let s = c.specialized.expect("planned from a specialized variant");
             assert!(!s.is_generic(), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn moe_and_sparse_bytes_count_only_what_is_read() {
+        use moe_matvec::Mode;
+        let row = |k: u64| GgmlType::Q4_K.row_bytes(k).unwrap();
+        // GLM-5 routed experts, one token: 8 of 256 experts, gate and up of 2048 rows each.
+        let gate_up = Shape::MoeMatvec { ty: GgmlType::Q4_K, mode: Mode::Swiglu, t: 1, k: 6144, n: 2048, n_expert: 256, n_used: 8 };
+        assert_eq!(row(6144), 3456);
+        assert_eq!(gate_up.bytes(), 8 * 2 * 2048 * 3456 + 4 * (6144 + 8 * 2048 + 8));
+        assert_eq!(gate_up.flops(), Some(2 * 2 * 6144 * 2048 * 8));
+        let down = Shape::MoeMatvec { ty: GgmlType::Q4_K, mode: Mode::Down, t: 1, k: 2048, n: 6144, n_expert: 256, n_used: 8 };
+        assert_eq!(down.bytes(), 8 * 6144 * row(2048) + 4 * (8 * 2048 + 6144 + 8 + 8));
+        // The expert count changes nothing: unselected experts are not read.
+        let down64 = Shape::MoeMatvec { ty: GgmlType::Q4_K, mode: Mode::Down, t: 1, k: 2048, n: 6144, n_expert: 64, n_used: 8 };
+        assert_eq!(down64.bytes(), down.bytes());
+        // DSA sparse MLA: the 2048 selected latent rows, whatever the context.
+        let sparse = Shape::MlaSparseDecode { n_head: 64, kv_lora: 512, rope: 64, ctx: 131_072, k: 2048 };
+        assert_eq!(sparse.bytes(), 2 * 2048 * 576 + 4 * (64 * (1024 + 64) + 2048 + 1));
+        assert_eq!(Shape::MlaSparseDecode { n_head: 64, kv_lora: 512, rope: 64, ctx: 32_768, k: 2048 }.bytes(), sparse.bytes());
+        assert_eq!(sparse.flops(), Some(2 * 64 * 2048 * (1024 + 64)));
+        // Dense MLA reads every row.
+        let dense = Shape::MlaDecode { n_head: 64, kv_lora: 512, rope: 64, ctx: 131_072 };
+        assert_eq!(dense.bytes(), 2 * 131_072 * 576 + 4 * (64 * (1024 + 64) + 1));
+        let gqa = Shape::AttnDecode { n_head: 32, n_kv: 8, head_dim: 128, ctx: 4096 };
+        assert_eq!(gqa.bytes(), 2 * 2 * 4096 * 8 * 128 + 4 * (2 * 32 * 128 + 1));
+        assert_eq!(gqa.flops(), Some(4 * 32 * 128 * 4096));
+        assert_eq!(Shape::DsaIndexer { n_head: 32, head_dim: 128, ctx: 131_072 }.bytes(), (32 << 20) + 4 * (32 * 128 + 32 + 1 + 131_072));
+        assert_eq!(Shape::DsaTopk { ctx: 131_072, k: 2048 }.bytes(), 4 * (131_072 + 2 + 2048));
+    }
+
+    #[test]
+    fn labels_match_the_peer_files() {
+        // benches/peers-attention.json names these shapes; the report joins on the label.
+        let peers = include_str!("../../benches/peers-attention.json");
+        for shape in [
+            Shape::AttnDecode { n_head: 32, n_kv: 8, head_dim: 128, ctx: 4096 },
+            Shape::AttnDecode { n_head: 4, n_kv: 1, head_dim: 256, ctx: 32_768 },
+        ] {
+            assert!(peers.contains(&format!("\"{}\"", shape.label())), "{}", shape.label());
+        }
+        let mla = Shape::MlaDecode { n_head: 64, kv_lora: 512, rope: 64, ctx: 32_768 };
+        assert_eq!(mla.label(), "h64_kv1_d576_dv512_c32768");
+        assert_eq!(mla.dtype(), "bf16");
+    }
+
+    #[test]
+    fn rounds_alternate_which_variant_goes_first() {
+        for i in 0..6 {
+            let order: Vec<usize> = round_order(i, 2).collect();
+            assert_eq!(order, if i % 2 == 0 { vec![0, 1] } else { vec![1, 0] });
+        }
+        let mut three: Vec<usize> = round_order(4, 3).collect();
+        assert_eq!(three[0], 1);
+        three.sort();
+        assert_eq!(three, [0, 1, 2]);
+    }
+
+    /// With `--features model-glm-dsa`: the GLM-5 attention, DSA and MoE cases at the preset's
+    /// shapes, each with a generic twin of its family.
+    #[test]
+    fn glm5_plan_covers_attention_dsa_and_moe() {
+        if !registry::SPECIALIZED_FOR.iter().any(|(a, _)| *a == "glm-dsa") {
+            eprintln!("built without model-glm-dsa: nothing to check");
+            return;
+        }
+        let cases = plan(Some("glm-dsa"), None);
+        let mut want = vec![
+            ("mla_sparse_decode", "h64_kv1_d576_dv512_k2048_c131072"),
+            ("dsa_indexer", "q1_h32_d128_c131072"),
+            ("dsa_topk", "q1_c131072_k2048"),
+            ("dsa_index_key", "t1_d128_r64"),
+            ("dsa_index_key", "t4096_d128_r64"),
+            ("moe_router", "t1_e256_k8"),
+            ("moe_router", "t4096_e256_k8"),
+            ("moe_matvec", "t1_k6144_n2048_e256_u8_swiglu"),
+            ("moe_matvec", "t1_k2048_n6144_e256_u8_down"),
+        ];
+        if registry::variants().iter().any(|v| v.arch == Some("glm-dsa") && v.family == "mla_decode") {
+            want.push(("mla_decode", "h64_kv1_d576_dv512_c32768"));
+            want.push(("mla_decode", "h64_kv1_d576_dv512_c131072"));
+        }
+        for (family, label) in want {
+            let c = cases
+                .iter()
+                .find(|c| c.shape.family() == family && c.shape.label() == label)
+                .unwrap_or_else(|| panic!("glm-dsa plan lacks {family} {label}"));
+            let (s, g) = (c.specialized.unwrap(), c.generic.unwrap_or_else(|| panic!("{family} {label}: no generic twin")));
+            assert!(!s.is_generic() && g.is_generic() && g.family == family, "{} / {}", s.name, g.name);
+            for key in ["qtype", "mode", "gating", "cache_t", "rope_mode"] {
+                assert!(g.param(key).is_none() || g.param(key) == s.param(key), "{}: {key} differs from {}", g.name, s.name);
+            }
         }
     }
 
