@@ -95,15 +95,17 @@ const MICRO_VALUES: &[(&str, i64)] = &[
     ("n_head", 4),
     ("head_dim", 64),
     ("head_dim_v", 64),
-    // MLA: latent 64, q/k heads 32 nope + 16 rope, v 32; the q LoRA 64.
+    // MLA: latent 128 (the GPU MLA kernels take multiples of 128), q/k heads 32 nope + 16
+    // rope, v 32; the q LoRA 64.
     ("q_lora_rank", 64),
-    ("kv_lora_rank", 64),
+    ("kv_lora_rank", 128),
     ("key_length_mla", 48),
     ("value_length_mla", 32),
-    ("key_length", 64 + 16),
-    ("value_length", 64),
-    // DSA: a top-k of 4 makes contexts of 5+ tokens take the sparse path.
-    ("indexer_n_head", 2),
+    ("key_length", 128 + 16),
+    ("value_length", 128),
+    // DSA: a top-k of 4 makes contexts of 5+ tokens take the sparse path; 8 indexer heads
+    // (the GPU indexer's tensor-core tiles are 8 heads wide).
+    ("indexer_n_head", 8),
     ("indexer_head_dim", 32),
     ("indexer_top_k", 4),
     ("n_expert", 4),

@@ -35,3 +35,6 @@ pub mod dsa_indexer;
 pub mod dsa_topk;
 pub mod mla_sparse_decode;
 pub mod dsa_index_key;
+
+// MLA layer pieces (H-mla).
+pub mod mla_rope;
