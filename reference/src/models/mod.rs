@@ -202,13 +202,23 @@ pub(crate) fn par_rows<T: Send>(
     f: impl Fn(usize, usize) -> Vec<T> + Sync,
 ) -> Vec<T> {
     // Below ~1M multiply-adds a thread costs more than it saves.
-    let threads = n_threads()
-        .min(n_rows.max(1))
-        .min((n_rows * work_per_row / (1 << 20)).max(1));
+    let threads = n_threads().min((n_rows * work_per_row / (1 << 20)).max(1));
+    par_rows_on(threads, n_rows, f)
+}
+
+fn par_rows_on<T: Send>(
+    threads: usize,
+    n_rows: usize,
+    f: impl Fn(usize, usize) -> Vec<T> + Sync,
+) -> Vec<T> {
+    let threads = threads.min(n_rows.max(1));
     if threads <= 1 {
         return f(0, n_rows);
     }
     let chunk = n_rows.div_ceil(threads);
+    // Rounding the chunk up can leave the last threads nothing (512 rows on 30 threads: 29
+    // chunks of 18 already cover them); start no thread past the end.
+    let threads = n_rows.div_ceil(chunk);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|i| {
@@ -318,15 +328,13 @@ fn dequantize_tensor<B: AsRef<[u8]>>(
     }
     let ty = info.ggml_type;
     let chunks: Vec<Result<Vec<f32>, String>> = par_rows(n, k, |first, rows| {
-        vec![
-            crate::linear::dequantize_matrix(
-                ty,
-                &data[first * row_bytes..(first + rows) * row_bytes],
-                k,
-                rows,
-            )
-            .map_err(|e| e.to_string()),
-        ]
+        vec![crate::linear::dequantize_matrix(
+            ty,
+            &data[first * row_bytes..(first + rows) * row_bytes],
+            k,
+            rows,
+        )
+        .map_err(|e| e.to_string())]
     });
     let mut out = Vec::with_capacity(k * n);
     for chunk in chunks {
@@ -337,4 +345,24 @@ fn dequantize_tensor<B: AsRef<[u8]>>(
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::par_rows_on;
+
+    #[test]
+    fn par_rows_covers_every_row_once_for_any_thread_count() {
+        // 512 rows on 30 threads once started threads past the last row (found on a 32-core host).
+        for n_rows in [0, 1, 7, 31, 512, 1000] {
+            let all: Vec<usize> = (0..n_rows).collect();
+            for threads in 1..=40 {
+                // Slices like par_matmul does: a start past the end panics.
+                let rows = par_rows_on(threads, n_rows, |first, rows| {
+                    all[first..first + rows].to_vec()
+                });
+                assert_eq!(rows, all, "{n_rows} rows on {threads} threads");
+            }
+        }
+    }
 }
