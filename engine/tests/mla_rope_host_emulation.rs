@@ -9,11 +9,11 @@
 
 mod emu_common;
 
-use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, template};
+use emu_common::{cut, f32_bytes, i32_bytes, read_f32, template, Builder};
 use memra_reference::models::Yarn;
 use memra_reference::norm::rms_norm;
-use memra_reference::rope::{Rope, RopeMode, rope_head};
-use memra_reference::{Rng, rel_err};
+use memra_reference::rope::{rope_head, Rope, RopeMode};
+use memra_reference::{rel_err, Rng};
 
 const EXTRA: &str = r#"
 #define __shared__ static
@@ -73,9 +73,15 @@ int main(int argc, char** argv) {
 fn emulator_source() -> String {
     let common = template("common.cuh");
     let parts = [
-        ("// Store one f32 as the cache element type.", "// Compile-time-or-run-time dims"),
+        (
+            "// Store one f32 as the cache element type.",
+            "// Compile-time-or-run-time dims",
+        ),
         ("// 2^x in f64", "// Reductions."),
-        ("__device__ __forceinline__ float warp_sum(", "__device__ __forceinline__ float warp_max("),
+        (
+            "__device__ __forceinline__ float warp_sum(",
+            "__device__ __forceinline__ float warp_max(",
+        ),
         ("// Block-wide sum over THREADS threads", "// Arg-keys:"),
     ]
     .map(|(a, b)| cut(&common, a, b, "common.cuh"))
@@ -83,8 +89,14 @@ fn emulator_source() -> String {
     let rope = template("mla_rope.cuh")
         .replace("#pragma once", "")
         .replace("#include \"memra/common.cuh\"", "");
-    let prelude = emu_common::PRELUDE.replace("static inline float __expf(float x) { return std::exp(x); }", "");
-    format!("{prelude}\n{EXTRA}\n{}\nnamespace memra {{\n{parts}\n}}\n{rope}\n{MAIN}", emu_common::GRID_RUNNER)
+    let prelude = emu_common::PRELUDE.replace(
+        "static inline float __expf(float x) { return std::exp(x); }",
+        "",
+    );
+    format!(
+        "{prelude}\n{EXTRA}\n{}\nnamespace memra {{\n{parts}\n}}\n{rope}\n{MAIN}",
+        emu_common::GRID_RUNNER
+    )
 }
 
 /// The RoPE frequencies of one case: plain (linear scale) or YaRN.
@@ -128,21 +140,56 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
     let (dq, dk) = (c.nope + c.rope, c.kv_lora + c.rope);
     let q = rng.normal_vec(t * c.n_head * dq, 1.0);
     // An offset so that the RMS matters.
-    let kv: Vec<f32> = rng.normal_vec(t * dk, 1.0).iter().map(|v| v + 0.3).collect();
-    let w: Vec<f32> = rng.normal_vec(c.kv_lora, 0.2).iter().map(|v| v + 1.0).collect();
+    let kv: Vec<f32> = rng
+        .normal_vec(t * dk, 1.0)
+        .iter()
+        .map(|v| v + 0.3)
+        .collect();
+    let w: Vec<f32> = rng
+        .normal_vec(c.kv_lora, 0.2)
+        .iter()
+        .map(|v| v + 1.0)
+        .collect();
     let iq = rng.normal_vec((t * c.n_idx_head * c.idx_head_dim).max(1), 1.0);
     let (eps, idx_scale) = (1e-5f32, 0.125f32);
     let y = c.freqs.reference(c.rope, c.neox);
     let dir = b.dir().join(format!("case{n}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut args: Vec<String> = [c.cfg, t, c.n_head, c.nope, c.rope, c.kv_lora, c.n_idx_head, c.idx_head_dim, c.max_ctx, c.grid]
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
+    let mut args: Vec<String> = [
+        c.cfg,
+        t,
+        c.n_head,
+        c.nope,
+        c.rope,
+        c.kv_lora,
+        c.n_idx_head,
+        c.idx_head_dim,
+        c.max_ctx,
+        c.grid,
+    ]
+    .iter()
+    .map(|v| v.to_string())
+    .collect();
     args.extend(
-        [c.freqs.base, c.freqs.freq_scale, y.ext_factor, y.corr_dims[0], y.corr_dims[1], idx_scale, eps].iter().map(|v| format!("{v:e}")),
+        [
+            c.freqs.base,
+            c.freqs.freq_scale,
+            y.ext_factor,
+            y.corr_dims[0],
+            y.corr_dims[1],
+            idx_scale,
+            eps,
+        ]
+        .iter()
+        .map(|v| format!("{v:e}")),
     );
-    let inputs = [f32_bytes(&q), f32_bytes(&kv), f32_bytes(&w), i32_bytes(&c.positions), f32_bytes(&iq)];
+    let inputs = [
+        f32_bytes(&q),
+        f32_bytes(&kv),
+        f32_bytes(&w),
+        i32_bytes(&c.positions),
+        f32_bytes(&iq),
+    ];
     for (i, data) in inputs.iter().enumerate() {
         let p = dir.join(format!("in{i}.bin"));
         std::fs::write(&p, data).unwrap();
@@ -160,16 +207,29 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
     let row = |r: usize| -> Vec<f32> {
         raw[r * dk * eb..(r + 1) * dk * eb]
             .chunks_exact(eb)
-            .map(|x| if eb == 4 { f32::from_le_bytes([x[0], x[1], x[2], x[3]]) } else { f32::from_bits((u16::from_le_bytes([x[0], x[1]]) as u32) << 16) })
+            .map(|x| {
+                if eb == 4 {
+                    f32::from_le_bytes([x[0], x[1], x[2], x[3]])
+                } else {
+                    f32::from_bits((u16::from_le_bytes([x[0], x[1]]) as u32) << 16)
+                }
+            })
             .collect()
     };
-    let what = format!("mla_rope emulation cfg {} (MEMRA_SEED={})", c.cfg, rng.seed());
+    let what = format!(
+        "mla_rope emulation cfg {} (MEMRA_SEED={})",
+        c.cfg,
+        rng.seed()
+    );
     let tol = if c.f32_cache { 2e-6 } else { 4e-3 };
     let mut written = vec![false; c.max_ctx];
     for (ti, &p) in c.positions.iter().enumerate() {
         let tail = |h: usize| &q_out[(ti * c.n_head + h) * dk + c.kv_lora..][..c.rope];
         if p < 0 || p as usize >= c.max_ctx {
-            assert!((0..c.n_head).all(|h| tail(h).iter().all(|v| v.is_nan())), "{what}: token {ti} at invalid position {p}: q tails not NaN");
+            assert!(
+                (0..c.n_head).all(|h| tail(h).iter().all(|v| v.is_nan())),
+                "{what}: token {ti} at invalid position {p}: q tails not NaN"
+            );
             continue;
         }
         let p = p as usize;
@@ -179,50 +239,149 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
         y.apply(&mut k_pe, p);
         want.extend(k_pe);
         let err = rel_err(&row(p), &want);
-        assert!(err <= tol, "{what}: token {ti} pos {p}: cache row relative L2 {err:e}");
+        assert!(
+            err <= tol,
+            "{what}: token {ti} pos {p}: cache row relative L2 {err:e}"
+        );
         for h in 0..c.n_head {
             let mut want = q[(ti * c.n_head + h) * dq + c.nope..][..c.rope].to_vec();
             y.apply(&mut want, p);
             let err = rel_err(tail(h), &want);
-            assert!(err <= 2e-6, "{what}: token {ti} head {h}: q_pe relative L2 {err:e}");
-            assert!(q_out[(ti * c.n_head + h) * dk..][..c.kv_lora].iter().all(|v| v.is_nan()), "{what}: q_out's absorbed part written");
+            assert!(
+                err <= 2e-6,
+                "{what}: token {ti} head {h}: q_pe relative L2 {err:e}"
+            );
+            assert!(
+                q_out[(ti * c.n_head + h) * dk..][..c.kv_lora]
+                    .iter()
+                    .all(|v| v.is_nan()),
+                "{what}: q_out's absorbed part written"
+            );
         }
-        let mode = if c.neox { RopeMode::Neox } else { RopeMode::Norm };
+        let mode = if c.neox {
+            RopeMode::Neox
+        } else {
+            RopeMode::Norm
+        };
         for h in 0..c.n_idx_head {
             let at = (ti * c.n_idx_head + h) * c.idx_head_dim;
             let mut want = iq[at..][..c.idx_head_dim].to_vec();
-            rope_head(&mut want[..c.rope], p, &Rope::new(mode, c.rope, c.freqs.base));
+            rope_head(
+                &mut want[..c.rope],
+                p,
+                &Rope::new(mode, c.rope, c.freqs.base),
+            );
             want.iter_mut().for_each(|v| *v *= idx_scale);
             let err = rel_err(&iq_out[at..][..c.idx_head_dim], &want);
-            assert!(err <= 2e-6, "{what}: token {ti} indexer head {h}: relative L2 {err:e}");
+            assert!(
+                err <= 2e-6,
+                "{what}: token {ti} indexer head {h}: relative L2 {err:e}"
+            );
         }
     }
     for r in (0..c.max_ctx).filter(|&r| !written[r]) {
-        assert!(raw[r * dk * eb..(r + 1) * dk * eb].iter().all(|&x| x == 0xff), "{what}: row {r} written but no token has that position");
+        assert!(
+            raw[r * dk * eb..(r + 1) * dk * eb]
+                .iter()
+                .all(|&x| x == 0xff),
+            "{what}: row {r} written but no token has that position"
+        );
     }
 }
 
 #[test]
 fn mla_rope_matches_the_reference() {
-    let Some(mut b) = Builder::new("mla_rope_matches_the_reference", "mla-rope", &emulator_source()) else {
+    let Some(mut b) = Builder::new(
+        "mla_rope_matches_the_reference",
+        "mla-rope",
+        &emulator_source(),
+    ) else {
         return;
     };
     let mut rng = Rng::from_env_or_time("mla_rope_matches_the_reference");
     eprintln!("mla_rope_matches_the_reference: seed {}", rng.seed());
-    let plain = Freqs { base: 1e6, freq_scale: 1.0, yarn_ctx: None };
-    let yarn = Freqs { base: 1e4, freq_scale: 1.0 / 40.0, yarn_ctx: Some(4096) };
+    let plain = Freqs {
+        base: 1e6,
+        freq_scale: 1.0,
+        yarn_ctx: None,
+    };
+    let yarn = Freqs {
+        base: 1e4,
+        freq_scale: 1.0 / 40.0,
+        yarn_ctx: Some(4096),
+    };
     let cases = [
         // Micro glm-dsa dims: indexer 8 × 32, a token past max_ctx, more tokens than blocks.
-        Case { cfg: 0, n_head: 4, nope: 32, rope: 16, kv_lora: 128, n_idx_head: 8, idx_head_dim: 32, max_ctx: 12, grid: 2, positions: vec![0, 5, 11, 12, 3], freqs: plain, neox: false, f32_cache: false },
+        Case {
+            cfg: 0,
+            n_head: 4,
+            nope: 32,
+            rope: 16,
+            kv_lora: 128,
+            n_idx_head: 8,
+            idx_head_dim: 32,
+            max_ctx: 12,
+            grid: 2,
+            positions: vec![0, 5, 11, 12, 3],
+            freqs: plain,
+            neox: false,
+            f32_cache: false,
+        },
         // Generic, f32 cache, deepseek2-like YaRN, no indexer, awkward sizes.
-        Case { cfg: 1, n_head: 3, nope: 20, rope: 12, kv_lora: 200, n_idx_head: 0, idx_head_dim: 0, max_ctx: 9000, grid: 3, positions: vec![7, 4095, 8191, 8999], freqs: yarn, neox: false, f32_cache: true },
+        Case {
+            cfg: 1,
+            n_head: 3,
+            nope: 20,
+            rope: 12,
+            kv_lora: 200,
+            n_idx_head: 0,
+            idx_head_dim: 0,
+            max_ctx: 9000,
+            grid: 3,
+            positions: vec![7, 4095, 8191, 8999],
+            freqs: yarn,
+            neox: false,
+            f32_cache: true,
+        },
         // Generic NeoX pairs, bf16, indexer with a nope tail, large positions.
-        Case { cfg: 2, n_head: 5, nope: 16, rope: 8, kv_lora: 96, n_idx_head: 2, idx_head_dim: 24, max_ctx: 70_000, grid: 1, positions: vec![69_999, 65_537, -1], freqs: plain, neox: true, f32_cache: false },
+        Case {
+            cfg: 2,
+            n_head: 5,
+            nope: 16,
+            rope: 8,
+            kv_lora: 96,
+            n_idx_head: 2,
+            idx_head_dim: 24,
+            max_ctx: 70_000,
+            grid: 1,
+            positions: vec![69_999, 65_537, -1],
+            freqs: plain,
+            neox: true,
+            f32_cache: false,
+        },
         // GLM-5 dims (specialized), plain RoPE base 1e6, indexer 32 × 128.
-        Case { cfg: 3, n_head: 64, nope: 192, rope: 64, kv_lora: 512, n_idx_head: 32, idx_head_dim: 128, max_ctx: 3000, grid: 2, positions: vec![2047, 2999], freqs: plain, neox: false, f32_cache: false },
+        Case {
+            cfg: 3,
+            n_head: 64,
+            nope: 192,
+            rope: 64,
+            kv_lora: 512,
+            n_idx_head: 32,
+            idx_head_dim: 128,
+            max_ctx: 3000,
+            grid: 2,
+            positions: vec![2047, 2999],
+            freqs: plain,
+            neox: false,
+            f32_cache: false,
+        },
     ];
     for (n, c) in cases.iter().enumerate() {
         run_case(&mut b, &mut rng, c, n);
-        eprintln!("mla_rope emulation cfg {}: {} tokens pass", c.cfg, c.positions.len());
+        eprintln!(
+            "mla_rope emulation cfg {}: {} tokens pass",
+            c.cfg,
+            c.positions.len()
+        );
     }
 }

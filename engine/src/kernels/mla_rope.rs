@@ -6,7 +6,7 @@ use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks;
-use crate::kernels::launch::{KernelArgs, launch};
+use crate::kernels::launch::{launch, KernelArgs};
 use crate::kernels::qk_norm_rope::CacheElem;
 
 pub const FAMILY: &str = "mla_rope";
@@ -99,19 +99,31 @@ pub fn mla_rope<C: CacheElem>(
     if cache_t != C::CACHE_T {
         return Err(checks::invalid(
             kernel,
-            format!("cache buffer is {} but the variant writes cache_t={cache_t}", C::CACHE_T),
+            format!(
+                "cache buffer is {} but the variant writes cache_t={cache_t}",
+                C::CACHE_T
+            ),
         ));
     }
     if p.rope == 0 || !p.rope.is_multiple_of(2) || p.rope > MAX_ROPE {
-        return Err(checks::invalid(kernel, format!("rope={} (needs an even count in 2..={MAX_ROPE})", p.rope)));
+        return Err(checks::invalid(
+            kernel,
+            format!("rope={} (needs an even count in 2..={MAX_ROPE})", p.rope),
+        ));
     }
     if p.kv_lora == 0 || p.kv_lora > MAX_KV_LORA {
-        return Err(checks::invalid(kernel, format!("kv_lora={} (needs 1..={MAX_KV_LORA})", p.kv_lora)));
+        return Err(checks::invalid(
+            kernel,
+            format!("kv_lora={} (needs 1..={MAX_KV_LORA})", p.kv_lora),
+        ));
     }
     if p.n_tokens == 0 || p.n_head == 0 || p.max_ctx == 0 {
         return Err(checks::invalid(
             kernel,
-            format!("n_tokens={}, n_head={}, max_ctx={} must be positive", p.n_tokens, p.n_head, p.max_ctx),
+            format!(
+                "n_tokens={}, n_head={}, max_ctx={} must be positive",
+                p.n_tokens, p.n_head, p.max_ctx
+            ),
         ));
     }
     if p.n_idx_head > 0 && p.idx_head_dim < p.rope {
@@ -127,12 +139,32 @@ pub fn mla_rope<C: CacheElem>(
     let overflow = || checks::invalid(kernel, "sizes overflow");
     let (dq, dk) = (p.nope + p.rope, p.kv_lora + p.rope);
     let rows = p.n_tokens.checked_mul(p.n_head).ok_or_else(overflow)?;
-    checks::check_len(kernel, "q", q.len(), rows.checked_mul(dq).ok_or_else(overflow)?)?;
-    checks::check_len(kernel, "q_out", q_out.len(), rows.checked_mul(dk).ok_or_else(overflow)?)?;
-    checks::check_len(kernel, "kv", kv.len(), p.n_tokens.checked_mul(dk).ok_or_else(overflow)?)?;
+    checks::check_len(
+        kernel,
+        "q",
+        q.len(),
+        rows.checked_mul(dq).ok_or_else(overflow)?,
+    )?;
+    checks::check_len(
+        kernel,
+        "q_out",
+        q_out.len(),
+        rows.checked_mul(dk).ok_or_else(overflow)?,
+    )?;
+    checks::check_len(
+        kernel,
+        "kv",
+        kv.len(),
+        p.n_tokens.checked_mul(dk).ok_or_else(overflow)?,
+    )?;
     checks::check_len(kernel, "kv_norm_w", kv_norm_w.len(), p.kv_lora)?;
     checks::check_len(kernel, "pos", pos.len(), p.n_tokens)?;
-    checks::check_len(kernel, "cache", cache.len(), p.max_ctx.checked_mul(dk).ok_or_else(overflow)?)?;
+    checks::check_len(
+        kernel,
+        "cache",
+        cache.len(),
+        p.max_ctx.checked_mul(dk).ok_or_else(overflow)?,
+    )?;
     if p.n_idx_head > 0 {
         let n = rows_of(p.n_tokens, p.n_idx_head, p.idx_head_dim).ok_or_else(overflow)?;
         checks::check_len(kernel, "iq", iq.len(), n)?;

@@ -13,10 +13,10 @@
 use std::path::Path;
 use std::time::Instant;
 
-use cudarc::driver::{CudaGraph, CudaSlice, sys};
+use cudarc::driver::CudaSlice;
 use memra_gguf::{Gguf, TensorInfo};
 
-use super::gpu::{self, DeviceTensor, GpuModelError, KernelPlan, KvCache, Linear, Result, err, upload_f32};
+use super::gpu::{self, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StepGraph, err, upload_f32};
 use super::{GpuModel, GpuOptions};
 use crate::cuda::{Gpu, Kernels};
 use crate::kernels::attn_decode::{self, AttnDecodeParams};
@@ -239,10 +239,7 @@ struct Net {
 /// What a forward writes besides the activations: the KV cache and the last logits.
 struct State {
     cache: KvCache,
-    logits: CudaSlice<f32>,
-    best_idx: CudaSlice<i32>,
-    best_val: CudaSlice<f32>,
-    argmax_scratch: CudaSlice<u8>,
+    out: LogitsState,
 }
 
 /// Activations for a number of tokens.
@@ -274,8 +271,8 @@ pub struct Decoder {
     /// Decode activations (one token), reused by every step and the captured graph.
     step: Bufs,
     use_graphs: bool,
-    /// The captured decode step and the split counts it was captured with.
-    graph: Option<(CudaGraph, Vec<usize>)>,
+    /// The captured decode step, keyed by the split counts it was captured with.
+    graph: StepGraph<Vec<usize>>,
     report: Vec<String>,
 }
 
@@ -414,17 +411,11 @@ impl Decoder {
 
         let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, DECODE_MIN_SPLIT_ROWS).max(2);
         let step = Bufs::new(&gpu, &cfg, 1, layers.len(), max_split)?;
-        let state = State {
-            cache,
-            logits: gpu::alloc(&gpu, n_vocab, "the logits")?,
-            best_idx: gpu::alloc(&gpu, 1, "argmax")?,
-            best_val: gpu::alloc(&gpu, 1, "argmax")?,
-            argmax_scratch: argmax::alloc_scratch(kernels.get(names.argmax)?, 1, n_vocab)?,
-        };
+        let state = State { cache, out: LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)? };
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
         let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, weight_bytes: bytes, zero_id };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
-        Ok(Decoder { gpu, net, state, step, use_graphs: opts.graphs, graph: None, report })
+        Ok(Decoder { gpu, net, state, step, use_graphs: opts.graphs, graph: StepGraph::new(), report })
     }
 }
 
@@ -545,17 +536,8 @@ impl Net {
             )?;
         }
         let last = (t - 1) * e;
-        self.lm_head.forward(k, &h.slice(last..last + e), &mut state.logits.slice_mut(..), 1)?;
-        argmax::argmax(
-            k.get(self.names.argmax)?,
-            &state.logits.slice(..),
-            &mut state.best_idx.slice_mut(..),
-            &mut state.best_val.slice_mut(..),
-            &mut state.argmax_scratch.slice_mut(..),
-            1,
-            n_vocab,
-        )?;
-        Ok(())
+        self.lm_head.forward(k, &h.slice(last..last + e), &mut state.out.logits.slice_mut(..), 1)?;
+        state.out.enqueue_argmax(k.get(self.names.argmax)?)
     }
 
     /// Attention of `t` query rows at positions `pos0..` over the layer's cache: the split-K
@@ -596,24 +578,8 @@ impl Net {
 
 impl Decoder {
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        let n_vocab = self.net.n_vocab();
-        if tokens.is_empty() {
-            return Err(err("forward: no tokens"));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(err(format!("token id {bad} is out of range (n_vocab {n_vocab})")));
-        }
         let cache = &self.state.cache;
-        if cache.len + tokens.len() > cache.max_ctx {
-            return Err(err(format!(
-                "context full: {} cached + {} new positions > {} (the KV cache size; --ctx raises it up to the model's {})",
-                cache.len,
-                tokens.len(),
-                cache.max_ctx,
-                self.net.cfg.n_ctx_train
-            )));
-        }
-        Ok(())
+        gpu::check_tokens(tokens, self.net.n_vocab(), cache.len, cache.max_ctx, self.net.cfg.n_ctx_train)
     }
 
     fn decode_step(&mut self, token: u32) -> Result<()> {
@@ -628,20 +594,8 @@ impl Decoder {
         }
         // The graph bakes every pointer and scalar; token and position live in device buffers,
         // so only a change of split counts needs a new capture.
-        if self.graph.as_ref().is_none_or(|(_, s)| *s != splits) {
-            self.graph = None;
-            stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| err(format!("cuStreamBeginCapture: {e:?}")))?;
-            let r = self.net.enqueue(&mut self.state, &mut self.step, 1, pos0, &splits);
-            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-            r?;
-            let graph = graph.map_err(|e| err(format!("capturing the decode step as a CUDA graph: {e:?}")))?;
-            let graph = graph.ok_or_else(|| err("capturing the decode step produced an empty graph"))?;
-            self.graph = Some((graph, splits));
-        }
-        let (graph, _) = self.graph.as_ref().expect("captured above");
-        graph.launch().map_err(|e| err(format!("cuGraphLaunch: {e:?}")))
+        let (net, state, step) = (&self.net, &mut self.state, &mut self.step);
+        self.graph.run(&stream, splits.clone(), || net.enqueue(state, step, 1, pos0, &splits))
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
@@ -702,12 +656,11 @@ impl GpuModel for Decoder {
     }
 
     fn logits(&self) -> Result<Vec<f32>> {
-        self.gpu.stream().clone_dtoh(&self.state.logits).map_err(|e| GpuModelError(format!("copying the logits to the host: {e:?}")))
+        self.state.out.to_host(&self.gpu)
     }
 
     fn argmax(&self) -> Result<u32> {
-        let v = self.gpu.stream().clone_dtoh(&self.state.best_idx).map_err(|e| GpuModelError(format!("copying the argmax to the host: {e:?}")))?;
-        Ok(v[0].max(0) as u32)
+        self.state.out.argmax(&self.gpu)
     }
 
     fn sync(&self) -> Result<()> {

@@ -4,13 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits, sys};
 use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
 
 use crate::cuda::{Error as CudaError, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param, Policy, Selection};
-use crate::kernels::{matmul, matvec};
+use crate::kernels::{argmax, matmul, matvec};
 
 /// Why a model cannot be loaded or run on the GPU. Messages name the file, tensor, kernel or
 /// size involved.
@@ -213,5 +214,104 @@ impl KvCache {
 
     pub fn bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(|b| b.len() * 2).sum()
+    }
+}
+
+/// A decode step captured as a CUDA graph and replayed while its `key` (whatever the captured
+/// launches baked besides device buffers: split counts, sparse or dense attention) is unchanged.
+pub struct StepGraph<K> {
+    graph: Option<(CudaGraph, K)>,
+}
+
+impl<K: PartialEq> StepGraph<K> {
+    pub fn new() -> StepGraph<K> {
+        StepGraph { graph: None }
+    }
+
+    /// Replays the graph captured for `key`, capturing `enqueue`'s launches first when there is
+    /// none for it. The step's inputs (token, position) must live in device buffers.
+    pub fn run(&mut self, stream: &Arc<CudaStream>, key: K, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+        if self.graph.as_ref().is_none_or(|(_, k)| *k != key) {
+            self.graph = None;
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| err(format!("cuStreamBeginCapture: {e:?}")))?;
+            let r = enqueue();
+            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            r?;
+            let graph = graph.map_err(|e| err(format!("capturing the decode step as a CUDA graph: {e:?}")))?;
+            let graph = graph.ok_or_else(|| err("capturing the decode step produced an empty graph"))?;
+            self.graph = Some((graph, key));
+        }
+        let (graph, _) = self.graph.as_ref().expect("captured above");
+        graph.launch().map_err(|e| err(format!("cuGraphLaunch: {e:?}")))
+    }
+}
+
+impl<K: PartialEq> Default for StepGraph<K> {
+    fn default() -> Self {
+        StepGraph::new()
+    }
+}
+
+/// Refuses an empty batch, an out-of-vocabulary id, or more positions than the cache holds.
+pub fn check_tokens(tokens: &[u32], n_vocab: usize, len: usize, max_ctx: usize, n_ctx_train: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(err("forward: no tokens"));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(err(format!("token id {bad} is out of range (n_vocab {n_vocab})")));
+    }
+    if len + tokens.len() > max_ctx {
+        return Err(err(format!(
+            "context full: {len} cached + {} new positions > {max_ctx} (the KV cache size; --ctx raises it up to the model's {n_ctx_train})",
+            tokens.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The last position's logits and their device argmax.
+pub struct LogitsState {
+    pub logits: CudaSlice<f32>,
+    pub best_idx: CudaSlice<i32>,
+    pub best_val: CudaSlice<f32>,
+    pub argmax_scratch: CudaSlice<u8>,
+}
+
+impl LogitsState {
+    pub fn new(gpu: &Gpu, argmax_kernel: &Kernel, n_vocab: usize) -> Result<LogitsState> {
+        Ok(LogitsState {
+            logits: alloc(gpu, n_vocab, "the logits")?,
+            best_idx: alloc(gpu, 1, "argmax")?,
+            best_val: alloc(gpu, 1, "argmax")?,
+            argmax_scratch: argmax::alloc_scratch(argmax_kernel, 1, n_vocab)?,
+        })
+    }
+
+    /// Enqueues the argmax of `logits` (one row).
+    pub fn enqueue_argmax(&mut self, argmax_kernel: &Kernel) -> Result<()> {
+        let n_vocab = self.logits.len();
+        argmax::argmax(
+            argmax_kernel,
+            &self.logits.slice(..),
+            &mut self.best_idx.slice_mut(..),
+            &mut self.best_val.slice_mut(..),
+            &mut self.argmax_scratch.slice_mut(..),
+            1,
+            n_vocab,
+        )?;
+        Ok(())
+    }
+
+    /// The logits on the host (waits for the forward).
+    pub fn to_host(&self, gpu: &Gpu) -> Result<Vec<f32>> {
+        gpu.stream().clone_dtoh(&self.logits).map_err(|e| err(format!("copying the logits to the host: {e:?}")))
+    }
+
+    /// The device argmax on the host (waits for the forward).
+    pub fn argmax(&self, gpu: &Gpu) -> Result<u32> {
+        let v = gpu.stream().clone_dtoh(&self.best_idx).map_err(|e| err(format!("copying the argmax to the host: {e:?}")))?;
+        Ok(v[0].max(0) as u32)
     }
 }

@@ -3,8 +3,11 @@
 //! the shared building blocks of `gpu.rs`, and registers its loader in [`GPU_FORWARDS`].
 
 pub mod decoder;
+pub mod deepseek2;
 pub mod gemma3;
+pub mod glm_dsa;
 pub mod gpu;
+pub mod mla;
 pub mod olmoe;
 pub mod qwen3;
 pub mod spec;
@@ -71,6 +74,8 @@ pub static GPU_FORWARDS: &[(&str, Loader)] = &[
     ("gemma3", |p, o| Ok(Box::new(gemma3::load(p, o)?))),
     ("qwen3", |p, o| Ok(Box::new(qwen3::load(p, o)?))),
     ("olmoe", |p, o| Ok(Box::new(olmoe::load(p, o)?))),
+    ("glm-dsa", |p, o| Ok(Box::new(glm_dsa::load(p, o)?))),
+    ("deepseek2", |p, o| Ok(Box::new(deepseek2::load(p, o)?))),
 ];
 
 /// Loads the model at `path` on the GPU with the forward of its architecture, after

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use memra_gguf::{Gguf, GgufFile};
 
-use super::ModelError;
 use super::mla_model::{MlaArch, MlaModel, MlaModelCache, MlaModelHparams};
+use super::ModelError;
 use crate::mla::MlaMode;
 use crate::moe::Gating;
 
@@ -40,6 +40,14 @@ impl Deepseek2 {
         Ok(Deepseek2 {
             inner: MlaModel::from_gguf(gguf, ARCH)?,
         })
+    }
+
+    /// The hyper-parameters as the forward reads them (router, YaRN, softmax scale, indexer),
+    /// without loading any weight: the GPU forward shares these semantics.
+    pub fn hparams_from_gguf<B: AsRef<[u8]>>(
+        gguf: &Gguf<B>,
+    ) -> Result<Deepseek2Hparams, ModelError> {
+        MlaModelHparams::from_gguf(gguf, ARCH)
     }
 
     pub fn hparams(&self) -> &Deepseek2Hparams {

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use memra_gguf::{Gguf, GgufFile};
 
-use super::ModelError;
 use super::mla_model::{DsaSelections, MlaArch, MlaModel, MlaModelCache, MlaModelHparams};
+use super::ModelError;
 use crate::mla::MlaMode;
 use crate::moe::Gating;
 
@@ -44,6 +44,12 @@ impl GlmDsa {
             ));
         }
         Ok(GlmDsa { inner })
+    }
+
+    /// The hyper-parameters as the forward reads them (router, YaRN, softmax scale, indexer),
+    /// without loading any weight: the GPU forward shares these semantics.
+    pub fn hparams_from_gguf<B: AsRef<[u8]>>(gguf: &Gguf<B>) -> Result<GlmDsaHparams, ModelError> {
+        MlaModelHparams::from_gguf(gguf, ARCH)
     }
 
     pub fn hparams(&self) -> &GlmDsaHparams {

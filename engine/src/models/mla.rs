@@ -1,0 +1,1448 @@
+//! The MLA decoder stack on the GPU (model-specs §6, §8), shared by the architectures whose
+//! attention is multi-head latent attention (glm-dsa, deepseek2): each `<arch>.rs` maps its
+//! spec-generated weights and the file's semantics to an [`MlaSpec`]; this file uploads it, plans
+//! the kernels and runs it. What differs between the architectures is data, not code: a q LoRA or
+//! a direct `attn_q`, YaRN or plain RoPE, DSA indexer tensors or none, the router's gating.
+//!
+//! Per layer: `h = attn_norm(x)`; q through the q LoRA (`attn_q_a` → `attn_q_a_norm` →
+//! `attn_q_b`) or `attn_q`; `[c | k_pe] = attn_kv_a_mqa·h`; one mla_rope launch normalizes the
+//! latent, ropes k_pe into the bf16 latent cache row, ropes q_pe into the absorbed query's tail
+//! (and the DSA indexer queries); one moe_matvec launch absorbs `q_nope·attn_k_b` for every head
+//! (the head index is the "expert id"); attention over the latent cache — mla_decode, or for a
+//! DSA layer with more than top_k visible keys the indexer (dsa_index_key, dsa_indexer,
+//! dsa_topk) and mla_sparse_decode over the selected rows (a layer without indexer tensors after
+//! one with them reuses its selection, as the CPU reference); `attn_v_b` per head (one
+//! moe_matvec launch), `attn_output`, the residual add fused with `ffn_norm`; the FFN: dense
+//! SwiGLU for the leading dense layers, else the shared expert plus the routed experts (router
+//! matvec, moe_router, fused gate/up SwiGLU over the selected experts, down + weighted sum).
+//!
+//! Prefill runs the projections, norms, RoPE and FFNs batched (matmul), but the attention of the
+//! prompt tokens as one decode launch per token over the growing cache (each token sees the rows
+//! up to its position; no batched-query MLA kernel yet). Decode steps are captured as a CUDA
+//! graph and replayed (re-captured when a split count or the dense/sparse choice changes).
+
+use std::path::Path;
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use memra_gguf::{Gguf, TensorInfo};
+use memra_reference::models::mla_model::INDEXER_K_NORM_EPS;
+use memra_reference::models::MlaModelHparams;
+use memra_reference::moe::Gating;
+
+use super::gpu::{
+    self, err, upload_f32, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StepGraph,
+};
+use super::{GpuModel, GpuOptions};
+use crate::cuda::{Gpu, Kernels};
+use crate::kernels::dsa_index_key::{self, DsaIndexKeyParams};
+use crate::kernels::dsa_indexer::{self, DsaIndexerParams};
+use crate::kernels::dsa_topk::{self, DsaTopkParams};
+use crate::kernels::mla_decode::{self, MlaDecodeParams};
+use crate::kernels::mla_rope::{self, MlaRopeParams, RopeFreqs};
+use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
+use crate::kernels::registry::Param;
+use crate::kernels::swiglu::GluLayout;
+use crate::kernels::{add_rmsnorm, argmax, embed, mla_sparse_decode, moe_router, rmsnorm, swiglu};
+
+/// Prompt tokens per prefill pass (bounds the activation buffers).
+const PREFILL_CHUNK: usize = 512;
+
+/// The DSA lightning indexer of the layers that carry one.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexerConfig {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub top_k: usize,
+    /// LayerNorm eps of `indexer.k_norm`.
+    pub k_norm_eps: f32,
+}
+
+/// Routed experts of the MoE layers.
+#[derive(Clone, Debug)]
+pub struct MlaMoeConfig {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff_exp: usize,
+    /// Shared-expert width (0 = none).
+    pub n_ff_shexp: usize,
+    /// `softmax` or `sigmoid` (the moe_router gating token).
+    pub gating: &'static str,
+    pub norm: bool,
+    pub scale: f32,
+}
+
+/// The scalars and capabilities a forward needs, from the spec and the file.
+#[derive(Clone, Debug)]
+pub struct MlaConfig {
+    pub arch: &'static str,
+    pub n_embd: usize,
+    pub n_head: usize,
+    /// Per q head: `nope` then `rope` dims; values `v` dims; latent `kv_lora`.
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
+    /// q LoRA rank; `None` = a direct `attn_q`.
+    pub q_lora: Option<usize>,
+    pub n_ctx_train: usize,
+    pub eps: f32,
+    /// `interleaved` or `neox` (the spec's `rope` capability).
+    pub rope_mode: &'static str,
+    pub freqs: RopeFreqs,
+    /// Softmax scale (YaRN's mscale² folded in, model-specs §6.4).
+    pub kq_scale: f32,
+    /// Width of the leading dense layers' FFN.
+    pub n_ff: usize,
+    pub moe: Option<MlaMoeConfig>,
+    pub indexer: Option<IndexerConfig>,
+}
+
+/// The q projection of a layer.
+pub enum QSpec<'f> {
+    Lora {
+        attn_q_a: TensorInfo<'f>,
+        attn_q_a_norm: TensorInfo<'f>,
+        attn_q_b: TensorInfo<'f>,
+    },
+    Direct {
+        attn_q: TensorInfo<'f>,
+    },
+}
+
+/// A layer's DSA indexer tensors.
+pub struct IndexerSpec<'f> {
+    pub attn_q_b: TensorInfo<'f>,
+    pub attn_k: TensorInfo<'f>,
+    pub k_norm: TensorInfo<'f>,
+    pub k_norm_bias: TensorInfo<'f>,
+    pub proj: TensorInfo<'f>,
+}
+
+/// A gated FFN's three matrices (dense layers, the shared expert).
+pub struct GluSpec<'f> {
+    pub gate: TensorInfo<'f>,
+    pub up: TensorInfo<'f>,
+    pub down: TensorInfo<'f>,
+}
+
+#[allow(clippy::large_enum_variant)]
+pub enum MlaFfnSpec<'f> {
+    Dense(GluSpec<'f>),
+    Moe {
+        gate_inp: TensorInfo<'f>,
+        /// Selection bias (`exp_probs_b`), when the file has it.
+        exp_probs_b: Option<TensorInfo<'f>>,
+        gate_exps: TensorInfo<'f>,
+        up_exps: TensorInfo<'f>,
+        down_exps: TensorInfo<'f>,
+        shared: Option<GluSpec<'f>>,
+    },
+}
+
+pub struct MlaLayerSpec<'f> {
+    pub attn_norm: TensorInfo<'f>,
+    pub q: QSpec<'f>,
+    pub attn_kv_a_mqa: TensorInfo<'f>,
+    pub attn_kv_a_norm: TensorInfo<'f>,
+    pub attn_k_b: TensorInfo<'f>,
+    pub attn_v_b: TensorInfo<'f>,
+    pub attn_output: TensorInfo<'f>,
+    pub indexer: Option<IndexerSpec<'f>>,
+    pub ffn_norm: TensorInfo<'f>,
+    pub ffn: MlaFfnSpec<'f>,
+}
+
+/// Everything an architecture file hands over.
+pub struct MlaSpec<'f> {
+    pub config: MlaConfig,
+    pub layers: Vec<MlaLayerSpec<'f>>,
+    pub token_embd: TensorInfo<'f>,
+    pub output_norm: TensorInfo<'f>,
+    /// Untied LM head; `None` = logits through `token_embd`.
+    pub output: Option<TensorInfo<'f>>,
+}
+
+enum QProj {
+    Lora {
+        a: Linear,
+        norm: CudaSlice<f32>,
+        b: Linear,
+    },
+    Direct(Linear),
+}
+
+/// A per-head weight stack `[n_head][rows][k]` run as "experts" with its plain variant.
+struct HeadStack {
+    w: DeviceTensor,
+    kernel: &'static str,
+}
+
+struct Indexer {
+    attn_q_b: Linear,
+    attn_k: Linear,
+    k_norm: CudaSlice<f32>,
+    k_norm_bias: CudaSlice<f32>,
+    proj: Linear,
+}
+
+struct Glu {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    /// The swiglu variant for this width.
+    act: &'static str,
+}
+
+#[allow(clippy::large_enum_variant)]
+enum Ffn {
+    Dense(Glu),
+    Moe {
+        router: Linear,
+        bias: Option<CudaSlice<f32>>,
+        gate: DeviceTensor,
+        up: DeviceTensor,
+        down: DeviceTensor,
+        swiglu: &'static str,
+        down_kernel: &'static str,
+        shared: Option<Glu>,
+    },
+}
+
+struct Layer {
+    attn_norm: CudaSlice<f32>,
+    q: QProj,
+    attn_kv_a_mqa: Linear,
+    attn_kv_a_norm: CudaSlice<f32>,
+    k_b: HeadStack,
+    v_b: HeadStack,
+    attn_output: Linear,
+    indexer: Option<Indexer>,
+    /// The layer whose DSA selection this layer's sparse attention uses (itself when it has an
+    /// indexer, else the last earlier indexer layer); `None` = always dense.
+    selection_from: Option<usize>,
+    ffn_norm: CudaSlice<f32>,
+    ffn: Ffn,
+}
+
+/// Variant names of the non-linear kernels.
+struct Names {
+    embed: &'static str,
+    rmsnorm: &'static str,
+    /// The q LoRA norm (width q_lora).
+    q_norm: Option<&'static str>,
+    add_rmsnorm: &'static str,
+    mla_rope: &'static str,
+    mla_decode: &'static str,
+    argmax: &'static str,
+    moe_router: Option<&'static str>,
+    /// dsa_index_key, dsa_indexer, dsa_topk, mla_sparse_decode.
+    dsa: Option<[&'static str; 4]>,
+}
+
+/// How one layer's attention runs in a decode step (what a captured graph bakes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AttnPlan {
+    Dense { n_split: usize },
+    Sparse { n_split: usize, n_blk: usize },
+}
+
+/// What a forward reads: weights, kernels, dims.
+struct Net {
+    cfg: MlaConfig,
+    layers: Vec<Layer>,
+    token_embd: Option<DeviceTensor>,
+    lm_head: Linear,
+    output_norm: CudaSlice<f32>,
+    kernels: Kernels,
+    names: Names,
+    sm_count: usize,
+    weight_bytes: usize,
+}
+
+/// Per layer bf16 latent caches `[max_ctx, kv_lora + rope]` and, for indexer layers, bf16
+/// index-key caches `[max_ctx, idx_head_dim]`.
+struct Caches {
+    latent: Vec<CudaSlice<u16>>,
+    index_keys: Vec<Option<CudaSlice<u16>>>,
+    max_ctx: usize,
+    len: usize,
+}
+
+struct State {
+    cache: Caches,
+    out: LogitsState,
+}
+
+/// Activations for a number of tokens.
+struct Bufs {
+    tokens: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    /// `0..n_head` once per token: the "expert" ids of the per-head products.
+    head_ids: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    /// Throwaway norm output of the shared expert's residual add.
+    h_tmp: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    qa: CudaSlice<f32>,
+    qr: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    q_abs: CudaSlice<f32>,
+    kv: CudaSlice<f32>,
+    lat: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    iq: CudaSlice<f32>,
+    ik: CudaSlice<f32>,
+    iw: CudaSlice<f32>,
+    scores: CudaSlice<f32>,
+    sel_idx: CudaSlice<i32>,
+    sel_count: CudaSlice<i32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    ff: CudaSlice<f32>,
+    router: CudaSlice<f32>,
+    ids: CudaSlice<i32>,
+    wts: CudaSlice<f32>,
+    work: CudaSlice<f32>,
+}
+
+/// An MLA model loaded on the GPU.
+pub struct MlaDecoder {
+    gpu: Gpu,
+    net: Net,
+    state: State,
+    step: Bufs,
+    use_graphs: bool,
+    graph: StepGraph<Vec<AttnPlan>>,
+    report: Vec<String>,
+}
+
+fn int(v: usize) -> Param {
+    Param::Int(v as i64)
+}
+
+impl MlaDecoder {
+    pub fn load<B: AsRef<[u8]>>(
+        path: &Path,
+        file: &Gguf<B>,
+        spec: MlaSpec<'_>,
+        opts: &GpuOptions,
+    ) -> Result<MlaDecoder> {
+        let start = Instant::now();
+        let cfg = spec.config;
+        let e = cfg.n_embd;
+        let max_ctx = opts
+            .max_ctx
+            .unwrap_or(cfg.n_ctx_train)
+            .min(cfg.n_ctx_train)
+            .max(1);
+        let gpu = Gpu::new(opts.device)?;
+        let sm_count = gpu.sm_count()?;
+        let mut plan = KernelPlan::new(opts.policy);
+        let mut bytes = 0usize;
+        let mut upload = |t: &TensorInfo<'_>| -> Result<DeviceTensor> {
+            let d = DeviceTensor::upload(&gpu, file, t)?;
+            bytes += d.bytes();
+            Ok(d)
+        };
+        let f32s = |t: &TensorInfo<'_>| upload_f32(&gpu, file, t);
+        let expert_kernel = |plan: &mut KernelPlan,
+                             t: &DeviceTensor,
+                             rows: usize,
+                             mode: &'static str|
+         -> Result<&'static str> {
+            let qtype = gpu::qtype_token(moe_matvec::FAMILY, t.ty)
+                .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
+            let req = [
+                ("k", int(t.k)),
+                ("n", int(rows)),
+                ("qtype", Param::Sym(qtype)),
+                ("mode", Param::Sym(mode)),
+            ];
+            plan.want(moe_matvec::FAMILY, &req)
+                .map_err(|e| err(format!("tensor '{}': {e}", t.name)))
+        };
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        let mut last_indexer = None;
+        for (il, l) in spec.layers.iter().enumerate() {
+            let mut lin = |t: &TensorInfo<'_>| -> Result<Linear> { plan.linear(upload(t)?) };
+            let q = match &l.q {
+                QSpec::Lora {
+                    attn_q_a,
+                    attn_q_a_norm,
+                    attn_q_b,
+                } => QProj::Lora {
+                    a: lin(attn_q_a)?,
+                    norm: f32s(attn_q_a_norm)?,
+                    b: lin(attn_q_b)?,
+                },
+                QSpec::Direct { attn_q } => QProj::Direct(lin(attn_q)?),
+            };
+            let attn_kv_a_mqa = lin(&l.attn_kv_a_mqa)?;
+            let attn_output = lin(&l.attn_output)?;
+            let indexer = match (&l.indexer, &cfg.indexer, &l.q) {
+                (Some(i), Some(_), QSpec::Lora { .. }) => Some(Indexer {
+                    attn_q_b: lin(&i.attn_q_b)?,
+                    attn_k: lin(&i.attn_k)?,
+                    k_norm: f32s(&i.k_norm)?,
+                    k_norm_bias: f32s(&i.k_norm_bias)?,
+                    proj: lin(&i.proj)?,
+                }),
+                (Some(i), _, _) => {
+                    return Err(err(format!(
+                        "{}: {} without an indexer config or a q LoRA",
+                        path.display(),
+                        i.attn_q_b.name
+                    )));
+                }
+                _ => None,
+            };
+            let glu = |plan: &mut KernelPlan,
+                       g: &GluSpec<'_>,
+                       upload: &mut dyn FnMut(&TensorInfo<'_>) -> Result<DeviceTensor>|
+             -> Result<Glu> {
+                let (gate, up, down) = (
+                    plan.linear(upload(&g.gate)?)?,
+                    plan.linear(upload(&g.up)?)?,
+                    plan.linear(upload(&g.down)?)?,
+                );
+                let act = plan.want(swiglu::FAMILY, &[("n_ff", int(gate.w.n))])?;
+                Ok(Glu {
+                    gate,
+                    up,
+                    down,
+                    act,
+                })
+            };
+            let ffn = match &l.ffn {
+                MlaFfnSpec::Dense(g) => Ffn::Dense(glu(&mut plan, g, &mut upload)?),
+                MlaFfnSpec::Moe {
+                    gate_inp,
+                    exp_probs_b,
+                    gate_exps,
+                    up_exps,
+                    down_exps,
+                    shared,
+                } => {
+                    let moe = cfg.moe.as_ref().ok_or_else(|| {
+                        err(format!("{}: MoE tensors but no MoE config", gate_exps.name))
+                    })?;
+                    let router = plan.linear(upload(gate_inp)?)?;
+                    let (gate, up, down) =
+                        (upload(gate_exps)?, upload(up_exps)?, upload(down_exps)?);
+                    if up.ty != gate.ty {
+                        return Err(err(format!(
+                            "{}: {} and {} differ in type; the fused gate/up kernel needs one",
+                            path.display(),
+                            gate.name,
+                            up.name
+                        )));
+                    }
+                    let swiglu = expert_kernel(&mut plan, &gate, moe.n_ff_exp, "swiglu")?;
+                    let down_kernel = expert_kernel(&mut plan, &down, e, "down")?;
+                    let shared = shared
+                        .as_ref()
+                        .map(|g| glu(&mut plan, g, &mut upload))
+                        .transpose()?;
+                    Ffn::Moe {
+                        router,
+                        bias: exp_probs_b.as_ref().map(f32s).transpose()?,
+                        gate,
+                        up,
+                        down,
+                        swiglu,
+                        down_kernel,
+                        shared,
+                    }
+                }
+            };
+            let k_b = upload(&l.attn_k_b)?;
+            let v_b = upload(&l.attn_v_b)?;
+            let k_b = HeadStack {
+                kernel: expert_kernel(&mut plan, &k_b, cfg.kv_lora, "plain")?,
+                w: k_b,
+            };
+            let v_b = HeadStack {
+                kernel: expert_kernel(&mut plan, &v_b, cfg.v, "plain")?,
+                w: v_b,
+            };
+            if indexer.is_some() {
+                last_indexer = Some(il);
+            }
+            layers.push(Layer {
+                attn_norm: f32s(&l.attn_norm)?,
+                q,
+                attn_kv_a_mqa,
+                attn_kv_a_norm: f32s(&l.attn_kv_a_norm)?,
+                k_b,
+                v_b,
+                attn_output,
+                indexer,
+                selection_from: last_indexer,
+                ffn_norm: f32s(&l.ffn_norm)?,
+                ffn,
+            });
+        }
+        let embd = upload(&spec.token_embd)?;
+        let embd_qtype = gpu::qtype_token(embed::FAMILY, embd.ty)
+            .map_err(|e| err(format!("token_embd.weight: {e}")))?;
+        let n_vocab = embd.n;
+        let (token_embd, lm_head) = match &spec.output {
+            Some(out) => (Some(embd), plan.linear(upload(out)?)?),
+            None => (None, plan.linear(embd)?),
+        };
+        if lm_head.w.n != n_vocab {
+            return Err(err(format!(
+                "{}: output.weight has {} rows, token_embd.weight {n_vocab}",
+                path.display(),
+                lm_head.w.n
+            )));
+        }
+        let output_norm = f32s(&spec.output_norm)?;
+
+        let bf16 = Param::Sym("bf16");
+        let mla_dims = [
+            ("n_head", int(cfg.n_head)),
+            ("kv_lora", int(cfg.kv_lora)),
+            ("rope", int(cfg.rope)),
+            ("cache_t", bf16),
+        ];
+        let has_indexer = layers.iter().any(|l| l.indexer.is_some());
+        let names = Names {
+            embed: plan.want(
+                embed::FAMILY,
+                &[("n_embd", int(e)), ("qtype", Param::Sym(embd_qtype))],
+            )?,
+            rmsnorm: plan.want(rmsnorm::FAMILY, &[("n", int(e))])?,
+            q_norm: cfg
+                .q_lora
+                .map(|r| plan.want(rmsnorm::FAMILY, &[("n", int(r))]))
+                .transpose()?,
+            add_rmsnorm: plan.want(
+                add_rmsnorm::FAMILY,
+                &[("n", int(e)), ("delta_norm", Param::Int(0))],
+            )?,
+            mla_rope: plan.want(
+                mla_rope::FAMILY,
+                &[
+                    ("n_head", int(cfg.n_head)),
+                    ("nope", int(cfg.nope)),
+                    ("rope", int(cfg.rope)),
+                    ("kv_lora", int(cfg.kv_lora)),
+                    ("rope_mode", Param::Sym(cfg.rope_mode)),
+                    ("cache_t", bf16),
+                ],
+            )?,
+            mla_decode: plan.want(mla_decode::FAMILY, &mla_dims)?,
+            argmax: plan.want(argmax::FAMILY, &[("n_vocab", int(n_vocab))])?,
+            moe_router: match &cfg.moe {
+                Some(m) => Some(plan.want(
+                    moe_router::FAMILY,
+                    &[
+                        ("n_expert", int(m.n_expert)),
+                        ("n_used", int(m.n_used)),
+                        ("gating", Param::Sym(m.gating)),
+                    ],
+                )?),
+                None => None,
+            },
+            dsa: match (&cfg.indexer, has_indexer) {
+                (Some(i), true) => Some([
+                    plan.want(
+                        dsa_index_key::FAMILY,
+                        &[
+                            ("head_dim", int(i.head_dim)),
+                            ("n_rot", int(cfg.rope)),
+                            ("rope_mode", Param::Sym(cfg.rope_mode)),
+                            ("cache_t", bf16),
+                        ],
+                    )?,
+                    plan.want(
+                        dsa_indexer::FAMILY,
+                        &[
+                            ("n_idx_head", int(i.n_head)),
+                            ("idx_head_dim", int(i.head_dim)),
+                            ("cache_t", bf16),
+                        ],
+                    )?,
+                    plan.want(dsa_topk::FAMILY, &[("k", int(i.top_k))])?,
+                    plan.want(mla_sparse_decode::FAMILY, &mla_dims)?,
+                ]),
+                _ => None,
+            },
+        };
+        let mut report = vec![format!(
+            "{}: {}, {} layers, n_embd {e}, {} MLA heads (nope {} + rope {}, v {}), latent {}{}, vocab {n_vocab}; weights {} on {}",
+            path.display(),
+            cfg.arch,
+            layers.len(),
+            cfg.n_head,
+            cfg.nope,
+            cfg.rope,
+            cfg.v,
+            cfg.kv_lora,
+            match &cfg.indexer {
+                Some(i) if has_indexer => format!(", DSA top-{} ({} × {} indexer heads)", i.top_k, i.n_head, i.head_dim),
+                _ => String::new(),
+            },
+            gpu::mib(bytes),
+            gpu.name()
+        )];
+        report.extend(plan.report());
+        let compile = Instant::now();
+        let kernels = plan.load(&gpu)?;
+        report.push(format!(
+            "kernels ready in {:.2} s",
+            compile.elapsed().as_secs_f64()
+        ));
+
+        let dk = cfg.kv_lora + cfg.rope;
+        let what = |kind: &str| {
+            format!(
+                "the {kind} cache ({} layers × {max_ctx} positions; lower it with --ctx)",
+                layers.len()
+            )
+        };
+        let cache = Caches {
+            latent: (0..layers.len())
+                .map(|_| gpu::alloc::<u16>(&gpu, max_ctx * dk, &what("latent")))
+                .collect::<Result<_>>()?,
+            index_keys: layers
+                .iter()
+                .map(|l| match (&l.indexer, &cfg.indexer) {
+                    (Some(_), Some(i)) => {
+                        gpu::alloc::<u16>(&gpu, max_ctx * i.head_dim, &what("index-key")).map(Some)
+                    }
+                    _ => Ok(None),
+                })
+                .collect::<Result<_>>()?,
+            max_ctx,
+            len: 0,
+        };
+        let cache_bytes: usize = cache.latent.iter().map(|b| b.len() * 2).sum::<usize>()
+            + cache
+                .index_keys
+                .iter()
+                .flatten()
+                .map(|b| b.len() * 2)
+                .sum::<usize>();
+        report.push(format!(
+            "latent cache: {max_ctx} positions, bf16, {}",
+            gpu::mib(cache_bytes)
+        ));
+        let state = State {
+            cache,
+            out: LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?,
+        };
+        let net = Net {
+            cfg,
+            layers,
+            token_embd,
+            lm_head,
+            output_norm,
+            kernels,
+            names,
+            sm_count,
+            weight_bytes: bytes,
+        };
+        let step = Bufs::new(&gpu, &net, 1)?.with_cache(&gpu, &net, max_ctx)?;
+        report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
+        Ok(MlaDecoder {
+            gpu,
+            net,
+            state,
+            step,
+            use_graphs: opts.graphs,
+            graph: StepGraph::new(),
+            report,
+        })
+    }
+}
+
+impl Net {
+    fn n_vocab(&self) -> usize {
+        self.lm_head.w.n
+    }
+
+    fn embd_table(&self) -> &DeviceTensor {
+        self.token_embd.as_ref().unwrap_or(&self.lm_head.w)
+    }
+
+    /// Most attention splits any launch uses (sizes the workspace).
+    fn max_split(&self, max_ctx: usize) -> usize {
+        let c = &self.cfg;
+        let dense = mla_decode::splits_for(max_ctx.next_power_of_two(), c.n_head, self.sm_count);
+        let sparse = c.indexer.map_or(1, |i| {
+            mla_sparse_decode::splits_for(i.top_k, c.n_head, self.sm_count)
+        });
+        dense.max(sparse).max(2)
+    }
+
+    /// The attention of layer `il` for a query at position `pos`: sparse over the DSA selection
+    /// when the layer has one and more than top_k keys are visible (below that the selection is
+    /// every visible key, i.e. dense), else dense; split counts for the next power of two of the
+    /// visible keys, so a captured graph changes only log2(context) times.
+    fn attn_plan(&self, il: usize, pos: usize) -> AttnPlan {
+        let c = &self.cfg;
+        let visible = pos + 1;
+        match (self.layers[il].selection_from, c.indexer) {
+            (Some(_), Some(i)) if visible > i.top_k => AttnPlan::Sparse {
+                n_split: mla_sparse_decode::splits_for(i.top_k, c.n_head, self.sm_count),
+                n_blk: dsa_indexer::blocks_for(
+                    visible.next_power_of_two(),
+                    2,
+                    dsa_indexer::THREADS,
+                    self.sm_count,
+                ),
+            },
+            _ => AttnPlan::Dense {
+                n_split: mla_decode::splits_for(
+                    visible.next_power_of_two(),
+                    c.n_head,
+                    self.sm_count,
+                ),
+            },
+        }
+    }
+
+    fn plans(&self, pos: usize) -> Vec<AttnPlan> {
+        (0..self.layers.len())
+            .map(|il| self.attn_plan(il, pos))
+            .collect()
+    }
+
+    /// Enqueues the forward of `t` tokens (ids and positions `pos0..pos0+t` already in `bufs`),
+    /// leaving the last token's logits and argmax in `state.out`.
+    fn enqueue(&self, state: &mut State, b: &mut Bufs, t: usize, pos0: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (e, nh, eps) = (c.n_embd, c.n_head, c.eps);
+        let (dq, dk) = (c.nope + c.rope, c.kv_lora + c.rope);
+        let k = &self.kernels;
+        let n_vocab = self.n_vocab();
+        let te = t * e;
+
+        embed::embed(
+            k.get(self.names.embed)?,
+            &b.tokens.slice(..t),
+            &self.embd_table().data.slice(..),
+            &mut b.x.slice_mut(..te),
+            t,
+            e,
+            n_vocab,
+            1.0,
+        )?;
+        rmsnorm::rmsnorm(
+            k.get(self.names.rmsnorm)?,
+            &b.x.slice(..te),
+            &self.layers[0].attn_norm.slice(..),
+            &mut b.h.slice_mut(..te),
+            t,
+            e,
+            eps,
+        )?;
+        for (il, l) in self.layers.iter().enumerate() {
+            // q: [t, n_head, nope + rope].
+            match &l.q {
+                QProj::Lora { a, norm, b: qb } => {
+                    let r = a.w.n;
+                    a.forward(k, &b.h.slice(..te), &mut b.qa.slice_mut(..t * r), t)?;
+                    let q_norm = self
+                        .names
+                        .q_norm
+                        .ok_or_else(|| err("a q LoRA layer but no q-norm kernel planned"))?;
+                    rmsnorm::rmsnorm(
+                        k.get(q_norm)?,
+                        &b.qa.slice(..t * r),
+                        &norm.slice(..),
+                        &mut b.qr.slice_mut(..t * r),
+                        t,
+                        r,
+                        eps,
+                    )?;
+                    qb.forward(
+                        k,
+                        &b.qr.slice(..t * r),
+                        &mut b.q.slice_mut(..t * nh * dq),
+                        t,
+                    )?;
+                }
+                QProj::Direct(wq) => {
+                    wq.forward(k, &b.h.slice(..te), &mut b.q.slice_mut(..t * nh * dq), t)?
+                }
+            }
+            l.attn_kv_a_mqa
+                .forward(k, &b.h.slice(..te), &mut b.kv.slice_mut(..t * dk), t)?;
+            let idx = match (&l.indexer, c.indexer) {
+                (Some(ix), Some(ic)) => {
+                    let r = ix.attn_q_b.w.k;
+                    ix.attn_q_b.forward(
+                        k,
+                        &b.qr.slice(..t * r),
+                        &mut b.iq.slice_mut(..t * ic.n_head * ic.head_dim),
+                        t,
+                    )?;
+                    ix.attn_k.forward(
+                        k,
+                        &b.h.slice(..te),
+                        &mut b.ik.slice_mut(..t * ic.head_dim),
+                        t,
+                    )?;
+                    ix.proj.forward(
+                        k,
+                        &b.h.slice(..te),
+                        &mut b.iw.slice_mut(..t * ic.n_head),
+                        t,
+                    )?;
+                    Some((ix, ic))
+                }
+                _ => None,
+            };
+            let p = MlaRopeParams {
+                n_tokens: t,
+                n_head: nh,
+                nope: c.nope,
+                rope: c.rope,
+                kv_lora: c.kv_lora,
+                n_idx_head: idx.map_or(0, |(_, ic)| ic.n_head),
+                idx_head_dim: idx.map_or(0, |(_, ic)| ic.head_dim),
+                max_ctx: state.cache.max_ctx,
+                freqs: c.freqs,
+                // The indexer head weights' 1/sqrt(d_I·H_I) (model-specs §8.4 step 6), on q.
+                idx_q_scale: idx.map_or(1.0, |(_, ic)| {
+                    (1.0 / ((ic.head_dim * ic.n_head) as f64).sqrt()) as f32
+                }),
+                eps,
+            };
+            mla_rope::mla_rope(
+                k.get(self.names.mla_rope)?,
+                &b.q.slice(..t * nh * dq),
+                &mut b.q_abs.slice_mut(..t * nh * dk),
+                &b.kv.slice(..t * dk),
+                &l.attn_kv_a_norm.slice(..),
+                &b.pos.slice(..t),
+                &mut state.cache.latent[il].slice_mut(..),
+                &mut b.iq.slice_mut(..),
+                &p,
+            )?;
+            if let Some((ix, ic)) = idx {
+                let key = self
+                    .names
+                    .dsa
+                    .ok_or_else(|| err("an indexer layer but no DSA kernels planned"))?[0];
+                let kc = state.cache.index_keys[il]
+                    .as_mut()
+                    .ok_or_else(|| err("an indexer layer without an index-key cache"))?;
+                let p = DsaIndexKeyParams {
+                    n_tokens: t,
+                    head_dim: ic.head_dim,
+                    n_rot: c.rope,
+                    k_stride: ic.head_dim,
+                    max_ctx: state.cache.max_ctx,
+                    freq_base: c.freqs.base,
+                    freq_scale: 1.0,
+                    eps: ic.k_norm_eps,
+                };
+                dsa_index_key::dsa_index_key(
+                    k.get(key)?,
+                    &b.ik.slice(..t * ic.head_dim),
+                    &ix.k_norm.slice(..),
+                    &ix.k_norm_bias.slice(..),
+                    &b.pos.slice(..t),
+                    &mut kc.slice_mut(..),
+                    &p,
+                )?;
+            }
+            // Absorption: q_abs[s][0..kv_lora) = attn_k_b[h]·q_nope[s] for s = (token, head h).
+            let (wk, ids) = (l.k_b.w.data.slice(..), b.head_ids.slice(..t * nh));
+            let (qv, rows) = (b.q.slice(..t * nh * dq), t * nh);
+            let inp = MoeMatvecInputs {
+                w: &wk,
+                w_up: None,
+                ids: &ids,
+                weights: None,
+                x: &qv,
+            };
+            let dims = MoeDims {
+                k: c.nope,
+                n: c.kv_lora,
+                n_tokens: rows,
+                n_used: 1,
+                n_expert: nh,
+                ldx: dq,
+                ldy: dk,
+            };
+            moe_matvec::moe_matvec(
+                k.get(l.k_b.kernel)?,
+                &inp,
+                &mut b.q_abs.slice_mut(..rows * dk),
+                dims,
+            )
+            .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
+
+            // Prefill: one decode launch per prompt token over the growing cache (see the module doc).
+            for i in 0..t {
+                self.attend(state, b, il, i, pos0 + i, idx.map(|(_, ic)| ic))?;
+            }
+
+            // o[s] = attn_v_b[h]·lat[s], then attn_output.
+            let (wv, lat, ids) = (
+                l.v_b.w.data.slice(..),
+                b.lat.slice(..rows * c.kv_lora),
+                b.head_ids.slice(..rows),
+            );
+            let inp = MoeMatvecInputs {
+                w: &wv,
+                w_up: None,
+                ids: &ids,
+                weights: None,
+                x: &lat,
+            };
+            let dims = MoeDims {
+                k: c.kv_lora,
+                n: c.v,
+                n_tokens: rows,
+                n_used: 1,
+                n_expert: nh,
+                ldx: c.kv_lora,
+                ldy: c.v,
+            };
+            moe_matvec::moe_matvec(
+                k.get(l.v_b.kernel)?,
+                &inp,
+                &mut b.att.slice_mut(..rows * c.v),
+                dims,
+            )
+            .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
+            l.attn_output
+                .forward(k, &b.att.slice(..rows * c.v), &mut b.o.slice_mut(..te), t)?;
+            add_rmsnorm::add_rmsnorm(
+                k.get(self.names.add_rmsnorm)?,
+                &mut b.x.slice_mut(..te),
+                &b.o.slice(..te),
+                None,
+                &l.ffn_norm.slice(..),
+                &mut b.h.slice_mut(..te),
+                t,
+                e,
+                eps,
+            )?;
+
+            match &l.ffn {
+                Ffn::Dense(g) => self.glu(g, b, t)?,
+                Ffn::Moe {
+                    router: wr,
+                    bias,
+                    gate: wg,
+                    up: wu,
+                    down: wd,
+                    swiglu,
+                    down_kernel,
+                    shared,
+                } => {
+                    if let Some(g) = shared {
+                        // x += shared(h) now (its norm output is not needed), the routed sum below.
+                        self.glu(g, b, t)?;
+                        add_rmsnorm::add_rmsnorm(
+                            k.get(self.names.add_rmsnorm)?,
+                            &mut b.x.slice_mut(..te),
+                            &b.o.slice(..te),
+                            None,
+                            &l.ffn_norm.slice(..),
+                            &mut b.h_tmp.slice_mut(..te),
+                            t,
+                            e,
+                            eps,
+                        )?;
+                    }
+                    let m = c
+                        .moe
+                        .as_ref()
+                        .expect("MoE layers have a MoE config (checked at load)");
+                    let (ne, nu, nf) = (m.n_expert, m.n_used, m.n_ff_exp);
+                    wr.forward(k, &b.h.slice(..te), &mut b.router.slice_mut(..t * ne), t)?;
+                    let name = self.names.moe_router.expect("planned with the MoE config");
+                    let bias = bias.as_ref().map(|v| v.slice(..));
+                    moe_router::moe_router(
+                        k.get(name)?,
+                        &b.router.slice(..t * ne),
+                        bias.as_ref(),
+                        &mut b.ids.slice_mut(..t * nu),
+                        &mut b.wts.slice_mut(..t * nu),
+                        t,
+                        ne,
+                        nu,
+                        m.norm,
+                        m.scale,
+                    )?;
+                    let (gv, uv, ids_v, wts_v) = (
+                        wg.data.slice(..),
+                        wu.data.slice(..),
+                        b.ids.slice(..t * nu),
+                        b.wts.slice(..t * nu),
+                    );
+                    let hv = b.h.slice(..te);
+                    let inp = MoeMatvecInputs {
+                        w: &gv,
+                        w_up: Some(&uv),
+                        ids: &ids_v,
+                        weights: None,
+                        x: &hv,
+                    };
+                    let dims = MoeDims {
+                        k: e,
+                        n: nf,
+                        n_tokens: t,
+                        n_used: nu,
+                        n_expert: ne,
+                        ldx: e,
+                        ldy: nf,
+                    };
+                    moe_matvec::moe_matvec(
+                        k.get(swiglu)?,
+                        &inp,
+                        &mut b.ff.slice_mut(..t * nu * nf),
+                        dims,
+                    )?;
+                    let (dv, ffv) = (wd.data.slice(..), b.ff.slice(..t * nu * nf));
+                    let inp = MoeMatvecInputs {
+                        w: &dv,
+                        w_up: None,
+                        ids: &ids_v,
+                        weights: Some(&wts_v),
+                        x: &ffv,
+                    };
+                    let dims = MoeDims {
+                        k: nf,
+                        n: e,
+                        n_tokens: t,
+                        n_used: nu,
+                        n_expert: ne,
+                        ldx: nf,
+                        ldy: e,
+                    };
+                    moe_matvec::moe_matvec(
+                        k.get(down_kernel)?,
+                        &inp,
+                        &mut b.o.slice_mut(..te),
+                        dims,
+                    )?;
+                }
+            }
+            let next_norm = self
+                .layers
+                .get(il + 1)
+                .map_or(&self.output_norm, |n| &n.attn_norm);
+            add_rmsnorm::add_rmsnorm(
+                k.get(self.names.add_rmsnorm)?,
+                &mut b.x.slice_mut(..te),
+                &b.o.slice(..te),
+                None,
+                &next_norm.slice(..),
+                &mut b.h.slice_mut(..te),
+                t,
+                e,
+                eps,
+            )?;
+        }
+        let last = (t - 1) * e;
+        self.lm_head.forward(
+            k,
+            &b.h.slice(last..last + e),
+            &mut state.out.logits.slice_mut(..),
+            1,
+        )?;
+        state.out.enqueue_argmax(k.get(self.names.argmax)?)
+    }
+
+    /// `o = down(silu(gate h) ⊙ up h)` for `t` rows of `h`.
+    fn glu(&self, g: &Glu, b: &mut Bufs, t: usize) -> Result<()> {
+        let (k, e, n) = (&self.kernels, self.cfg.n_embd, g.gate.w.n);
+        g.gate
+            .forward(k, &b.h.slice(..t * e), &mut b.gate.slice_mut(..t * n), t)?;
+        g.up.forward(k, &b.h.slice(..t * e), &mut b.up.slice_mut(..t * n), t)?;
+        swiglu::swiglu(
+            k.get(g.act)?,
+            &b.gate.slice(..t * n),
+            &b.up.slice(..t * n),
+            &mut b.ff.slice_mut(..t * n),
+            t,
+            n,
+            GluLayout::separate(n),
+        )?;
+        g.down
+            .forward(k, &b.ff.slice(..t * n), &mut b.o.slice_mut(..t * e), t)
+    }
+
+    /// Attention of row `i` (position `pos`) of layer `il`: `lat[i] = softmax(q_abs[i]·K)·C` over
+    /// the latent cache, dense or over the DSA selection (computed here for indexer layers).
+    fn attend(
+        &self,
+        state: &mut State,
+        b: &mut Bufs,
+        il: usize,
+        i: usize,
+        pos: usize,
+        idx: Option<IndexerConfig>,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (nh, dk) = (c.n_head, c.kv_lora + c.rope);
+        let k = &self.kernels;
+        let max_ctx = state.cache.max_ctx;
+        let q = b.q_abs.slice(i * nh * dk..(i + 1) * nh * dk);
+        let pos_i = b.pos.slice(i..i + 1);
+        let mut out = b
+            .lat
+            .slice_mut(i * nh * c.kv_lora..(i + 1) * nh * c.kv_lora);
+        let cache = state.cache.latent[il].slice(..);
+        match self.attn_plan(il, pos) {
+            AttnPlan::Dense { n_split } => {
+                let p = MlaDecodeParams {
+                    n_head: nh,
+                    kv_lora: c.kv_lora,
+                    rope: c.rope,
+                    max_ctx,
+                    n_split,
+                    scale: c.kq_scale,
+                };
+                mla_decode::mla_decode(
+                    k.get(self.names.mla_decode)?,
+                    &q,
+                    &cache,
+                    &pos_i,
+                    &mut out,
+                    &mut b.work.slice_mut(..),
+                    &p,
+                )?;
+            }
+            AttnPlan::Sparse { n_split, n_blk } => {
+                let [_, indexer, topk, sparse] = self
+                    .names
+                    .dsa
+                    .ok_or_else(|| err("a DSA layer but no DSA kernels planned"))?;
+                let top_k = c
+                    .indexer
+                    .expect("sparse plans need an indexer config")
+                    .top_k;
+                if let Some(ic) = idx {
+                    // This layer's own selection for row i (a later layer without indexer reuses it).
+                    let kc = state.cache.index_keys[il]
+                        .as_ref()
+                        .ok_or_else(|| err("an indexer layer without an index-key cache"))?;
+                    let (hq, nq) = (ic.n_head * ic.head_dim, ic.n_head);
+                    let p = DsaIndexerParams {
+                        n_q: 1,
+                        n_idx_head: ic.n_head,
+                        idx_head_dim: ic.head_dim,
+                        max_ctx,
+                        ld_scores: max_ctx,
+                        n_blk,
+                    };
+                    dsa_indexer::dsa_indexer(
+                        k.get(indexer)?,
+                        &b.iq.slice(i * hq..(i + 1) * hq),
+                        &b.iw.slice(i * nq..(i + 1) * nq),
+                        &kc.slice(..),
+                        &pos_i,
+                        &mut b.scores.slice_mut(..max_ctx),
+                        &p,
+                    )?;
+                    let p = DsaTopkParams {
+                        n_q: 1,
+                        ld_scores: max_ctx,
+                        k: top_k,
+                    };
+                    dsa_topk::dsa_topk(
+                        k.get(topk)?,
+                        &b.scores.slice(..max_ctx),
+                        &pos_i,
+                        &mut b.sel_idx.slice_mut(i * top_k..(i + 1) * top_k),
+                        &mut b.sel_count.slice_mut(i..i + 1),
+                        &p,
+                    )?;
+                }
+                let p = MlaDecodeParams {
+                    n_head: nh,
+                    kv_lora: c.kv_lora,
+                    rope: c.rope,
+                    max_ctx,
+                    n_split,
+                    scale: c.kq_scale,
+                };
+                mla_sparse_decode::mla_sparse_decode(
+                    k.get(sparse)?,
+                    &q,
+                    &cache,
+                    &b.sel_idx.slice(i * top_k..(i + 1) * top_k),
+                    &b.sel_count.slice(i..i + 1),
+                    &mut out,
+                    &mut b.work.slice_mut(..),
+                    top_k,
+                    &p,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Bufs {
+    fn new(gpu: &Gpu, net: &Net, t: usize) -> Result<Bufs> {
+        let c = &net.cfg;
+        let (e, nh) = (c.n_embd, c.n_head);
+        let (dq, dk) = (c.nope + c.rope, c.kv_lora + c.rope);
+        let a = |n: usize, what: &str| {
+            gpu::alloc::<f32>(gpu, t * n, &format!("activations ({what}, {t} tokens)"))
+        };
+        let q_lora = c.q_lora.unwrap_or(1);
+        let (ni, di, top_k) = c
+            .indexer
+            .map_or((1, 1, 1), |i| (i.n_head, i.head_dim, i.top_k));
+        let n_ff = net
+            .layers
+            .iter()
+            .flat_map(|l| match &l.ffn {
+                Ffn::Dense(g) => vec![g.gate.w.n],
+                Ffn::Moe { shared, .. } => vec![shared.as_ref().map_or(0, |g| g.gate.w.n)],
+            })
+            .max()
+            .unwrap_or(1);
+        let (ne, nu, nf) = c
+            .moe
+            .as_ref()
+            .map_or((1, 1, 1), |m| (m.n_expert, m.n_used, m.n_ff_exp));
+        let mut head_ids = gpu::alloc::<i32>(gpu, t * nh, "head ids")?;
+        let ids: Vec<i32> = (0..t * nh).map(|s| (s % nh) as i32).collect();
+        gpu.stream()
+            .memcpy_htod(&ids, &mut head_ids)
+            .map_err(|e| err(format!("copying head ids to the GPU: {e:?}")))?;
+        Ok(Bufs {
+            tokens: gpu::alloc(gpu, t, "token ids")?,
+            pos: gpu::alloc(gpu, t, "positions")?,
+            head_ids,
+            x: a(e, "residual")?,
+            h: a(e, "normed")?,
+            h_tmp: a(e, "normed")?,
+            o: a(e, "projection")?,
+            qa: a(q_lora, "q latent")?,
+            qr: a(q_lora, "q latent")?,
+            q: a(nh * dq, "q")?,
+            q_abs: a(nh * dk, "absorbed q")?,
+            kv: a(dk, "kv latent")?,
+            lat: a(nh * c.kv_lora, "attention latent")?,
+            att: a(nh * c.v, "attention")?,
+            iq: a(ni * di, "indexer q")?,
+            ik: a(di, "indexer k")?,
+            iw: a(ni, "indexer weights")?,
+            scores: gpu::alloc(gpu, 1, "index scores")?,
+            sel_idx: gpu::alloc(gpu, t * top_k, "DSA selection")?,
+            sel_count: gpu::alloc(gpu, t, "DSA selection")?,
+            gate: a(n_ff, "gate")?,
+            up: a(n_ff, "up")?,
+            ff: a(n_ff.max(nu * nf), "ffn")?,
+            router: a(ne, "router logits")?,
+            ids: gpu::alloc(gpu, t * nu, "expert ids")?,
+            wts: a(nu, "expert weights")?,
+            work: gpu::alloc(gpu, 1, "attention workspace")?,
+        })
+    }
+
+    /// Sizes the buffers that depend on the cache: index scores (one row) and the attention
+    /// workspace.
+    fn with_cache(mut self, gpu: &Gpu, net: &Net, max_ctx: usize) -> Result<Bufs> {
+        let c = &net.cfg;
+        if c.indexer.is_some() {
+            self.scores = gpu::alloc(gpu, max_ctx, "index scores")?;
+        }
+        self.work = gpu::alloc(
+            gpu,
+            mla_decode::work_floats(c.n_head, c.kv_lora, net.max_split(max_ctx)),
+            "attention workspace",
+        )?;
+        Ok(self)
+    }
+}
+
+impl MlaDecoder {
+    fn decode_step(&mut self, token: u32) -> Result<()> {
+        let pos0 = self.state.cache.len;
+        let stream = self.gpu.stream().clone();
+        let copy = |what: &str, e: cudarc::driver::DriverError| {
+            err(format!("copying {what} to the GPU: {e:?}"))
+        };
+        stream
+            .memcpy_htod(&[token as i32], &mut self.step.tokens)
+            .map_err(|e| copy("the token", e))?;
+        stream
+            .memcpy_htod(&[pos0 as i32], &mut self.step.pos)
+            .map_err(|e| copy("the position", e))?;
+        if !self.use_graphs {
+            return self.net.enqueue(&mut self.state, &mut self.step, 1, pos0);
+        }
+        // Token and position live in device buffers; the graph bakes the attention plans.
+        let (net, state, step) = (&self.net, &mut self.state, &mut self.step);
+        self.graph.run(&stream, net.plans(pos0), || {
+            net.enqueue(state, step, 1, pos0)
+        })
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let t = chunk.len();
+            let pos0 = self.state.cache.len;
+            let mut bufs = Bufs::new(&self.gpu, &self.net, t)?.with_cache(
+                &self.gpu,
+                &self.net,
+                self.state.cache.max_ctx,
+            )?;
+            let ids: Vec<i32> = chunk.iter().map(|&v| v as i32).collect();
+            let positions: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
+            let stream = self.gpu.stream().clone();
+            stream
+                .memcpy_htod(&ids, &mut bufs.tokens)
+                .map_err(|e| err(format!("copying the prompt to the GPU: {e:?}")))?;
+            stream
+                .memcpy_htod(&positions, &mut bufs.pos)
+                .map_err(|e| err(format!("copying positions to the GPU: {e:?}")))?;
+            self.net.enqueue(&mut self.state, &mut bufs, t, pos0)?;
+            self.state.cache.len += t;
+        }
+        Ok(())
+    }
+}
+
+impl GpuModel for MlaDecoder {
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        let cache = &self.state.cache;
+        gpu::check_tokens(
+            tokens,
+            self.net.n_vocab(),
+            cache.len,
+            cache.max_ctx,
+            self.net.cfg.n_ctx_train,
+        )?;
+        if tokens.len() == 1 {
+            self.decode_step(tokens[0])?;
+            self.state.cache.len += 1;
+            Ok(())
+        } else {
+            self.prefill(tokens)
+        }
+    }
+
+    fn logits(&self) -> Result<Vec<f32>> {
+        self.state.out.to_host(&self.gpu)
+    }
+
+    fn argmax(&self) -> Result<u32> {
+        self.state.out.argmax(&self.gpu)
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(self.gpu.sync()?)
+    }
+
+    fn len(&self) -> usize {
+        self.state.cache.len
+    }
+
+    fn max_ctx(&self) -> usize {
+        self.state.cache.max_ctx
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.net.n_vocab()
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.net.weight_bytes
+    }
+
+    fn reset(&mut self) {
+        self.state.cache.len = 0;
+    }
+
+    fn report(&self) -> &[String] {
+        &self.report
+    }
+}
+
+/// The [`MlaConfig`] of a file from the CPU reference's reading of its metadata (router gating
+/// and scaling, YaRN, the softmax scale with YaRN's mscale, the indexer), so that the GPU and the
+/// oracle share one interpretation; `arch` and `rope_mode` are the spec's.
+pub fn config_from(arch: &'static str, rope_mode: &'static str, hp: &MlaModelHparams) -> MlaConfig {
+    let m = &hp.moe;
+    MlaConfig {
+        arch,
+        n_embd: hp.n_embd,
+        n_head: hp.mla.n_head,
+        nope: hp.mla.nope,
+        rope: hp.mla.rope,
+        v: hp.mla.v,
+        kv_lora: hp.mla.kv_lora,
+        q_lora: hp.q_lora,
+        n_ctx_train: hp.n_ctx_train,
+        eps: hp.eps,
+        rope_mode,
+        freqs: RopeFreqs {
+            base: hp.rope.base,
+            freq_scale: hp.rope.freq_scale,
+            ext_factor: hp.rope.ext_factor,
+            corr_low: hp.rope.corr_dims[0],
+            corr_high: hp.rope.corr_dims[1],
+        },
+        kq_scale: hp.kq_scale,
+        n_ff: hp.n_ff,
+        moe: Some(MlaMoeConfig {
+            n_expert: m.n_expert,
+            n_used: m.n_expert_used,
+            n_ff_exp: m.n_ff_exp,
+            n_ff_shexp: m.n_ff_shexp,
+            gating: match m.router.gating {
+                Gating::Softmax => "softmax",
+                Gating::Sigmoid => "sigmoid",
+            },
+            norm: m.router.norm,
+            scale: m.router.scale,
+        }),
+        indexer: hp.indexer.map(|i| IndexerConfig {
+            n_head: i.n_head,
+            head_dim: i.head_dim,
+            top_k: i.top_k,
+            k_norm_eps: INDEXER_K_NORM_EPS,
+        }),
+    }
+}
+
+/// A layer's FFN from the spec's optional tensors: routed experts when the layer has a router
+/// (`ffn_gate_inp`), else the dense gated FFN; names the missing tensor otherwise.
+pub fn ffn_from<'f>(
+    il: usize,
+    dense: [Option<TensorInfo<'f>>; 3],
+    gate_inp: Option<TensorInfo<'f>>,
+    exp_probs_b: Option<TensorInfo<'f>>,
+    experts: [Option<TensorInfo<'f>>; 3],
+    shared: [Option<TensorInfo<'f>>; 3],
+) -> Result<MlaFfnSpec<'f>> {
+    let missing = |what: &str| err(format!("layer {il}: blk.{il}.{what}.weight is missing"));
+    match gate_inp {
+        Some(gate_inp) => {
+            let [g, u, d] = experts;
+            Ok(MlaFfnSpec::Moe {
+                gate_inp,
+                exp_probs_b,
+                gate_exps: g.ok_or_else(|| missing("ffn_gate_exps"))?,
+                up_exps: u.ok_or_else(|| missing("ffn_up_exps"))?,
+                down_exps: d.ok_or_else(|| missing("ffn_down_exps"))?,
+                shared: match shared {
+                    [Some(gate), Some(up), Some(down)] => Some(GluSpec { gate, up, down }),
+                    _ => None,
+                },
+            })
+        }
+        None => match dense {
+            [Some(gate), Some(up), Some(down)] => Ok(MlaFfnSpec::Dense(GluSpec { gate, up, down })),
+            _ => Err(missing("ffn_gate / ffn_up / ffn_down (a dense layer)")),
+        },
+    }
+}
