@@ -70,6 +70,10 @@ fn all_variants() -> Vec<&'static KernelVariant> {
         v.push(variant("topk", &[("n_vocab", V::I(n)), ("k", V::I(64))]));
         v.push(variant("topk", &[("n_vocab", V::I(n)), ("k", V::I(40))]));
     }
+    // The router top-k of glm-dsa / olmoe: one warp (their specs' `threads = 32`).
+    for n in [256, 64] {
+        v.push(variant("topk", &[("n_vocab", V::I(n)), ("k", V::I(8)), ("threads", V::I(32))]));
+    }
     v.push(variant("argmax", &[]));
     v.push(variant("topk", &[]));
     v.dedup_by_key(|v| v.name);

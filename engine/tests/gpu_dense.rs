@@ -626,6 +626,22 @@ fn gpu_argmax_vocab_sizes() {
     }
 }
 
+/// One-warp blocks (`threads = 32`: the glm-dsa and olmoe router top-k in their specs), from one
+/// row to a prefill batch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_topk_one_warp() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_topk_one_warp");
+    for (n_vocab, k) in [(256, 8), (64, 8), (200, 8), (256, 1), (33, 5)] {
+        for kernel in both(&gpu, "topk", &[("n_vocab", V::I(n_vocab)), ("k", V::I(k))], &[("threads", V::I(32))]) {
+            for rows in [1, 3, 4096] {
+                check_topk(&gpu, &kernel, rows, n_vocab as usize, k as usize, &mut rng);
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_topk_vocab_sizes() {
