@@ -14,7 +14,7 @@ use std::process::Command;
 
 use memra_engine::kernels::matvec;
 use memra_gguf::{GgmlType, quant};
-use memra_reference::{Rng, linear, rel_err};
+use memra_reference::{Rng, linear, q8, rel_err};
 
 const PRELUDE: &str = r#"
 #include <cstdint>
@@ -51,6 +51,9 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return r; }
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) { return (unsigned)((((uint64_t)hi << 32) | lo) >> (sh & 31)); }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c; }
 static inline float __shfl_xor_sync(unsigned, float v, int o) {
     int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); float r = g_xchg[(t & ~31) | ((t & 31) ^ o)]; __syncwarp(); return r; }
 namespace memra {
@@ -70,6 +73,7 @@ inline u16 load_u16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
 
 const ASYNC_HOST: &str = r#"namespace async {
 inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); memcpy(smem, gmem, src_bytes); }
+inline void cp16_tail(void* smem, const void* gmem, long long rest) { cp16(smem, gmem, rest >= 16 ? 16 : (int)rest); }
 inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
@@ -109,7 +113,8 @@ inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 const MATVEC_DRIVER: &str = r#"
 struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; static constexpr memra::QType QTYPE = memra::QType::QT;
   static constexpr int BATCH = BATCHMAX; static constexpr int THREADS = THR; static constexpr int LANES = LN;
-  static constexpr int ROWS_PER_GROUP = RPGV; static constexpr int STAGES = STG; static constexpr int ACCUMULATE = ACC; };
+  static constexpr int ROWS_PER_GROUP = RPGV; static constexpr int STAGES = STG; static constexpr int ACCUMULATE = ACC;
+  static constexpr int XQ8 = XQ8V; };
 int main(int argc, char** argv) {
     // args: k n batch ldx ldy max_blocks wfile xfile yfile(in/out)
     int k = atoi(argv[1]), n = atoi(argv[2]), batch = atoi(argv[3]), ldx = atoi(argv[4]), ldy = atoi(argv[5]);
@@ -452,6 +457,7 @@ fn matvec_kernel_emulated_on_host_threads_matches_reference() {
                     format!("RPGV={rpg}"),
                     "STG=3".into(),
                     format!("ACC={acc}"),
+                    "XQ8V=0".into(),
                 ]);
                 // Specialized: at most 2 blocks, so blocks walk several tiles (the resident-grid
                 // path); generic: one block per tile.
@@ -459,6 +465,73 @@ fn matvec_kernel_emulated_on_host_threads_matches_reference() {
                 let got = run(&bin, &[k, n, batch, ldx, ldy, max_blocks], &w, &x, &y0);
                 let what = format!(
                     "matvec {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}"
+                );
+                compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
+            }
+        }
+    }
+}
+
+/// The integer path (XQ8 = 1): x as q8 rows (memra_reference::q8's bytes, the layout
+/// quantize_q8.cuh writes), compared with `q8::matmul_gguf_q8`, which quantizes x the same way
+/// and sums the same per-block integer products in f64. The two differ only in the f32 rounding
+/// of the per-block scale products and the order of the f32 accumulation (per lane, then the
+/// shuffle tree), the same error sources as the f32 path: the same 1e-4.
+#[test]
+fn matvec_q8_kernel_emulated_on_host_threads_matches_reference() {
+    let test = "matvec_q8_kernel_emulated_on_host_threads_matches_reference";
+    let Some(mut b) = Builder::new(test, false) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    for ty in QTYPES.into_iter().filter(|&t| q8::has_int_dot(t)) {
+        let k_aw = awkward_k(ty);
+        // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad (floats), ldy pad)
+        let cases = [
+            (k_aw, 33, 1, 1, 32, 2, 0, 0, 0),
+            (2048, 17, 3, 8, 8, 1, 0, 12, 5),
+            (k_aw, 9, 2, 2, 16, 2, 1, 4, 0),
+            (k_aw, 70, 2, 2, 16, 1, 1, 0, 3),
+        ];
+        for (k, n, batch, bmax, lanes, rpg, acc, px, py) in cases {
+            let (ldx, ldy) = (q8::q8_row_bytes(k) / 4 + px, n + py);
+            let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
+            let xf = rng.normal_vec(batch * k, 1.0);
+            // q8 rows at a stride of ldx floats; the padding between rows is garbage.
+            let mut xq = vec![0xA5u8; ((batch - 1) * ldx) * 4 + q8::q8_row_bytes(k)];
+            for i in 0..batch {
+                let row = q8::quantize_q8_blocks(&xf[i * k..][..k]).to_gpu_bytes();
+                xq[i * ldx * 4..][..row.len()].copy_from_slice(&row);
+            }
+            let x: Vec<f32> = xq
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let want = q8::matmul_gguf_q8(ty, &w, k, n, &xf, batch).unwrap();
+            let y_len = (batch - 1) * ldy + n;
+            let y0 = if acc == 1 {
+                rng.normal_vec(y_len, 1.0)
+            } else {
+                vec![f32::NAN; y_len]
+            };
+            for spec in [true, false] {
+                let (kd, nd) = if spec { (k, n) } else { (0, 0) };
+                let bin = b.get(vec![
+                    format!("KDIM={kd}"),
+                    format!("NDIM={nd}"),
+                    format!("QT={}", ty.name()),
+                    format!("BATCHMAX={bmax}"),
+                    "THR=256".into(),
+                    format!("LN={lanes}"),
+                    format!("RPGV={rpg}"),
+                    "STG=3".into(),
+                    format!("ACC={acc}"),
+                    "XQ8V=1".into(),
+                ]);
+                let max_blocks = if spec { 2 } else { usize::MAX >> 34 };
+                let got = run(&bin, &[k, n, batch, ldx, ldy, max_blocks], &w, &x, &y0);
+                let what = format!(
+                    "matvec xq8 {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}"
                 );
                 compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
             }

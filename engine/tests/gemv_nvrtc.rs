@@ -9,7 +9,7 @@ use dense_common::{V, headers, variant};
 use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
-use memra_engine::kernels::{matmul, matvec};
+use memra_engine::kernels::{matmul, matvec, quantize_q8};
 
 const QTYPES: [&str; 13] = [
     "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl",
@@ -138,6 +138,97 @@ fn matvec_templates_compile_for_sm90_without_spills() {
     );
 }
 
+/// The integer path (XQ8 = 1): every integer type specialized at decode shapes (batch 1 and
+/// batched 8) and generic, moe_matvec in every mode, quantize_q8; the types without the path
+/// must still compile (their xq8 body is a trap) since generic variants cover every QType.
+fn xq8_variants() -> Vec<(&'static KernelVariant, bool)> {
+    let mut v = Vec::new();
+    for q in QTYPES {
+        let int = matvec::int_dot(memra_gguf::GgmlType::from_name(q).expect("a ggml type"));
+        v.push((
+            variant("matvec", &[("qtype", V::S(q)), ("xq8", V::I(1))]),
+            false,
+        ));
+        if !int {
+            continue;
+        }
+        for (k, n) in [(6144, 2048), (4096, 12288), (12288, 4096)] {
+            v.push((
+                variant(
+                    "matvec",
+                    &[
+                        ("k", V::I(k)),
+                        ("n", V::I(n)),
+                        ("qtype", V::S(q)),
+                        ("xq8", V::I(1)),
+                    ],
+                ),
+                true,
+            ));
+        }
+        v.push((
+            variant(
+                "matvec",
+                &[
+                    ("k", V::I(4096)),
+                    ("n", V::I(12288)),
+                    ("qtype", V::S(q)),
+                    ("batch", V::I(8)),
+                    ("lanes", V::I(8)),
+                    ("rows_per_group", V::I(1)),
+                    ("xq8", V::I(1)),
+                ],
+            ),
+            true,
+        ));
+        for mode in ["plain", "swiglu", "geglu", "down"] {
+            let (k, n) = if mode == "down" {
+                (2048, 6144)
+            } else {
+                (6144, 2048)
+            };
+            v.push((
+                variant(
+                    "moe_matvec",
+                    &[
+                        ("k", V::I(k)),
+                        ("n", V::I(n)),
+                        ("qtype", V::S(q)),
+                        ("mode", V::S(mode)),
+                        ("xq8", V::I(1)),
+                    ],
+                ),
+                true,
+            ));
+            v.push((
+                variant(
+                    "moe_matvec",
+                    &[("qtype", V::S(q)), ("mode", V::S(mode)), ("xq8", V::I(1))],
+                ),
+                false,
+            ));
+        }
+    }
+    v.push((variant("quantize_q8", &[]), true));
+    v
+}
+
+#[test]
+fn matvec_xq8_templates_compile_for_sm90_without_spills() {
+    if library::nvrtc_or_skip("matvec_xq8_templates_compile_for_sm90_without_spills").is_none() {
+        return;
+    }
+    let variants = xq8_variants();
+    let failures = compile_and_report(&variants);
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n{}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n")
+    );
+}
+
 #[test]
 fn matmul_templates_compile_for_sm90_without_spills() {
     if library::nvrtc_or_skip("matmul_templates_compile_for_sm90_without_spills").is_none() {
@@ -170,6 +261,14 @@ fn gemv_args_structs_match_kernel_parameters() {
         variant("matvec", &[("qtype", V::S("q4_k"))]),
     ];
     check_params::<matvec::MatvecArgs<'static>>(&mv, h, sm).unwrap_or_else(|e| panic!("{e}"));
+    let xq8 = [variant(
+        "matvec",
+        &[("qtype", V::S("q4_k")), ("xq8", V::I(1))],
+    )];
+    check_params::<matvec::MatvecArgs<'static>>(&xq8, h, sm).unwrap_or_else(|e| panic!("{e}"));
+    let q = [variant("quantize_q8", &[])];
+    check_params::<quantize_q8::QuantizeQ8Args<'static>>(&q, h, sm)
+        .unwrap_or_else(|e| panic!("{e}"));
     let mm = [
         variant(
             "matmul",

@@ -16,11 +16,17 @@
 //   int   ROWS_PER_GROUP  rows each lane group computes (1..8)
 //   int   STAGES          cp.async pipeline depth (2..6)
 //   int   ACCUMULATE      0: y = W·x; 1: y += W·x (residual fusion)
+//   int   XQ8             optional (absent = 0). 0: f32 x. 1: x quantized to int8 blocks of 32
+//                         (quantize_q8.cuh, llama.cpp's q8_1 numerics) and products by __dp4a on
+//                         the packed weights, scales applied once per block; Q8_0, Q4_0, Q5_0,
+//                         Q4_K, Q6_K, IQ4_NL, IQ4_XS only (others trap; the wrapper refuses them)
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const float* x, float* y, int k, int n, int batch, int ldx, int ldy)
 //   w: N·row_bytes(K) bytes, 16-byte aligned; x: [batch][ldx] f32, 16-byte aligned, ldx % 4 == 0;
 //   y: [batch][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
+//   XQ8 = 1: x is quantize_q8's output, q8 rows of ldx floats (ldx·4 ≥ q8 row bytes
+//   round_up(K + K/4, 16), ldx % 4 == 0): K int8, then (d, Σq) f32 pairs per block of 32.
 //
 // Launch geometry (matvec_geometry<Cfg> below; the Rust wrapper mirrors it):
 //   rows per tile R = THREADS / LANES · ROWS_PER_GROUP; tiles T = ceil(N / R); grid (G) for
@@ -29,7 +35,8 @@
 //   resident block walks the same number of tiles with its pipeline never drained); block (THREADS);
 //   dynamic shared memory STAGES · (R · ROW_SLOT + BATCH · XS_ROW) + 16 bytes, where
 //   KC = LANES · UPL · UE elements per chunk (UE, UPL per QType: qunit::Unit<Q>),
-//   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(CB, 16) + 16, XS_ROW = LANES · UPL · (UE + 4) · 4.
+//   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(CB, 16) + 16, XS_ROW = LANES · UPL · (UE + 4) · 4
+//   (XQ8: LANES · UPL · (UE + 16) + KC / 4).
 //   The kernel traps if launched with less dynamic shared memory than that.
 //   __launch_bounds__(THREADS, MIN_BLOCKS): MIN_BLOCKS = the blocks per SM that the shared memory
 //   allows (≤ 3) for BATCH ≤ 2, else 1 (ptxas's own register target spilled batch-8 bodies).
@@ -98,6 +105,16 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 //                           which one_plus() turns into the exact float 1 + q / 2^QBITS with one
 //                           PRMT per element (no FADD to remove a bias; the core takes
 //                           Σ q·x = 2^QBITS · (Σ (1 + q/2^QBITS)·x − Σx) with the Σx it has anyway).
+//
+// The integer path (Cfg::XQ8 = 1; x arrives as int8 blocks of 32 with one f32 scale and the
+// block's Σq each, quantize_q8.cuh) uses, where INT_DOT:
+//   ints(raw, sub, j, q)    x block j (< UE / 32) of the unit: 8 words of signed bytes c·v_i (c a
+//                           power of two, folded into iscale), element i of the block in byte
+//                           i % 4 of word i / 4 (x's order), so __dp4a pairs them with x's words
+//   IGROUPS                 int sums per x block (Q6_K: 2, its 16-element scale groups); sum g
+//                           covers words [8g / IGROUPS, 8(g + 1) / IGROUPS)
+//   iscale(raw, j, g)       float per unit of the int sum: Σ_i w_i·x_i = d_x · Σ_g iscale · Σ c·v·q
+//   IMIN, imin(raw, j)      Q4_K's min: + imin · d_x · Σq (Σq from the x block's header)
 //
 // Quant values come out as exact floats: a byte b is placed in the mantissa of 2^23
 // (0x4B0000bb = 8388608 + b) by one PRMT and the bias removed with one FADD.
@@ -172,6 +189,26 @@ __device__ __forceinline__ void iq4_oct(u32 w, float (&v)[8]) {
     }
 }
 
+// kvalues_iq4nl as signed bytes, 4 per word (the integer path's table).
+__host__ __device__ constexpr u32 iq4s_table_word(int i) {
+    return iq4_table_word(i) ^ 0x80808080u;  // (kv + 128) ^ 0x80 = kv as a two's complement byte
+}
+
+// IQ4 word w (8 nibbles, Q4_0 order) -> lo: kvalues of its 4 low nibbles, hi: of its 4 high
+// nibbles, as signed bytes in element order (the lookup of iq4_oct, then bytes regrouped).
+__device__ __forceinline__ void iq4_ints(u32 w, u32& lo, u32& hi) {
+    constexpr u32 T0 = iq4s_table_word(0), T1 = iq4s_table_word(1), T2 = iq4s_table_word(2), T3 = iq4s_table_word(3);
+    u32 r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 t = w >> (16 * h);
+        const u32 sel = t & 0x7777u;
+        r[h] = __byte_perm(__byte_perm(T0, T1, sel), __byte_perm(T2, T3, sel), 0x3210u | ((t >> 1) & 0x4444u));
+    }
+    lo = __byte_perm(r[0], r[1], 0x6420u);
+    hi = __byte_perm(r[0], r[1], 0x7531u);
+}
+
 // Q4_0-style octet: low nibbles -> v[0..4), high nibbles -> v[4..8), each minus `offset`.
 __device__ __forceinline__ void nibble_oct(u32 lo, u32 hi, float offset, float (&v)[8]) {
 #pragma unroll
@@ -201,6 +238,8 @@ template <QType Q> struct Unit;
 struct UnitBase {
     static constexpr int GROUPS = 1, QBITS = 0;
     static constexpr bool SCALED = true, XSUM = false;
+    static constexpr bool INT_DOT = false, IMIN = false;
+    static constexpr int IGROUPS = 1;
     __host__ __device__ static constexpr int ga(int) { return 0; }
     __host__ __device__ static constexpr int gb(int) { return 0; }
 };
@@ -284,6 +323,13 @@ template <> struct Unit<QType::Q8_0> : Block32UnitBase {
     }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    static constexpr bool INT_DOT = true;
+    __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = r.q[i];
+    }
+    __device__ static float iscale(const Raw& r, int, int) { return r.d; }
+    __device__ static float imin(const Raw&, int) { return 0.0f; }
 };
 
 // Q4_0 (18 B): d:f16, qs[16]; value d·(q − 8).
@@ -300,6 +346,17 @@ template <> struct Unit<QType::Q4_0> : Block32UnitBase, NibbleRuns {
     }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    // (q ^ 8) << 4 is 16·(q − 8) as a signed byte (a 4-bit two's complement value, shifted up).
+    static constexpr bool INT_DOT = true;
+    __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            q[o] = ((r.q[o] & 0x0F0F0F0Fu) ^ 0x08080808u) << 4;
+            q[4 + o] = (((r.q[o] >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u) << 4;
+        }
+    }
+    __device__ static float iscale(const Raw& r, int, int) { return r.d * 0.0625f; }
+    __device__ static float imin(const Raw&, int) { return 0.0f; }
 };
 
 // IQ4_NL (18 B): d:f16, qs[16]; value d·kvalues[q], Q4_0 nibble order.
@@ -314,6 +371,13 @@ template <> struct Unit<QType::IQ4_NL> : Block32UnitBase, NibbleRuns {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) { iq4_oct(r.q[o], v); }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    static constexpr bool INT_DOT = true;
+    __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
+#pragma unroll
+        for (int o = 0; o < 4; ++o) iq4_ints(r.q[o], q[o], q[4 + o]);
+    }
+    __device__ static float iscale(const Raw& r, int, int) { return r.d; }
+    __device__ static float imin(const Raw&, int) { return 0.0f; }
 };
 
 // Q4_1 (20 B): d:f16, m:f16, qs[16]; value d·q + m.
@@ -362,6 +426,19 @@ template <> struct Unit<QType::Q5_0> : Block32UnitBase, NibbleRuns {
     }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    // (q ^ 16) << 3 is 8·(q − 16) as a signed byte.
+    static constexpr bool INT_DOT = true;
+    __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
+#pragma unroll
+        for (int o = 0; o < 4; ++o) {
+            const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (4 * o)) & 0xFu);
+            const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
+            q[o] = (lo ^ 0x10101010u) << 3;
+            q[4 + o] = (hi ^ 0x10101010u) << 3;
+        }
+    }
+    __device__ static float iscale(const Raw& r, int, int) { return r.d * 0.125f; }
+    __device__ static float imin(const Raw&, int) { return 0.0f; }
 };
 
 // Q5_1 (24 B): d:f16, m:f16, qh:u32, qs[16]; value d·q + m.
@@ -429,6 +506,14 @@ template <> struct Unit<QType::Q4_K> : UnitBase {
     }
     __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
     __device__ static float minv(const Raw& r, int g) { return r.m[g]; }
+    // x block j = sub-block 2·sub + j: the low (j = 0) or high nibbles, q in 0..15.
+    static constexpr bool INT_DOT = true, IMIN = true;
+    __device__ static void ints(const Raw& r, int, int j, u32 (&q)[8]) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = (r.q[i] >> (4 * j)) & 0x0F0F0F0Fu;
+    }
+    __device__ static float iscale(const Raw& r, int j, int) { return r.s[j]; }
+    __device__ static float imin(const Raw& r, int j) { return r.m[j]; }
 };
 
 // Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]. As Q4_K; element l of sub-block j
@@ -503,6 +588,20 @@ template <> struct Unit<QType::Q6_K> : UnitBase {
     }
     __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    // (q ^ 32) << 2 is 4·(q − 32) as a signed byte; words 0..3 / 4..7 are the two scale groups.
+    static constexpr bool INT_DOT = true;
+    static constexpr int IGROUPS = 2;
+    __device__ static void ints(const Raw& r, int sub, int, u32 (&q)[8]) {
+        const int qq = sub & 3;
+        const u32 lshift = 4u * (u32)(qq >> 1), hshift = 2u * (u32)qq;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 w = ((r.ql[i] >> lshift) & 0x0F0F0F0Fu) | (((r.qh[i] >> hshift) & 0x03030303u) << 4);
+            q[i] = (w ^ 0x20202020u) << 2;
+        }
+    }
+    __device__ static float iscale(const Raw& r, int, int g) { return r.s[g] * 0.25f; }
+    __device__ static float imin(const Raw&, int) { return 0.0f; }
 };
 
 // IQ4_XS (136 B / 256): d:f16, scales_h:u16, scales_l[4], qs[128]. Unit = sub-block ib (32
@@ -521,14 +620,27 @@ template <> struct Unit<QType::IQ4_XS> : UnitBase, NibbleRuns {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) { iq4_oct(r.q[o], v); }
     __device__ static float scale(const Raw& r, int) { return r.s; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    static constexpr bool INT_DOT = true;
+    __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
+#pragma unroll
+        for (int o = 0; o < 4; ++o) iq4_ints(r.q[o], q[o], q[4 + o]);
+    }
+    __device__ static float iscale(const Raw& r, int, int) { return r.s; }
+    __device__ static float imin(const Raw&, int) { return 0.0f; }
 };
 
 }  // namespace qunit
 
 // ---------------------------------------------------------------------------------------------
+// Cfg::XQ8, 0 when a Cfg does not declare it (Cfgs written before the integer path).
+template <class...> using void_t = void;
+template <class Cfg, class = void> struct CfgXq8 { static constexpr int value = 0; };
+template <class Cfg> struct CfgXq8<Cfg, void_t<decltype(Cfg::XQ8)>> { static constexpr int value = Cfg::XQ8; };
+
 // Geometry shared by the kernel and (mirrored) the Rust launcher.
 template <class Cfg> struct MatvecGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
+    static constexpr bool XQ8 = CfgXq8<Cfg>::value != 0;
     static constexpr int LANES = Cfg::LANES, RPG = Cfg::ROWS_PER_GROUP;
     static constexpr int GROUPS_PER_BLOCK = Cfg::THREADS / LANES;
     static constexpr int ROWS = GROUPS_PER_BLOCK * RPG;          // rows per thread block
@@ -538,7 +650,11 @@ template <class Cfg> struct MatvecGeometry {
     static constexpr int ROW_SLOT = (CB + 15) / 16 * 16 + 16;    // + room for the misalignment
     static constexpr int SLOT16 = ROW_SLOT / 16;
     static constexpr int XS_UNIT = U::UE + 4;                    // floats per padded x unit
-    static constexpr int XS_ROW = UPC * XS_UNIT * 4;             // bytes of one x row's chunk
+    // XQ8: a unit's int8 x padded to UE + 16 bytes (lanes' 16-byte reads hit distinct banks),
+    // then the chunk's (d, Σq) float pairs, one per x block of 32.
+    static constexpr int XQ_UNIT = U::UE + 16;
+    static constexpr int XQ_QS = UPC * XQ_UNIT;
+    static constexpr int XS_ROW = XQ8 ? XQ_QS + KC / 32 * 8 : UPC * XS_UNIT * 4;  // bytes of one x row's chunk
     static constexpr int W_BYTES = ROWS * ROW_SLOT;
     static constexpr int STAGE = W_BYTES + Cfg::BATCH * XS_ROW;
     static constexpr int SMEM = Cfg::STAGES * STAGE + 16;        // + funnel-shift over-read pad
@@ -555,6 +671,7 @@ template <class Cfg> struct MatvecGeometry {
     static_assert(Cfg::STAGES >= 2 && Cfg::STAGES <= 6, "STAGES must be 2..6");
     static_assert(UPC % U::UPB == 0, "a chunk must hold whole blocks");
     static_assert(Cfg::K == 0 || Cfg::K % U::BLOCK == 0, "K must be a multiple of the block size");
+    static_assert(!XQ8 || U::UE % 32 == 0 || !U::INT_DOT, "integer-path units hold whole x blocks");
 };
 
 namespace matvec_detail {
@@ -607,6 +724,56 @@ template <class Cfg> struct DenseRows {
             }
     }
 };
+
+// The integer path's compute step (Cfg::XQ8): for each x block of each of the lane's units,
+// the RPG rows' int8 words are dotted with every batch row's int8 x by __dp4a (exact integer
+// sums per block / scale group), then scaled once: acc += d_x·wseg·(Σ_g iscale·sum_g + imin·Σq).
+template <class G, class U, int RPG, int NB, bool WHOLE_CHUNKS, bool ALIGNED>
+__device__ __forceinline__ void compute_q8(const u8* ws, int lane, int group, int ci, int K, const int (&row_off)[RPG],
+                                           int chunk_off, float wseg, float (&acc)[RPG][NB]) {
+    constexpr int UE = U::UE, XB = UE / 32, IG = U::IGROUPS;
+#pragma unroll
+    for (int j = 0; j < U::UPL; ++j) {
+        const int u = j * G::LANES + lane;
+        if (!WHOLE_CHUNKS && (ci * G::UPC + u) * UE >= K) continue;
+        const int bi = u / U::UPB, sub = u % U::UPB;
+        typename U::Raw raw[RPG];
+#pragma unroll
+        for (int r = 0; r < RPG; ++r) {
+            const int off = ALIGNED ? 0 : (row_off[r] + chunk_off) & 15;
+            U::load(ws + (group * RPG + r) * G::ROW_SLOT + off + bi * U::BYTES, sub, raw[r]);
+        }
+        const u8* xq = ws + G::W_BYTES + u * G::XQ_UNIT;
+        const float* xd = reinterpret_cast<const float*>(ws + G::W_BYTES + G::XQ_QS) + 2 * u * XB;
+#pragma unroll
+        for (int xb = 0; xb < XB; ++xb) {
+            u32 wq[RPG][8];
+#pragma unroll
+            for (int r = 0; r < RPG; ++r) U::ints(raw[r], sub, xb, wq[r]);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const uint4 x0 = *reinterpret_cast<const uint4*>(xq + b * G::XS_ROW + 32 * xb);
+                const uint4 x1 = *reinterpret_cast<const uint4*>(xq + b * G::XS_ROW + 32 * xb + 16);
+                const int xw[8] = {(int)x0.x, (int)x0.y, (int)x0.z, (int)x0.w, (int)x1.x, (int)x1.y, (int)x1.z, (int)x1.w};
+                const float dx = xd[b * (G::XS_ROW / 4) + 2 * xb] * wseg;
+                const float xsum = xd[b * (G::XS_ROW / 4) + 2 * xb + 1];
+#pragma unroll
+                for (int r = 0; r < RPG; ++r) {
+                    float t = 0.0f;
+#pragma unroll
+                    for (int g = 0; g < IG; ++g) {
+                        int sum = 0;
+#pragma unroll
+                        for (int i = 8 * g / IG; i < 8 * (g + 1) / IG; ++i) sum = __dp4a((int)wq[r][i], xw[i], sum);
+                        t = fmaf(U::iscale(raw[r], xb, g), (float)sum, t);
+                    }
+                    if constexpr (U::IMIN) t = fmaf(U::imin(raw[r], xb), xsum, t);
+                    acc[r][b] = fmaf(dx, t, acc[r][b]);
+                }
+            }
+        }
+    }
+}
 
 // The streaming core, batch ≤ NB x rows. A block computes tile blockIdx.x (tile t = rows
 // [t·R, t·R + R) of `rows`; rows past the end are skipped) and, when tile_stride > 0, tiles
@@ -678,14 +845,35 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 }
             }
         }
-        // x chunk: unit u of row b -> padded run of UE + 4 floats.
-        float* xs = reinterpret_cast<float*>(ws + G::W_BYTES);
-        constexpr int PIECES = G::KC / 4;
-        for (int p = tid; p < batch * PIECES; p += THREADS) {
-            const int b = p / PIECES, e = 4 * (p % PIECES);
-            const int kk = ci * G::KC + e;
-            if (!WHOLE_CHUNKS && kk >= K) continue;
-            async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, src.xrow(seg, b) + kk, 16);
+        if constexpr (G::XQ8) {
+            // q8 x chunk: 16-byte piece i < QP = elements 16i.. -> unit 16i / UE's padded run;
+            // then the (d, Σq) pairs, two blocks per piece (q8 rows are padded to 16 bytes, so a
+            // piece holding the row's last odd block stays inside the row).
+            constexpr int QP = G::KC / 16, PIECES = QP + G::KC / 64;
+            for (int p = tid; p < batch * PIECES; p += THREADS) {
+                const int b = p / PIECES, i = p % PIECES;
+                const u8* xr = reinterpret_cast<const u8*>(src.xrow(seg, b));
+                u8* xq = ws + G::W_BYTES + b * G::XS_ROW;
+                if (i < QP) {
+                    const int e = 16 * i, kk = ci * G::KC + e;
+                    if (!WHOLE_CHUNKS && kk >= K) continue;
+                    async::cp16(xq + (e / UE) * G::XQ_UNIT + e % UE, xr + kk, 16);
+                } else {
+                    const int blk = ci * (G::KC / 32) + 2 * (i - QP);
+                    if (!WHOLE_CHUNKS && 32 * blk >= K) continue;
+                    async::cp16(xq + G::XQ_QS + 16 * (i - QP), xr + K + 8 * (i64)blk, 16);
+                }
+            }
+        } else {
+            // x chunk: unit u of row b -> padded run of UE + 4 floats.
+            float* xs = reinterpret_cast<float*>(ws + G::W_BYTES);
+            constexpr int PIECES = G::KC / 4;
+            for (int p = tid; p < batch * PIECES; p += THREADS) {
+                const int b = p / PIECES, e = 4 * (p % PIECES);
+                const int kk = ci * G::KC + e;
+                if (!WHOLE_CHUNKS && kk >= K) continue;
+                async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, src.xrow(seg, b) + kk, 16);
+            }
         }
         if (++ichunk == n_chunks) {
             ichunk = 0;
@@ -729,6 +917,11 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         const u8* ws = matvec_smem + slot * G::STAGE;
         const float* xs = reinterpret_cast<const float*>(ws + G::W_BYTES);
         const int chunk_off = ALIGNED ? 0 : (int)(((i64)ci * G::CB) & 15);
+        if constexpr (G::XQ8) {
+            if constexpr (U::INT_DOT) compute_q8<G, U, RPG, NB, WHOLE_CHUNKS, ALIGNED>(ws, lane, group, ci, K, row_off, chunk_off,
+                                                                                       Src::WEIGHTED ? wseg : 1.0f, acc);
+            return;  // XQ8 without INT_DOT: matvec_impl traps before any launch work
+        }
 #pragma unroll
         for (int j = 0; j < UPL; ++j) {
             const int u = j * LANES + lane;
@@ -889,6 +1082,7 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
                                             float* __restrict__ y, int k, int n, int batch, int ldx, int ldy) {
     if (async::dynamic_smem_bytes() < (u32)MatvecGeometry<Cfg>::SMEM) __trap();
     if (batch < 1 || batch > Cfg::BATCH) __trap();
+    if (MatvecGeometry<Cfg>::XQ8 && !qunit::Unit<Cfg::QTYPE>::INT_DOT) __trap();  // the wrapper refuses these
     using U = qunit::Unit<Cfg::QTYPE>;
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
     const matvec_detail::DenseRows<Cfg> src{w, x, y, (i64)N * ((i64)(K / U::BLOCK) * U::BYTES), N, ldx, ldy};

@@ -22,6 +22,8 @@
 //                         Down (weighted combine)
 //   int   THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (Swiglu / Geglu: ROWS_PER_GROUP even)
 //   int   ACCUMULATE      Down only: 1 = y += combine (residual fusion)
+//   int   XQ8             optional (absent = 0), as matvec: 1 = x rows are quantize_q8 rows
+//                         (ldx in floats of those rows), products by __dp4a
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const unsigned char* w_up, const int* ids, const float* weights,
@@ -46,6 +48,7 @@ namespace memra {
 template <class Cfg> struct MoeMatvecGeometryCfg {
     static constexpr int K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES;
     static constexpr int ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = Cfg::ACCUMULATE;
+    static constexpr int XQ8 = CfgXq8<Cfg>::value;
     static constexpr QType QTYPE = Cfg::QTYPE;
 };
 
@@ -148,6 +151,7 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
     using G = MatvecGeometry<GC>;
     using U = qunit::Unit<Cfg::QTYPE>;
     if (async::dynamic_smem_bytes() < (u32)G::SMEM) __trap();
+    if (G::XQ8 && !U::INT_DOT) __trap();  // the wrapper refuses these
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
     const i64 w_total = (i64)n_expert * N * ((i64)(K / U::BLOCK) * U::BYTES);
     const int tid = threadIdx.x;

@@ -164,6 +164,7 @@ pub fn candidate_tunings(batch: usize) -> Vec<MatvecTuning> {
             rows_per_group,
             stages,
             accumulate: false,
+            xq8: false,
         })
         .collect()
 }

@@ -35,6 +35,9 @@ pub struct MatvecTuning {
     pub rows_per_group: u32,
     pub stages: u32,
     pub accumulate: bool,
+    /// `XQ8 = 1`: x is [`quantize_q8`](crate::kernels::quantize_q8) rows and the products run
+    /// in int8 (`__dp4a`); only for [`int_dot`] types.
+    pub xq8: bool,
 }
 
 impl Default for MatvecTuning {
@@ -46,6 +49,7 @@ impl Default for MatvecTuning {
             rows_per_group: 2,
             stages: 3,
             accumulate: false,
+            xq8: false,
         }
     }
 }
@@ -86,6 +90,23 @@ pub fn unit_shape(ty: GgmlType) -> Option<UnitShape> {
     })
 }
 
+/// Weight types the integer path (`XQ8 = 1`) decodes: `qunit::Unit<Q>::INT_DOT` in matvec.cuh
+/// (and `memra_reference::q8::has_int_dot`).
+pub fn int_dot(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q4_K | Q6_K | IQ4_NL | IQ4_XS)
+}
+
+/// Floats per x row the kernel reads at `k`: `k` (f32 x) or, with `xq8`, the q8 row
+/// ([`crate::kernels::quantize_q8::row_floats`]).
+pub fn x_row_floats(xq8: bool, k: usize) -> usize {
+    if xq8 {
+        crate::kernels::quantize_q8::row_floats(k)
+    } else {
+        k
+    }
+}
+
 /// The element count K must be a multiple of: the quant block (32 or 256), 8 for float types.
 pub fn k_multiple(ty: GgmlType) -> Option<usize> {
     unit_shape(ty).map(|u| u.block_elems as usize)
@@ -106,7 +127,11 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning) -> Option<MatvecGeometry> {
     let upc = t.lanes * u.units_per_lane;
     let chunk_bytes = upc / (u.block_elems / u.unit_elems) * u.block_bytes;
     let row_slot = chunk_bytes.div_ceil(16) * 16 + 16;
-    let xs_row = upc * (u.unit_elems + 4) * 4;
+    let xs_row = if t.xq8 {
+        upc * (u.unit_elems + 16) + upc * u.unit_elems / 4
+    } else {
+        upc * (u.unit_elems + 4) * 4
+    };
     let stage = rows * row_slot + t.batch * xs_row;
     Some(MatvecGeometry {
         rows_per_block: rows,
@@ -221,6 +246,7 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
         })?,
         stages: tune_int(kernel, "stages", d.stages, |v| (2..=6).contains(&v))?,
         accumulate: tune_int(kernel, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
+        xq8: tune_int(kernel, "xq8", 0, |v| v == 0 || v == 1)? == 1,
     })
 }
 
@@ -248,6 +274,17 @@ pub(crate) fn allow_smem(kernel: &Kernel, bytes: u32) -> Result<(), Error> {
                 e,
             )
         })
+}
+
+/// An xq8 variant of a type without the integer path traps in the kernel: refuse it here.
+pub(crate) fn check_xq8(kernel: &Kernel, ty: GgmlType, tune: &MatvecTuning) -> Result<(), Error> {
+    if tune.xq8 && !int_dot(ty) {
+        return Err(checks::invalid(
+            kernel,
+            format!("xq8=1 has no integer path for {} weights", ty.name()),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks shared by matvec and matmul: the weight type, K's multiple, and the weight's byte size.
@@ -282,6 +319,11 @@ pub(crate) fn check_weight(
 /// `y[b·ldy + j] (+)= Σ_i W[j][i]·x[b·ldx + i]` for `b < batch`, `j < n`, `i < k`.
 /// `w`: `n` rows of the variant's qtype at `k`; all buffers 16-byte aligned except `y`.
 /// Grid: [`GridPolicy::Resident`].
+///
+/// An `xq8` variant ([`MatvecTuning::xq8`]) takes x as q8 rows: `x` is the output of
+/// [`quantize_q8`](crate::kernels::quantize_q8::quantize_q8) (rows of `ldx` floats, `ldx ≥`
+/// [`quantize_q8::row_floats(k)`](crate::kernels::quantize_q8::row_floats)); one quantized x
+/// serves every xq8 matvec that reads the same activations (q/k/v, gate/up).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec(
     kernel: &Kernel,
@@ -322,13 +364,17 @@ pub fn matvec_with(
             format!("batch={batch} is not in 1..={}", tune.batch),
         ));
     }
-    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
+    check_xq8(kernel, ty, &tune)?;
+    let xk = x_row_floats(tune.xq8, k);
+    if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
             kernel,
-            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
+            format!(
+                "ldx={ldx} must be >= {xk} (x row floats at k={k}) and a multiple of 4; ldy={ldy} must be >= n={n}"
+            ),
         ));
     }
-    checks::check_len(kernel, "x", x.len(), (batch - 1) * ldx + k)?;
+    checks::check_len(kernel, "x", x.len(), (batch - 1) * ldx + xk)?;
     checks::check_len(kernel, "y", y.len(), (batch - 1) * ldy + n)?;
     checks::check_aligned16(kernel, "w", w)?;
     checks::check_aligned16(kernel, "x", x)?;
@@ -365,14 +411,15 @@ pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatvecTun
         "#include \"memra/matvec.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
          static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr int BATCH = {b};\n    \
          static constexpr int THREADS = {th};\n    static constexpr int LANES = {l};\n    static constexpr int ROWS_PER_GROUP = {r};\n    \
-         static constexpr int STAGES = {s};\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATVEC({name}, {name}_cfg)\n",
+         static constexpr int STAGES = {s};\n    static constexpr int ACCUMULATE = {a};\n    static constexpr int XQ8 = {xq};\n}};\nMEMRA_DEFINE_MATVEC({name}, {name}_cfg)\n",
         q = ty.name(),
         b = t.batch,
         th = t.threads,
         l = t.lanes,
         r = t.rows_per_group,
         s = t.stages,
-        a = t.accumulate as i32
+        a = t.accumulate as i32,
+        xq = t.xq8 as i32
     )
 }
 
@@ -402,6 +449,16 @@ mod tests {
         // lanes 8: 8 blocks = 272 B → slot 288; x 8 × 36 × 4 = 1152 per row, 8 rows.
         assert_eq!(g.smem_bytes, 3 * (32 * 288 + 8 * 1152) + 16);
         assert!(geometry(GgmlType::Q2_K, &MatvecTuning::default()).is_none());
+        // XQ8 Q4_K: x chunk = 32 units × (64 + 16) B int8 + 2048 / 32 (d, Σq) pairs × 8 B.
+        let g = geometry(
+            GgmlType::Q4_K,
+            &MatvecTuning {
+                xq8: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(g.smem_bytes, 3 * (16 * 1168 + 32 * 80 + 64 * 8) + 16);
     }
 
     #[test]

@@ -206,10 +206,15 @@ pub fn moe_matvec(
         Mode::Down => (slots, n_tokens),
         _ => (n_tokens, slots),
     };
-    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
+    // xq8 variants read x as quantize_q8 rows (matvec's integer path).
+    matvec::check_xq8(kernel, ty, &tune)?;
+    let xk = matvec::x_row_floats(tune.xq8, k);
+    if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
             kernel,
-            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
+            format!(
+                "ldx={ldx} must be >= {xk} (x row floats at k={k}) and a multiple of 4; ldy={ldy} must be >= n={n}"
+            ),
         ));
     }
     if n_tokens == 0 {
@@ -219,7 +224,7 @@ pub fn moe_matvec(
         kernel,
         "x",
         inp.x.len(),
-        (x_rows - 1).checked_mul(ldx).ok_or_else(overflow)? + k,
+        (x_rows - 1).checked_mul(ldx).ok_or_else(overflow)? + xk,
     )?;
     checks::check_len(
         kernel,

@@ -77,6 +77,7 @@ inline u16 load_u16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
 /// `namespace async` of matvec.cuh on the host: synchronous copies.
 pub const ASYNC_HOST: &str = r#"namespace async {
 inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); memcpy(smem, gmem, src_bytes); }
+inline void cp16_tail(void* smem, const void* gmem, long long rest) { cp16(smem, gmem, rest >= 16 ? 16 : (int)rest); }
 inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
