@@ -27,6 +27,8 @@ const EXTRA: &str = r#"
 #define __global__
 #define __launch_bounds__(x)
 using std::min; using std::max;
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return float2{a, b}; }
 static inline unsigned __ballot_sync(unsigned, int pred) {
     int t = threadIdx.x; g_xchg[t] = pred != 0; __syncwarp(); unsigned r = 0;
     for (int l = 0; l < 32; ++l) if (g_xchg[(t & ~31) | l]) r |= 1u << l; __syncwarp(); return r; }
@@ -92,8 +94,10 @@ template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int i
     // 16 guard slots past the wrapper's size: the kernel must not touch them.
     std::vector<float> out((size_t)nh * kvl), work((size_t)work_floats + 16, 0.0f);
     std::fill(work.begin() + work_floats, work.end(), -7.0f);
-    int D = kvl + rope, tr = eb == 2 ? 16 : 8;
-    unsigned smem = std::min(nh, 64) * (D + 4) * 4 + 2 * tr * (D * eb + 16) + tr * 256 + 768;
+    int D = kvl + rope;
+    // bf16: the tensor-core form (Q, two 64-row tiles, P; rows of D rounded up to 64); f32: CUDA cores.
+    unsigned smem = eb == 2 ? (64 + 128) * ((D + 63) / 64 * 128) + 64 * 128 + 1536
+                            : std::min(nh, 64) * (D + 4) * 4 + 2 * 8 * (D * eb + 16) + 8 * 256 + 768;
     const int splits[3] = {work_split, n_split, n_split};
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
@@ -202,6 +206,7 @@ fn emulator_source() -> String {
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
+    let mla = mma_host::host_mla_tensor_core_path(&mla);
     let sparse = strip(template("mla_sparse_decode.cuh"));
     let common_parts = [
         (
@@ -466,8 +471,12 @@ fn sparse_case(
     };
     let want = attention(&q, &cv[..(p + 1) * d], &latent, p + 1, shape, &mask, scale);
     let err = rel_err(&got, &want);
+    // bf16 caches take the tensor-core path: q and P rounded to bf16, ≈ 2e-3 expected (the
+    // argument at attn_host_emulation's TOL_TENSOR_CORES); f32 caches: f32 arithmetic.
+    let tol = if f32_cache { 1e-5 } else { 1e-2 };
+    eprintln!("mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel}: relative L2 {err:.2e} (tolerance {tol:e})");
     assert!(
-        err <= 1e-5,
+        err <= tol,
         "mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel} split {n_split} (workspace first used by {work_split}): relative L2 {err:e} (MEMRA_SEED={})",
         rng.seed()
     );
@@ -599,6 +608,7 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
     sparse_case(e, &mut rng, 1, 64, 512, 64, 100, 80, 3, 7, false);
     sparse_case(e, &mut rng, 0, 64, 512, 64, 100, 80, 2, 5, false);
     sparse_case(e, &mut rng, 2, 128, 128, 32, 50, 40, 2, 3, true); // two head blocks
+    sparse_case(e, &mut rng, 0, 64, 512, 64, 300, 150, 1, 1, false); // three 64-row tiles in one block
     // Index-key producer. cfg 0: 128/64 interleaved f32; 1: generic NeoX f32 (2 warps); 2: bf16.
     let ri = RopeMode::Norm;
     key_case(

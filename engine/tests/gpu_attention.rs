@@ -11,6 +11,9 @@
 //! reads the same rounded values, so the only differences left are the kernel's f32 arithmetic
 //! (exp2 approximations, summation order): relative L2 ≤ 1e-3 (tighter than DESIGN.md's bf16
 //! bound of 1e-2, since no bf16 rounding happens inside the kernels). f32 caches: the same bound.
+//! Except mla_decode over a bf16 cache (tensor cores: q and the softmax weights rounded to bf16
+//! inside the kernel): relative L2 ≤ 1e-2 (MLA_TC_TOL), ≈ 2e-3 expected. The GLM-5 MLA test also
+//! runs 131072 rows (a full 128k context).
 //!
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_attention -- --ignored`.
 
@@ -29,6 +32,10 @@ use memra_reference::mla::{MlaAttnInputs, MlaDims, mla_attention_absorbed};
 use memra_reference::{Rng, rel_err};
 
 const TOL: f64 = 1e-3;
+/// mla_decode over a bf16 cache runs on tensor cores with q·(scale·log2 e) and the softmax
+/// weights rounded to bf16 (each ±2^-9 relative): ≈ 2e-3 relative L2 expected at these inputs
+/// (the argument at attn_host_emulation's TOL_TENSOR_CORES); DESIGN.md's bf16 bound.
+const MLA_TC_TOL: f64 = 1e-2;
 /// Split rules are evaluated for the H200 (132 SMs).
 const SMS: usize = 132;
 const LENGTHS: [usize; 6] = [1, 7, 2047, 2048, 2049, 40000];
@@ -63,16 +70,21 @@ impl HostCache for f32 {
 
 #[track_caller]
 fn assert_close(what: &str, got: &[f32], want: &[f32], rng: &Rng) {
+    assert_close_tol(what, got, want, TOL, rng);
+}
+
+#[track_caller]
+fn assert_close_tol(what: &str, got: &[f32], want: &[f32], tol: f64, rng: &Rng) {
     let err = rel_err(got, want);
     assert!(
-        err <= TOL,
-        "{what}: relative L2 error {err:e} > {TOL:e} (MEMRA_SEED={}); first mismatches (index, (got, want)): {:?}",
+        err <= tol,
+        "{what}: relative L2 error {err:e} > {tol:e} (MEMRA_SEED={}); first mismatches (index, (got, want)): {:?}",
         rng.seed(),
         got.iter()
             .zip(want)
             .enumerate()
             .filter(|(_, (a, b))| ((**a - **b).abs() as f64)
-                .partial_cmp(&(TOL * (b.abs() as f64 + 1e-2)))
+                .partial_cmp(&(tol * (b.abs() as f64 + 1e-2)))
                 != Some(std::cmp::Ordering::Less))
             .take(5)
             .collect::<Vec<_>>()
@@ -484,7 +496,16 @@ fn check_mla<C: HostCache>(
                     "{} n_head={n_head} t_kv={t_kv} n_split={n_split} launch={launch}",
                     k.name()
                 );
-                assert_close(&what, &got[..n_head * kvl], &want, rng);
+                let tol = if std::mem::size_of::<C>() == 2 {
+                    MLA_TC_TOL
+                } else {
+                    TOL
+                };
+                let err = rel_err(&got[..n_head * kvl], &want);
+                if launch == 0 {
+                    eprintln!("{what}: relative L2 {err:.2e} (tolerance {tol:e})");
+                }
+                assert_close_tol(&what, &got[..n_head * kvl], &want, tol, rng);
                 last = got[..n_head * kvl].to_vec();
             }
         }
@@ -498,7 +519,7 @@ fn gpu_mla_decode_glm5() {
     let gpu = gpu();
     let mut rng = Rng::from_env_or_time("gpu_mla_decode_glm5");
     let kernels = mla_kernels(&gpu, "bf16");
-    for t_kv in LENGTHS {
+    for t_kv in LENGTHS.into_iter().chain([131_072]) {
         check_mla::<u16>(&gpu, &kernels, GLM5.n_head, t_kv, None, &mut rng);
     }
 }
@@ -558,10 +579,11 @@ fn gpu_mla_decode_matches_the_absorbed_mla_oracle() {
                 .sum::<f64>() as f32;
         }
     }
-    assert_close(
+    assert_close_tol(
         "mla_decode o_lat decompressed vs mla_attention_absorbed",
         &got,
         &want,
+        MLA_TC_TOL,
         &rng,
     );
 }

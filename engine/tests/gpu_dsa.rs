@@ -11,7 +11,8 @@
 //! - top-k: the kernel's index list equals `dsa::top_k` run on the kernel's own scores (exact,
 //!   same tie rule), count = min(2048, visible), tail −1;
 //! - sparse attention vs `attention::attention` with the allow-list mask (the reference DSA path)
-//!   over the kernel's selection: relative L2 ≤ 1e-3 (as gpu_attention's mla_decode bound);
+//!   over the kernel's selection: relative L2 ≤ 1e-2 (bf16 latent cache: the tensor-core path
+//!   rounds q and the softmax weights to bf16, ≈ 2e-3 expected; gpu_attention's MLA_TC_TOL);
 //! - ≤ 2048 visible: sparse output bit-identical to dense mla_decode with the same split.
 //!
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_dsa -- --ignored`.
@@ -44,7 +45,7 @@ const ROPE: usize = 64;
 const SCALE: f32 = 1.0 / 16.0;
 const LENGTHS: [usize; 6] = [1, 7, 2047, 2048, 2049, 40000];
 const SCORE_TOL: f64 = 1e-5;
-const ATTN_TOL: f64 = 1e-3;
+const ATTN_TOL: f64 = 1e-2;
 
 // ---------------------------------------------------------------------------------------------
 // Harness.

@@ -14,24 +14,38 @@
 //   [max_ctx, D] CACHE_T (row s = [c_s | k_pe_s]); out [n_head, kv_lora] f32:
 //   out_h = Σ_{s ≤ p} softmax_s(scale·q_h·row_s)·c_s with p = pos[0] (device). p ∉ [0, max_ctx)
 //   writes NaN to out.
-// Work split: a block owns a chunk of the rows (grid.x = n_split, chunks of equal length,
-//   multiples of the tile) and HB = min(64, n_head) heads (grid.y = ceil(n_head / 64)), so each
-//   row is read once per 64 heads. Rows stream through shared memory in tiles of TR rows (16 for
-//   bf16, 8 for f32) with a two-stage cp.async pipeline; per tile: scores S[h][r] (a thread per
-//   (head, row quarter)), online softmax (base 2), then O[h][:] += P[h][r]·c_r (a warp per 8
-//   heads, a lane per 16 latent dims). n_split = 1 writes out directly (work unused, may be null);
-//   n_split > 1 writes partials to work and the last block of a head block (atomic counter)
-//   combines them, then resets the counter to 0.
+// Work split: a block owns a chunk of the rows (grid.x = n_split, chunks of ceil(T / n_split)
+//   rows, rounded up to 8 on the f32 path) and HB = 64 heads (grid.y = ceil(n_head / 64)), so each row is read once per 64 heads.
+//   n_split = 1 writes out directly (work unused, may be null); n_split > 1 writes partials to
+//   work and the last block of a head block (atomic counter) combines them, then resets the
+//   counter to 0.
 //   work (f32 units): u32 counters [ceil(n_head / 64)] padded to a multiple of 4 (zeroed once when
 //   allocated), then acc [n_head, n_split, kv_lora] and (m, l) [n_head, n_split, 2]. The counters
 //   come first so that their place does not depend on n_split: a workspace sized for S splits
 //   serves every n_split ≤ S (with counters after the partials, a launch with more splits wrote
 //   partials over the counters of one with fewer, whose combine then never ran).
+// Tensor-core path (CACHE_T = BF16, any n_head, kv_lora a multiple of 128 ≤ 512, D a multiple of
+//   8): the 64 heads of a block are the M dimension of both products (heads past n_head are zero
+//   rows). Q = q·scale·log2(e) in bf16 [64][D] stays in shared memory; 64-row tiles of the cache
+//   stream in with a two-stage cp.async pipeline (16-byte chunks, XOR-swizzled rows, zero past the
+//   chunk's rows and past D). Per tile: S = Q·Kᵀ on mma.sync m16n8k16 bf16 → f32 (8 warps = 4
+//   m-tiles of 16 heads × 2 halves of 32 rows, K = D in 16-steps), online softmax in base 2 (tile
+//   max of a head over both halves through shared memory), P rounded to bf16 into shared memory,
+//   then O += P·V with V = the first kv_lora columns of the same tile (one load serves K and V):
+//   warp w owns O columns [w·kv_lora/8, (w+1)·kv_lora/8) for all 64 heads (128 f32 accumulators
+//   per thread at kv_lora 512), V fragments by ldmatrix.trans.
+//   Numerics: q·scale·log2(e) and P are rounded to bf16 (±2^-9 relative each); the softmax
+//   statistics, row sums (of the rounded P) and O are f32. ≈ 2e-3 relative L2 against an f64
+//   attention on N(0, 1) inputs at GLM-5 dims.
+// CUDA-core path (CACHE_T = F32): rows stream through shared memory in tiles of 8 with a
+//   two-stage cp.async pipeline; per tile: scores S[h][r] in f32 (a thread per (head, row
+//   quarter)), online softmax (base 2), then O[h][:] += P[h][r]·c_r (a warp per 8 heads, a lane
+//   per 16 latent dims). f32 arithmetic throughout (compute-bound: the f32 cache doubles the bytes
+//   and is a debugging/reference option).
 // Geometry: grid (n_split, ceil(n_head / 64)), block 256, dynamic shared memory
-//   HB·(D + 4)·4 + 2·TR·(D·e + 16) + TR·64·4 + 3·64·4 bytes (e = element bytes), above 48 KiB:
-//   raise the function's limit (memra_engine::kernels::mla_decode::smem_bytes).
-// Performance note: this is the CUDA-core form (f32 FMAs, ~2.2 MFLOP per 16 rows for 64 heads),
-//   compute-bound well below the copy bandwidth; the bandwidth target needs tensor cores.
+//   BF16: (64 + 2·64)·P + 64·64·2 + 6·64·4 bytes with P = ceil(D / 64)·128 (230 912 at D = 576);
+//   F32: min(64, n_head)·(D + 4)·4 + 2·8·(D·4 + 16) + 8·64·4 + 3·64·4 bytes.
+//   Above 48 KiB: raise the function's limit (memra_engine::kernels::mla_decode::smem_bytes).
 #pragma once
 #include "memra/common.cuh"
 
@@ -72,6 +86,43 @@ template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {
         return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
                            __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
     }
+}
+
+// Split-K epilogue: the partials of this block are in work; the last block of head block hblk
+// (atomic counter at the front of work) merges every split's (acc, m, l) into out and resets
+// the counter to 0. Every thread of the block calls it.
+__device__ __forceinline__ void combine_last(float* __restrict__ out, float* work, int n_head, int h_base, int hb,
+                                             int KVL, int n_split, int hblk) {
+    const int tid = threadIdx.x;
+    const i64 n_part = (i64)n_head * n_split;
+    u32* counters = reinterpret_cast<u32*>(work);
+    const float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;
+    const float* work_ml = work_acc + n_part * KVL;
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&counters[hblk], 1u) == (u32)(n_split - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const volatile float* vacc = work_acc;
+    const volatile float* vml = work_ml;
+    for (int idx = tid; idx < hb * KVL; idx += 256) {
+        const int h = idx / KVL, d = idx % KVL;
+        const i64 part0 = (h_base + h) * (i64)n_split;
+        float M = neg_inf();
+        for (int s2 = 0; s2 < n_split; ++s2) M = fmaxf(M, vml[(part0 + s2) * 2]);
+        float L = 0.0f, A = 0.0f;
+        if (M != neg_inf()) {
+            for (int s2 = 0; s2 < n_split; ++s2) {
+                const float wt = merge_w(vml[(part0 + s2) * 2], M);
+                L = fmaf(vml[(part0 + s2) * 2 + 1], wt, L);
+                A = fmaf(vacc[(part0 + s2) * KVL + d], wt, A);
+            }
+        }
+        out[(h_base + h) * (i64)KVL + d] = L > 0.0f ? A / L : 0.0f;
+    }
+    if (tid == 0) counters[hblk] = 0u;
 }
 
 // T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read
@@ -235,7 +286,6 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     __syncthreads();
 
     const i64 n_part = (i64)n_head * n_split;
-    u32* counters = reinterpret_cast<u32*>(work);
     float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;  // 16-byte aligned partials
     float* work_ml = work_acc + n_part * KVL;
 #pragma unroll
@@ -263,35 +313,311 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         }
     }
     if (n_split == 1) return;
-
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&counters[hblk], 1u) == (u32)(n_split - 1);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const volatile float* vacc = work_acc;
-    const volatile float* vml = work_ml;
-    for (int idx = tid; idx < hb * KVL; idx += 256) {
-        const int h = idx / KVL, d = idx % KVL;
-        const i64 part0 = (h_base + h) * (i64)n_split;
-        float M = neg_inf();
-        for (int s2 = 0; s2 < n_split; ++s2) M = fmaxf(M, vml[(part0 + s2) * 2]);
-        float L = 0.0f, A = 0.0f;
-        if (M != neg_inf()) {
-            for (int s2 = 0; s2 < n_split; ++s2) {
-                const float wt = merge_w(vml[(part0 + s2) * 2], M);
-                L = fmaf(vml[(part0 + s2) * 2 + 1], wt, L);
-                A = fmaf(vacc[(part0 + s2) * KVL + d], wt, A);
-            }
-        }
-        out[(h_base + h) * (i64)KVL + d] = L > 0.0f ? A / L : 0.0f;
-    }
-    if (tid == 0) counters[hblk] = 0u;
+    combine_last(out, work, n_head, h_base, hb, KVL, n_split, hblk);
 }
 
 }  // namespace mla_detail
+
+// Tensor-core form for bf16 caches (the header's "Tensor-core path").
+namespace mla_tc {
+
+using mla_detail::HB;
+using mla_detail::LOG2E;
+using mla_detail::neg_inf;
+constexpr int TN = 64;          // cache rows per tile
+constexpr int P_PITCH = TN * 2; // bytes per row of the bf16 P tile [HB][TN]
+
+namespace ptx {
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+// 16 bytes global → shared (a shared-window address); src_bytes 0 zero-fills.
+__device__ __forceinline__ void cp16(u32 smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem));
+}
+
+__device__ __forceinline__ void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace ptx
+
+// Byte offset of 16-byte chunk c of row r in a tile of `pitch`-byte rows (pitch a multiple of
+// 128): the chunk index is XORed with r mod 8, so the 8 rows an ldmatrix reads at one chunk
+// land on 8 distinct 16-byte bank groups.
+__device__ __forceinline__ u32 swz(int r, int c, int pitch) { return (u32)(r * pitch + ((c ^ (r & 7)) << 4)); }
+
+// Dense: cache rows 0..T; SPARSE: rows idx[0..T) (an index outside [0, max_ctx) reads as zeros).
+template <int DC, int KVLC, bool SPARSE>
+__device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
+                                    const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale) {
+    const int D = DC != 0 ? DC : d_rt;
+    const int KVL = KVLC != 0 ? KVLC : kvl_rt;
+    const int KS = (D + 15) / 16;            // k-steps of Q·Kᵀ
+    const int KC = 2 * KS;                   // 16-byte chunks staged per row (zeros past D)
+    const int PITCH = (D + 63) / 64 * 128;   // smem row bytes: whole 128-byte swizzle groups
+    const int NT = KVL / 64;                 // n8-tiles of O per warp (8 warps split the columns)
+    const int hblk = blockIdx.y, sp = blockIdx.x;
+    const int h_base = hblk * HB;
+    const int hb = min(HB, n_head - h_base);
+
+    extern __shared__ __align__(128) unsigned char mla_tc_smem[];
+    unsigned char* const sm = mla_tc_smem;
+    const u32 s_q = ptx::smem_addr(sm);
+    const u32 s_k = s_q + HB * PITCH;        // two K/V tiles [TN][PITCH]
+    const int p_off = (HB + 2 * TN) * PITCH;  // P [HB][TN] bf16
+    const u32 s_p = s_q + p_off;
+    float* mx_s = reinterpret_cast<float*>(sm + p_off + HB * P_PITCH);  // [2][HB] tile max per row half
+    float* lsum_s = mx_s + 2 * HB;                                        // [2][HB] row sums per half
+    float* corr_s = lsum_s + 2 * HB;                                      // [HB]
+    float* m_s = corr_s + HB;                                             // [HB]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    // Q → bf16 rows, pre-scaled by scale·log2(e); heads past hb and dims past D are zeros.
+    const float sl2 = scale * LOG2E;
+    for (int i = tid; i < HB * KC; i += 256) {
+        const int h = i / KC, c = i % KC;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (h < hb && c * 8 < D) {
+            const float* src = q + (i64)(h_base + h) * D + c * 8;
+            const float4 a = *reinterpret_cast<const float4*>(src);
+            const float4 b = *reinterpret_cast<const float4*>(src + 4);
+            w.x = ptx::pack_bf16x2(a.x * sl2, a.y * sl2);
+            w.y = ptx::pack_bf16x2(a.z * sl2, a.w * sl2);
+            w.z = ptx::pack_bf16x2(b.x * sl2, b.y * sl2);
+            w.w = ptx::pack_bf16x2(b.z * sl2, b.w * sl2);
+        }
+        *reinterpret_cast<uint4*>(sm + swz(h, c, PITCH)) = w;
+    }
+
+    const int chunk = (T + n_split - 1) / n_split;
+    const int c0 = min(sp * chunk, T);
+    const int c1 = min(c0 + chunk, T);
+    const int n_tiles = (c1 - c0 + TN - 1) / TN;
+    const char* cb = static_cast<const char*>(cache);
+
+    auto load_tile = [&](int t) {
+        const u32 dst = s_k + (t & 1) * TN * PITCH;
+        const int g0 = c0 + t * TN;
+        for (int i = tid; i < TN * KC; i += 256) {
+            const int r = i / KC, c = i % KC;
+            const int gr = g0 + r;
+            int row = gr;
+            if constexpr (SPARSE) row = gr < c1 ? idx[gr] : -1;
+            const bool ok = gr < c1 && c * 8 < D && (!SPARSE || (row >= 0 && row < max_ctx));
+            ptx::cp16(dst + swz(r, c, PITCH), cb + (ok ? ((i64)row * D + c * 8) * 2 : 0), ok ? 16 : 0);
+        }
+        ptx::commit();
+    };
+
+    // Q·Kᵀ roles: warp = (16-head m-tile mt, 32-row half of the tile).
+    const int mt = warp & 3, half = warp >> 2;
+    const int h0 = 16 * mt + g, h1 = h0 + 8;  // this thread's score rows
+    // ldmatrix row / chunk per lane: A (16 rows × 2 chunks), B from K rows (2 n8-tiles × 2 chunks),
+    // V transposed (16 k-rows × 2 n8-tiles).
+    const int a_row = lane & 15, a_chunk = lane >> 4;
+    const int b_row = ((lane >> 4) << 3) + (lane & 7), b_chunk = (lane >> 3) & 1;
+    const int v_row = (((lane >> 3) & 1) << 3) + (lane & 7), v_chunk = lane >> 4;
+    const int col_chunk0 = warp * (KVL / 64);  // this warp's first O column / 8
+
+    float m_run0 = neg_inf(), m_run1 = neg_inf(), l_run0 = 0.0f, l_run1 = 0.0f;
+    float acc[4][8][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+
+    if (n_tiles > 0) load_tile(0);
+    for (int t = 0; t < n_tiles; ++t) {
+        ptx::wait_all();
+        __syncthreads();  // tile t (and Q) visible; every warp is done with tile t − 1 and its P
+        if (t + 1 < n_tiles) load_tile(t + 1);
+        const u32 kt = s_k + (t & 1) * TN * PITCH;
+        const int rows = min(TN, c1 - (c0 + t * TN));
+
+        // S = Q·Kᵀ: heads 16mt.., tile rows 32half.. (4 n8-tiles).
+        float s[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+        {
+            const int qr = 16 * mt + a_row, kr = 32 * half + b_row;
+#pragma unroll 4
+            for (int ks = 0; ks < KS; ++ks) {
+                u32 a[4], b0[4], b1[4];
+                ptx::ldmatrix_x4(a, s_q + swz(qr, 2 * ks + a_chunk, PITCH));
+                ptx::ldmatrix_x4(b0, kt + swz(kr, 2 * ks + b_chunk, PITCH));
+                ptx::ldmatrix_x4(b1, kt + swz(kr + 16, 2 * ks + b_chunk, PITCH));
+                ptx::bf16_16816(s[0], a, b0[0], b0[1]);
+                ptx::bf16_16816(s[1], a, b0[2], b0[3]);
+                ptx::bf16_16816(s[2], a, b1[0], b1[1]);
+                ptx::bf16_16816(s[3], a, b1[2], b1[3]);
+            }
+        }
+
+        // Online softmax (base 2): the tile max of a head over both halves, via shared memory.
+        float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (32 * half + 8 * j + 2 * t4 + (e & 1) >= rows) s[j][e] = neg_inf();
+                if (e < 2) mx0 = fmaxf(mx0, s[j][e]);
+                else mx1 = fmaxf(mx1, s[j][e]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+        if (t4 == 0) {
+            mx_s[half * HB + h0] = mx0;
+            mx_s[half * HB + h1] = mx1;
+        }
+        __syncthreads();
+        // Finite: row 0 of the tile is valid (both halves compute the same maxima).
+        const float mn0 = fmaxf(m_run0, fmaxf(mx_s[h0], mx_s[HB + h0]));
+        const float mn1 = fmaxf(m_run1, fmaxf(mx_s[h1], mx_s[HB + h1]));
+        const float cr0 = exp2f(m_run0 - mn0), cr1 = exp2f(m_run1 - mn1);
+        m_run0 = mn0;
+        m_run1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            // P in bf16 as P·V reads it; the row sums add the same rounded values.
+            const u32 lo = ptx::pack_bf16x2(exp2f(s[j][0] - mn0), exp2f(s[j][1] - mn0));
+            const u32 hi = ptx::pack_bf16x2(exp2f(s[j][2] - mn1), exp2f(s[j][3] - mn1));
+            ps0 += __uint_as_float(lo << 16) + __uint_as_float(lo & 0xffff0000u);
+            ps1 += __uint_as_float(hi << 16) + __uint_as_float(hi & 0xffff0000u);
+            *reinterpret_cast<u32*>(sm + p_off + swz(h0, 4 * half + j, P_PITCH) + 4 * t4) = lo;
+            *reinterpret_cast<u32*>(sm + p_off + swz(h1, 4 * half + j, P_PITCH) + 4 * t4) = hi;
+        }
+        l_run0 = l_run0 * cr0 + ps0;
+        l_run1 = l_run1 * cr1 + ps1;
+        if (half == 0 && t4 == 0) {
+            corr_s[h0] = cr0;
+            corr_s[h1] = cr1;
+        }
+        __syncthreads();  // P and corr visible
+
+        // O[:, this warp's columns] = O·corr + P·V, V = the first KVL columns of the tile rows.
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const float clo = corr_s[16 * m + g], chi = corr_s[16 * m + g + 8];
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                if (n < NT) {
+                    acc[m][n][0] *= clo;
+                    acc[m][n][1] *= clo;
+                    acc[m][n][2] *= chi;
+                    acc[m][n][3] *= chi;
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TN / 16; ++kk) {
+            u32 a[4][4];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) ptx::ldmatrix_x4(a[m], s_p + swz(16 * m + a_row, 2 * kk + a_chunk, P_PITCH));
+#pragma unroll
+            for (int n2 = 0; n2 < 4; ++n2) {
+                if (2 * n2 < NT) {
+                    u32 b[4];
+                    ptx::ldmatrix_x4_trans(b, kt + swz(16 * kk + v_row, col_chunk0 + 2 * n2 + v_chunk, PITCH));
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) {
+                        ptx::bf16_16816(acc[m][2 * n2], a[m], b[0], b[1]);
+                        ptx::bf16_16816(acc[m][2 * n2 + 1], a[m], b[2], b[3]);
+                    }
+                }
+            }
+        }
+    }
+
+    // Row sums: the 4 lanes of a row, then the two halves through shared memory.
+    l_run0 += __shfl_xor_sync(FULL_MASK, l_run0, 1);
+    l_run0 += __shfl_xor_sync(FULL_MASK, l_run0, 2);
+    l_run1 += __shfl_xor_sync(FULL_MASK, l_run1, 1);
+    l_run1 += __shfl_xor_sync(FULL_MASK, l_run1, 2);
+    if (t4 == 0) {
+        lsum_s[half * HB + h0] = l_run0;
+        lsum_s[half * HB + h1] = l_run1;
+        if (half == 0) {
+            m_s[h0] = m_run0;
+            m_s[h1] = m_run1;
+        }
+    }
+    __syncthreads();
+
+    float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;
+    float* work_ml = work_acc + (i64)n_head * n_split * KVL;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int h = 16 * m + g + 8 * hh;
+            if (h >= hb) continue;
+            const float L = lsum_s[h] + lsum_s[HB + h];
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            const i64 hg = h_base + h;
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                if (n >= NT) continue;
+                const int col = (col_chunk0 + n) * 8 + 2 * t4;
+                if (n_split == 1) {
+                    *reinterpret_cast<float2*>(out + hg * KVL + col) =
+                        make_float2(acc[m][n][2 * hh] * inv, acc[m][n][2 * hh + 1] * inv);
+                } else {
+                    *reinterpret_cast<float2*>(work_acc + (hg * n_split + sp) * KVL + col) =
+                        make_float2(acc[m][n][2 * hh], acc[m][n][2 * hh + 1]);
+                }
+            }
+        }
+    if (n_split == 1) return;
+    if (tid < hb) {
+        const i64 part = (h_base + tid) * (i64)n_split + sp;
+        work_ml[part * 2] = m_s[tid];
+        work_ml[part * 2 + 1] = lsum_s[tid] + lsum_s[HB + tid];
+    }
+    mla_detail::combine_last(out, work, n_head, h_base, hb, KVL, n_split, hblk);
+}
+
+}  // namespace mla_tc
 
 template <class Cfg>
 __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cache, const int* pos, float* out, float* work,
@@ -313,8 +639,13 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
         return;
     }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
-    mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1,
-                                                            max_ctx, n_split, scale);
+    if constexpr (Cfg::CACHE_T == CacheType::BF16) {
+        mla_tc::run<DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1, max_ctx,
+                                             n_split, scale);
+    } else {
+        mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope,
+                                                                p + 1, max_ctx, n_split, scale);
+    }
 }
 
 }  // namespace memra

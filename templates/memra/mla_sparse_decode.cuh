@@ -38,8 +38,13 @@ __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const voi
         return;
     }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
-    mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n,
-                                                           max_ctx, n_split, scale);
+    if constexpr (Cfg::CACHE_T == CacheType::BF16) {
+        mla_tc::run<DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n, max_ctx, n_split,
+                                            scale);
+    } else {
+        mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n,
+                                                               max_ctx, n_split, scale);
+    }
 }
 
 }  // namespace memra

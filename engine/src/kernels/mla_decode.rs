@@ -49,12 +49,22 @@ pub struct MlaDecodeParams {
 
 /// Rows per shared-memory tile for a cache element size.
 pub fn tile_rows(elem_bytes: usize) -> usize {
-    if elem_bytes == 2 { 16 } else { 8 }
+    if elem_bytes == 2 { TC_TILE_ROWS } else { 8 }
 }
 
-/// Dynamic shared memory of one block (formula in the template's header).
+/// Rows per tile of the tensor-core form (bf16 caches).
+pub const TC_TILE_ROWS: usize = 64;
+
+/// Dynamic shared memory of one block (formulas in the template's header): bf16 caches take the
+/// tensor-core form (Q, two K/V tiles and P in bf16, rows of `kv_lora + rope` rounded up to 64
+/// elements), f32 caches the CUDA-core form.
 pub fn smem_bytes(n_head: usize, kv_lora: usize, rope: usize, elem_bytes: usize) -> usize {
     let d = kv_lora + rope;
+    if elem_bytes == 2 {
+        let pitch = d.div_ceil(64) * 128;
+        let (hb, tn) = (HEADS_PER_BLOCK, TC_TILE_ROWS);
+        return (hb + 2 * tn) * pitch + hb * tn * 2 + 6 * hb * 4;
+    }
     let tr = tile_rows(elem_bytes);
     n_head.min(HEADS_PER_BLOCK) * (d + 4) * 4
         + 2 * tr * (d * elem_bytes + 16)
@@ -220,8 +230,11 @@ mod tests {
 
     #[test]
     fn glm5_block_fits_in_shared_memory() {
-        // 64 heads · 580 · 4 + 2 · 16 · 1168 + 16 · 256 + 768
-        assert_eq!(smem_bytes(64, 512, 64, 2), 148_480 + 37_376 + 4096 + 768);
+        // bf16 (tensor cores): (64 + 2 · 64) rows of 1152 bytes + P 64 · 128 + 6 · 64 floats
+        assert_eq!(smem_bytes(64, 512, 64, 2), 221_184 + 8192 + 1536);
+        assert!(smem_bytes(64, 512, 64, 2) <= MAX_SMEM);
+        // f32: 64 heads · 580 · 4 + 2 · 8 · 2320 + 8 · 256 + 768
+        assert_eq!(smem_bytes(64, 512, 64, 4), 148_480 + 37_120 + 2048 + 768);
         assert!(smem_bytes(64, 512, 64, 4) <= MAX_SMEM);
         assert_eq!(splits_for(131_072, 64, 132), 132);
         assert_eq!(splits_for(7, 64, 132), 1);

@@ -52,3 +52,25 @@ inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     for (int e = 0; e < 4; ++e) { int row = g + (e / 2) * 8, col = 2 * tt + (e % 2); double acc = d[e];
         for (int kk = 0; kk < 16; ++kk) acc += (double)A[row][kk] * B[kk][col]; d[e] = (float)acc; } }
 "#;
+
+/// mla_decode.cuh's tensor-core namespace (`mla_tc`) with its `ptx` wrappers swapped for the host
+/// stand-ins (mma_host) and its dynamic shared memory pointed at the emulated block's.
+pub fn host_mla_tensor_core_path(mla: &str) -> String {
+    let host_ptx = format!(
+        "namespace ptx {{\ninline u32 smem_addr(const void* p) {{ return (u32)((const unsigned char*)p - g_smem); }}\ninline void cp16(u32 smem, const void* gmem, int src_bytes) {{ memset(g_smem + smem, 0, 16); if (src_bytes) memcpy(g_smem + smem, gmem, 16); }}\ninline void commit() {{}}\ninline void wait_all() {{}}\n{}\n",
+        FNS
+    );
+    let a = mla
+        .find("namespace mla_tc {")
+        .expect("mla_decode.cuh: no `namespace mla_tc {`");
+    let b = a + mla[a..]
+        .find("namespace ptx {")
+        .expect("mla_decode.cuh: no `namespace ptx {` in mla_tc");
+    let c = b + mla[b..]
+        .find("}  // namespace ptx")
+        .expect("mla_decode.cuh: no `}  // namespace ptx` in mla_tc");
+    let out = format!("{}{host_ptx}{}", &mla[..b], &mla[c..]);
+    let decl = "extern __shared__ __align__(128) unsigned char mla_tc_smem[];";
+    assert!(out.contains(decl), "mla_decode.cuh: no `{decl}`");
+    out.replace(decl, "unsigned char* mla_tc_smem = g_smem;")
+}
