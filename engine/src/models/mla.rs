@@ -260,11 +260,13 @@ struct Net {
     weight_bytes: usize,
 }
 
-/// Per layer bf16 latent caches `[max_ctx, kv_lora + rope]` and, for indexer layers, bf16
-/// index-key caches `[max_ctx, idx_head_dim]`.
+/// Per layer bf16 latent caches `[max_ctx, kv_lora + rope]` and, for indexer layers, f32
+/// index-key caches `[max_ctx, idx_head_dim]`: the top-k selection is discontinuous in the
+/// scores, so keys rounded to bf16 would swap near-equal rows against the f32 oracle (the
+/// latent cache only perturbs the attention output smoothly).
 struct Caches {
     latent: Vec<CudaSlice<u16>>,
-    index_keys: Vec<Option<CudaSlice<u16>>>,
+    index_keys: Vec<Option<CudaSlice<f32>>>,
     max_ctx: usize,
     len: usize,
 }
@@ -555,7 +557,7 @@ impl MlaDecoder {
                             ("head_dim", int(i.head_dim)),
                             ("n_rot", int(cfg.rope)),
                             ("rope_mode", Param::Sym(cfg.rope_mode)),
-                            ("cache_t", bf16),
+                            ("cache_t", Param::Sym("f32")),
                         ],
                     )?,
                     plan.want(
@@ -563,7 +565,7 @@ impl MlaDecoder {
                         &[
                             ("n_idx_head", int(i.n_head)),
                             ("idx_head_dim", int(i.head_dim)),
-                            ("cache_t", bf16),
+                            ("cache_t", Param::Sym("f32")),
                         ],
                     )?,
                     plan.want(dsa_topk::FAMILY, &[("k", int(i.top_k))])?,
@@ -612,7 +614,7 @@ impl MlaDecoder {
                 .iter()
                 .map(|l| match (&l.indexer, &cfg.indexer) {
                     (Some(_), Some(i)) => {
-                        gpu::alloc::<u16>(&gpu, max_ctx * i.head_dim, &what("index-key")).map(Some)
+                        gpu::alloc::<f32>(&gpu, max_ctx * i.head_dim, &what("index-key")).map(Some)
                     }
                     _ => Ok(None),
                 })
@@ -625,10 +627,10 @@ impl MlaDecoder {
                 .index_keys
                 .iter()
                 .flatten()
-                .map(|b| b.len() * 2)
+                .map(|b| b.len() * 4)
                 .sum::<usize>();
         report.push(format!(
-            "latent cache: {max_ctx} positions, bf16, {}",
+            "latent cache: {max_ctx} positions, bf16 (index keys f32), {}",
             gpu::mib(cache_bytes)
         ));
         let state = State {
