@@ -127,7 +127,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const int pieces = (off + len + 15) >> 4;
         for (int i = half; i < pieces; i += 2) {
             const i64 rest = avail - 16 * i;
-            async::cp16(dst + 16 * i, src + 16 * i, rest >= 16 ? 16 : (int)rest);
+            async::cp16_tail(dst + 16 * i, src + 16 * i, rest);
         }
     };
 

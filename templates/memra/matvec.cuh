@@ -72,6 +72,19 @@ __device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes
                  : "memory");
 }
 
+// cp16 for a piece that may end past the buffer (`rest` bytes left in it): a full piece goes
+// async; the last, short one is read byte by byte so no 16-byte access crosses the allocation's
+// end (compute-sanitizer memcheck counts a zero-filling cp.async as a full 16-byte read).
+__device__ __forceinline__ void cp16_tail(void* smem, const void* gmem, long long rest) {
+    if (rest >= 16) {
+        cp16(smem, gmem, 16);
+        return;
+    }
+    u8* d = (u8*)smem;
+    const u8* g = (const u8*)gmem;
+    for (int b = 0; b < 16; ++b) d[b] = b < rest ? g[b] : (u8)0;
+}
+
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int PENDING> __device__ __forceinline__ void wait() {
@@ -841,7 +854,7 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 const int pieces = (off + len + 15) >> 4;
                 for (int i = lane; i < pieces; i += LANES) {
                     const i64 rest = avail - 16 * i;
-                    async::cp16(dst + 16 * i, from + 16 * i, rest >= 16 ? 16 : (int)rest);
+                    async::cp16_tail(dst + 16 * i, from + 16 * i, rest);
                 }
             }
         }
