@@ -9,7 +9,8 @@ Run on the GPU machine (torch 2.11 there, no network):
 Shapes: the `results` entries (family, shape, dtype) of a `memra bench --json` file, so the peer
 runs exactly what memra ran; `--shapes FILE` adds entries from a JSON list of
 {"family", "shape", "dtype"} (e.g. benches/peers-attention.json: attention decode, which memra
-bench does not plan yet). Each distinct (family, shape, dtype) is timed once.
+bench plans them too now; the file also covers builds without those architectures). Each
+distinct (family, shape, dtype) is timed once.
 
 Implementations (`impl` in the output):
 - torch_eager:   the op in eager PyTorch (several kernels where torch has no fused one).
@@ -66,16 +67,45 @@ def parse_shape(family, shape, dtype):
     if family == "embed":
         t, e, v = ints(r"t(\d+)_e(\d+)_v(\d+)")
         return dict(t=t, e=e, v=v)
-    if family == "attn_decode":
+    if family in ("attn_decode", "mla_decode"):
         # q heads, kv heads, head dim (qk), value dim, context tokens; batch 1, one query token.
+        # MLA decode is MQA over the latent: kv 1, d = kv_lora + rope, dv = kv_lora.
         h, kv, d, dv, c = ints(r"h(\d+)_kv(\d+)_d(\d+)_dv(\d+)_c(\d+)")
         return dict(h=h, kv=kv, d=d, dv=dv, c=c)
+    if family == "mla_sparse_decode":
+        h, kv, d, dv, k, c = ints(r"h(\d+)_kv(\d+)_d(\d+)_dv(\d+)_k(\d+)_c(\d+)")
+        return dict(h=h, kv=kv, d=d, dv=dv, k=k, c=c)
+    if family == "attn_prefill":
+        t, h, kv, d = ints(r"t(\d+)_h(\d+)_kv(\d+)_d(\d+)")
+        return dict(t=t, h=h, kv=kv, d=d)
+    if family == "dsa_index_key":
+        t, d, r = ints(r"t(\d+)_d(\d+)_r(\d+)")
+        return dict(t=t, d=d, r=r)
+    if family == "dsa_indexer":
+        h, d, c = ints(r"q1_h(\d+)_d(\d+)_c(\d+)")
+        return dict(h=h, d=d, c=c)
+    if family == "dsa_topk":
+        c, k = ints(r"q1_c(\d+)_k(\d+)")
+        return dict(c=c, k=k)
+    if family == "moe_router":
+        m = re.fullmatch(r"t(\d+)_e(\d+)_k(\d+)_(sigmoid|softmax)", shape)
+        if not m:
+            raise ValueError(f"shape {shape!r} is not t<T>_e<E>_k<k>_<gating> for family {family}")
+        return dict(t=int(m[1]), e=int(m[2]), k=int(m[3]), sigmoid=m[4] == "sigmoid")
+    if family == "moe_matvec":
+        m = re.fullmatch(r"t(\d+)_k(\d+)_n(\d+)_e(\d+)_u(\d+)_(plain|swiglu|geglu|down)", shape)
+        if not m:
+            raise ValueError(f"shape {shape!r} is not t<T>_k<K>_n<N>_e<E>_u<U>_<mode> for family {family}")
+        t, k, n, e, u = (int(g) for g in m.groups()[:5])
+        return dict(t=t, k=k, n=n, e=e, u=u, mode=m[6])
     raise ValueError(f"no torch peer for family {family!r}")
 
 
 def peer_dtype(family, dtype):
-    if family in ("matvec", "matmul", "embed", "attn_decode"):
+    if family in ("matvec", "matmul", "embed", "moe_matvec"):
         return "bf16"  # quantized weights: the dequantized bf16 weight
+    if family in ("attn_decode", "attn_prefill", "mla_decode", "mla_sparse_decode", "dsa_indexer", "dsa_index_key"):
+        return "bf16"  # bf16 caches and bf16 q (memra's q is f32, its caches bf16)
     return "f32"
 
 
@@ -97,10 +127,36 @@ def plan_bytes_flops(family, d):
         return 4 * rows * n, None
     if family == "embed":
         return d["t"] * d["e"] * 2 + 4 * d["t"] * d["e"] + 8 * d["t"], None
-    if family == "attn_decode":
+    if family in ("attn_decode", "mla_decode"):
         h, kv, dd, dv, c = d["h"], d["kv"], d["d"], d["dv"], d["c"]
+        if family == "mla_decode":
+            # One latent cache: the value is its first dv columns, not a second tensor.
+            return 2 * (c * dd + h * dd + h * dv), 2 * h * c * (dd + dv)
         byts = 2 * (c * kv * dd + c * kv * dv + h * dd + h * dv)
         return byts, 2 * h * c * (dd + dv)
+    if family == "mla_sparse_decode":
+        h, dd, dv, k = d["h"], d["d"], d["dv"], d["k"]
+        return 2 * (k * dd + h * dd + h * dv) + 8 * k, 2 * h * k * (dd + dv)
+    if family == "attn_prefill":
+        t, h, kv, dd = d["t"], d["h"], d["kv"], d["d"]
+        return 2 * (2 * t * h * dd + 2 * t * kv * dd), 4 * dd * h * (t * (t + 1) // 2)
+    if family == "dsa_index_key":
+        t, dd = d["t"], d["d"]
+        return 4 * t * dd + 8 * dd + 8 * t + 2 * t * dd, None
+    if family == "dsa_indexer":
+        h, dd, c = d["h"], d["d"], d["c"]
+        return 2 * c * dd + 2 * h * dd + 4 * h + 4 * c, 2 * h * dd * c
+    if family == "dsa_topk":
+        return 4 * d["c"] + 8 * d["k"], None
+    if family == "moe_router":
+        t, e, k = d["t"], d["e"], d["k"]
+        return 4 * t * e + (4 * e if d["sigmoid"] else 0) + 12 * t * k, None
+    if family == "moe_matvec":
+        t, k, n, u, mode = d["t"], d["k"], d["n"], d["u"], d["mode"]
+        slots = t * u
+        paired = 2 if mode in ("swiglu", "geglu") else 1
+        x_rows, y_rows = (slots, t) if mode == "down" else (t, slots)
+        return 2 * paired * slots * n * k + 2 * (x_rows * k + y_rows * n) + 8 * slots, 2 * paired * slots * n * k
     raise ValueError(family)
 
 
@@ -180,14 +236,96 @@ def make_ops(torch, family, d):
         tokens = torch.randint(0, d["v"], (d["t"],), device=dev)
         fn = lambda tokens, table: F.embedding(tokens, table).float()
         return (tokens, table), {"torch_eager": fn}, fn
-    if family == "attn_decode":
+    if family in ("attn_decode", "mla_decode"):
         h, kv, dd, dv, c = d["h"], d["kv"], d["d"], d["dv"], d["c"]
         q = randn(1, h, 1, dd, dtype=bf16)
         k = randn(1, kv, c, dd, dtype=bf16)
-        v = randn(1, kv, c, dv, dtype=bf16)
+        if family == "mla_decode":
+            v = k[..., :dv]  # the latent itself (a strided view, as an MLA port would pass it)
+        else:
+            v = randn(1, kv, c, dv, dtype=bf16)
         gqa = h != kv
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         return (q, k, v), {"torch_eager": fn}, fn
+    if family == "mla_sparse_decode":
+        h, dd, dv, kk, c = d["h"], d["d"], d["dv"], d["k"], d["c"]
+        q = randn(1, h, 1, dd, dtype=bf16)
+        latent = randn(c, dd, dtype=bf16)
+        idx = torch.randperm(c, device=dev)[:kk].sort().values
+
+        def fn(q, latent, idx):
+            rows = latent.index_select(0, idx)[None, None]  # [1, 1, k, d]
+            return F.scaled_dot_product_attention(q, rows, rows[..., :dv], enable_gqa=True)
+        return (q, latent, idx), {"torch_eager": fn}, fn
+    if family == "attn_prefill":
+        t, h, kv, dd = d["t"], d["h"], d["kv"], d["d"]
+        q = randn(1, h, t, dd, dtype=bf16)
+        k, v = randn(1, kv, t, dd, dtype=bf16), randn(1, kv, t, dd, dtype=bf16)
+        gqa = h != kv
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return (q, k, v), {"torch_eager": fn}, fn
+    if family == "dsa_index_key":
+        t, dd, r = d["t"], d["d"], d["r"]
+        cache_rows = 131072
+        x, w, b = randn(t, dd), randn(dd), randn(dd)
+        cache = randn(cache_rows, dd, dtype=bf16)
+        start = int(torch.randint(0, cache_rows - t + 1, (1,)))
+        pos = torch.arange(start, start + t, device=dev)
+        inv = 1.0e6 ** (-torch.arange(0, r, 2, device=dev, dtype=f32) / r)
+
+        def fn(x, w, b, pos, cache):
+            y = F.layer_norm(x, (dd,), w, b, eps=1e-6)
+            ang = pos[:, None].to(f32) * inv[None, :]
+            cos, sin = torch.cos(ang), torch.sin(ang)
+            ev, od = y[:, 0:r:2], y[:, 1:r:2]  # interleaved pairs (GGML NORM mode)
+            rot = torch.stack((ev * cos - od * sin, ev * sin + od * cos), dim=-1).reshape(t, r)
+            cache.index_copy_(0, pos, torch.cat((rot, y[:, r:]), dim=-1).to(bf16))
+        return (x, w, b, pos, cache), {"torch_eager": fn}, fn
+    if family == "dsa_indexer":
+        h, dd, c = d["h"], d["d"], d["c"]
+        q, w, keys = randn(h, dd, dtype=bf16), randn(h), randn(c, dd, dtype=bf16)
+        fn = lambda q, w, keys: torch.relu(keys @ q.t()).float() @ w
+        return (q, w, keys), {"torch_eager": fn}, fn
+    if family == "dsa_topk":
+        scores = randn(d["c"])
+        kk = d["k"]
+        fn = lambda scores: torch.topk(scores, kk).indices.sort().values  # ascending, as dsa_topk
+        return (scores,), {"torch_eager": fn}, fn
+    if family == "moe_router":
+        t, e, kk, sig = d["t"], d["e"], d["k"], d["sigmoid"]
+        logits, bias = randn(t, e), randn(e) * 0.01
+
+        def fn(logits, bias):
+            if sig:  # GLM-5: sigmoid, bias for the selection only, renormalized, x2.5
+                p = torch.sigmoid(logits)
+                ids = torch.topk(p + bias, kk, dim=-1).indices
+                wt = p.gather(-1, ids)
+                return ids, wt / wt.sum(-1, keepdim=True) * 2.5
+            ids = torch.topk(logits, kk, dim=-1).indices  # OLMoE: softmax weights, no renorm
+            return ids, torch.softmax(logits, -1).gather(-1, ids)
+        return (logits, bias), {"torch_eager": fn}, fn
+    if family == "moe_matvec":
+        t, k, n, e, u, mode = d["t"], d["k"], d["n"], d["e"], d["u"], d["mode"]
+        slots = t * u
+        w = randn(e, n, k, dtype=bf16) * 0.02
+        w_up = randn(e, n, k, dtype=bf16) * 0.02 if mode in ("swiglu", "geglu") else None
+        ids = torch.randperm(e, device=dev)[:slots]
+        wt = torch.rand(slots, device=dev)
+        x = randn(slots if mode == "down" else t, k, dtype=bf16)
+        act = F.silu if mode == "swiglu" else (lambda g: F.gelu(g, approximate="tanh"))
+        tok = torch.arange(slots, device=dev) // u  # the token of each slot
+
+        def fn(w, w_up, ids, wt, x):
+            sel = w.index_select(0, ids)  # [slots, n, k]: only the selected experts are read
+            if mode == "down":
+                y = torch.bmm(sel, x[:, :, None])[:, :, 0].float() * wt[:, None]
+                return y.view(t, u, n).sum(1)
+            xs = x.index_select(0, tok)[:, :, None]
+            g = torch.bmm(sel, xs)[:, :, 0]
+            if w_up is None:
+                return g
+            return act(g.float()) * torch.bmm(w_up.index_select(0, ids), xs)[:, :, 0].float()
+        return (w, w_up, ids, wt, x), {"torch_eager": fn}, fn
     raise ValueError(f"no torch peer for family {family!r}")
 
 

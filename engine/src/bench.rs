@@ -301,7 +301,9 @@ impl Shape {
             Shape::DsaIndexKey { t, head_dim, n_rot } => format!("t{t}_d{head_dim}_r{n_rot}"),
             Shape::DsaIndexer { n_head, head_dim, ctx } => format!("q1_h{n_head}_d{head_dim}_c{ctx}"),
             Shape::DsaTopk { ctx, k } => format!("q1_c{ctx}_k{k}"),
-            Shape::MoeRouter { t, n_expert, n_used, .. } => format!("t{t}_e{n_expert}_k{n_used}"),
+            Shape::MoeRouter { t, n_expert, n_used, sigmoid } => {
+                format!("t{t}_e{n_expert}_k{n_used}_{}", if sigmoid { "sigmoid" } else { "softmax" })
+            }
             Shape::MoeMatvec { mode, t, k, n, n_expert, n_used, .. } => format!("t{t}_k{k}_n{n}_e{n_expert}_u{n_used}_{}", mode.token()),
         }
     }
@@ -1390,6 +1392,7 @@ mod tests {
         }
         let mla = Shape::MlaDecode { n_head: 64, kv_lora: 512, rope: 64, ctx: 32_768 };
         assert_eq!(mla.label(), "h64_kv1_d576_dv512_c32768");
+        assert!(peers.contains("\"mla_decode\"") && peers.contains(&format!("\"{}\"", mla.label())));
         assert_eq!(mla.dtype(), "bf16");
     }
 
@@ -1420,8 +1423,8 @@ mod tests {
             ("dsa_topk", "q1_c131072_k2048"),
             ("dsa_index_key", "t1_d128_r64"),
             ("dsa_index_key", "t4096_d128_r64"),
-            ("moe_router", "t1_e256_k8"),
-            ("moe_router", "t4096_e256_k8"),
+            ("moe_router", "t1_e256_k8_sigmoid"),
+            ("moe_router", "t4096_e256_k8_sigmoid"),
             ("moe_matvec", "t1_k6144_n2048_e256_u8_swiglu"),
             ("moe_matvec", "t1_k2048_n6144_e256_u8_down"),
         ];

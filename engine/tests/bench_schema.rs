@@ -406,3 +406,225 @@ fn model_documents_validate() {
         report::validate(&doc, Doc::Model).expect_err("accepted a model row without decode_tok_s");
     assert!(errs.iter().any(|e| e.contains("decode_tok_s")), "{errs:?}");
 }
+
+/// `word` in `text` as a whole name (`topk` does not count inside `dsa_topk`).
+fn has_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(i, _)| {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        !text[..i].chars().next_back().is_some_and(name_char)
+            && !text[i + word.len()..].chars().next().is_some_and(name_char)
+    })
+}
+
+/// One shape of every `memra bench` family (the match below fails to compile when a family is
+/// added, so it lands here, in SCHEMA.md and in peers.py together).
+fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
+    use memra_engine::bench::Shape;
+    use memra_engine::kernels::moe_matvec::Mode;
+    use memra_gguf::GgmlType;
+    let shapes = vec![
+        Shape::Matvec {
+            ty: GgmlType::Q8_0,
+            k: 6144,
+            n: 2048,
+        },
+        Shape::Matmul {
+            ty: GgmlType::Q8_0,
+            t: 4096,
+            k: 6144,
+            n: 2048,
+        },
+        Shape::Rmsnorm { rows: 1, n: 6144 },
+        Shape::AddRmsnorm {
+            rows: 1,
+            n: 6144,
+            delta_norm: false,
+        },
+        Shape::Glu {
+            family: "swiglu",
+            rows: 1,
+            n_ff: 2048,
+        },
+        Shape::Glu {
+            family: "geglu",
+            rows: 1,
+            n_ff: 2048,
+        },
+        Shape::Argmax {
+            rows: 1,
+            n_vocab: 154_880,
+        },
+        Shape::Topk {
+            rows: 1,
+            n_vocab: 256,
+            k: 8,
+        },
+        Shape::Embed {
+            ty: GgmlType::Q8_0,
+            t: 1,
+            n_embd: 6144,
+            n_vocab: 154_880,
+        },
+        Shape::AttnDecode {
+            n_head: 32,
+            n_kv: 8,
+            head_dim: 128,
+            ctx: 4096,
+        },
+        Shape::AttnPrefill {
+            t: 4096,
+            n_head: 32,
+            n_kv: 8,
+            head_dim: 128,
+        },
+        Shape::MlaDecode {
+            n_head: 64,
+            kv_lora: 512,
+            rope: 64,
+            ctx: 32_768,
+        },
+        Shape::DsaIndexKey {
+            t: 1,
+            head_dim: 128,
+            n_rot: 64,
+        },
+        Shape::DsaIndexer {
+            n_head: 32,
+            head_dim: 128,
+            ctx: 131_072,
+        },
+        Shape::DsaTopk {
+            ctx: 131_072,
+            k: 2048,
+        },
+        Shape::MlaSparseDecode {
+            n_head: 64,
+            kv_lora: 512,
+            rope: 64,
+            ctx: 131_072,
+            k: 2048,
+        },
+        Shape::MoeRouter {
+            t: 1,
+            n_expert: 256,
+            n_used: 8,
+            sigmoid: true,
+        },
+        Shape::MoeMatvec {
+            ty: GgmlType::Q4_K,
+            mode: Mode::Swiglu,
+            t: 1,
+            k: 6144,
+            n: 2048,
+            n_expert: 256,
+            n_used: 8,
+        },
+        Shape::MoeMatvec {
+            ty: GgmlType::Q8_0,
+            mode: Mode::Plain,
+            t: 64,
+            k: 192,
+            n: 512,
+            n_expert: 64,
+            n_used: 1,
+        },
+    ];
+    for s in &shapes {
+        match s {
+            Shape::Matvec { .. }
+            | Shape::Matmul { .. }
+            | Shape::Rmsnorm { .. }
+            | Shape::AddRmsnorm { .. }
+            | Shape::Glu { .. }
+            | Shape::Argmax { .. }
+            | Shape::Topk { .. }
+            | Shape::Embed { .. }
+            | Shape::AttnDecode { .. }
+            | Shape::AttnPrefill { .. }
+            | Shape::MlaDecode { .. }
+            | Shape::DsaIndexKey { .. }
+            | Shape::DsaIndexer { .. }
+            | Shape::DsaTopk { .. }
+            | Shape::MlaSparseDecode { .. }
+            | Shape::MoeRouter { .. }
+            | Shape::MoeMatvec { .. } => {}
+        }
+    }
+    shapes
+}
+
+#[test]
+fn every_bench_family_has_its_shape_bytes_and_peer_documented() {
+    let md = std::fs::read_to_string(results_dir().join("SCHEMA.md")).expect("SCHEMA.md");
+    let bytes_section = md
+        .split("## Bytes per family")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("SCHEMA.md has a `## Bytes per family` section");
+    let shape_row = md
+        .lines()
+        .find(|l| l.starts_with("| `shape` |"))
+        .expect("SCHEMA.md documents `shape`");
+    let peers = std::fs::read_to_string(results_dir().join("../../scripts/peers.py"))
+        .expect("scripts/peers.py");
+    for s in one_shape_per_family() {
+        let fam = s.family();
+        assert!(
+            has_word(bytes_section, fam),
+            "SCHEMA.md: no bytes for {fam}"
+        );
+        assert!(
+            has_word(shape_row, fam),
+            "SCHEMA.md: the `shape` row does not name {fam}"
+        );
+        assert!(
+            peers.contains(&format!("\"{fam}\"")),
+            "scripts/peers.py has no peer for {fam}"
+        );
+        assert!(s.bytes() > 0, "{fam} {}: zero bytes", s.label());
+    }
+}
+
+/// peers.py parses every family's label as memra writes it (its `--list` needs no torch).
+#[test]
+fn peers_script_parses_every_bench_label() {
+    let dir = scratch("labels");
+    let results: Vec<Value> = one_shape_per_family()
+        .iter()
+        .map(|s| json!({"family": s.family(), "shape": s.label(), "dtype": s.dtype()}))
+        .collect();
+    let run = dir.join("run.json");
+    std::fs::write(&run, json!({ "results": results }).to_string()).expect("write run.json");
+    let script = results_dir().join("../../scripts/peers.py");
+    let out = match Command::new("python3")
+        .arg(&script)
+        .arg("--from")
+        .arg(&run)
+        .arg("--list")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIP peers_script_parses_every_bench_label: python3 not runnable ({e})");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "peers.py --list failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.lines().count(),
+        results.len(),
+        "one plan line per shape:\n{text}"
+    );
+    let skipped: Vec<&str> = text.lines().filter(|l| l.contains("skipped")).collect();
+    assert!(
+        skipped.is_empty(),
+        "peers.py cannot express:\n{}",
+        skipped.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -320,7 +320,7 @@ pub fn comparison_table(doc: &Value, rows: &[CompareRow]) -> String {
         let _ = writeln!(t, "\n== {arch}");
         let _ = writeln!(
             t,
-            "{:<12} {:<26} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11} {:>10}  peer (impl, dtype)",
+            "{:<17} {:<34} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11} {:>10}  peer (impl, dtype)",
             "family",
             "shape",
             "dtype",
@@ -334,7 +334,7 @@ pub fn comparison_table(doc: &Value, rows: &[CompareRow]) -> String {
         for r in rows.iter().filter(|r| r.arch == arch) {
             let _ = writeln!(
                 t,
-                "{:<12} {:<26} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11.2} {:>10}  {}",
+                "{:<17} {:<34} {:<6} {:>10} {:>10} {:>9} {:>7} {:>11.2} {:>10}  {}",
                 r.family,
                 r.shape,
                 r.dtype,
@@ -393,7 +393,7 @@ fn esc(text: &str) -> String {
 /// The chart as a standalone SVG document.
 pub fn svg(doc: &Value, rows: &[CompareRow]) -> String {
     const W: f64 = 1200.0;
-    const LABEL_W: f64 = 300.0;
+    const LABEL_W: f64 = 360.0;
     const RIGHT_W: f64 = 170.0;
     const BAR_H: f64 = 5.0;
     const GROUP_GAP: f64 = 6.0;
