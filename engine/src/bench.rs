@@ -1173,44 +1173,22 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut flush = alloc::<u8>(gpu.stream(), 2 * l2)?;
     let mut rng = Rng::from_env_or_time("memra bench");
     let mut rows: Vec<Row> = Vec::new();
+    // A case that fails (a refused shape, a launch error) is reported and the run goes on: the
+    // others are still measured and written; the command fails at the end.
+    let mut failed: Vec<String> = Vec::new();
     for case in &cases {
-        let sets = sets_for(&case.shape, l2);
-        let mut prepared = Prepared::new(&gpu, case.shape, sets, Rng::new(rng.next_u64()))
-            .map_err(|e| format!("{} {}: {e}", case.shape.family(), case.shape.label()))?;
-        let variants: Vec<(&'static KernelVariant, Kind)> = case.variants().collect();
-        let launched: Vec<&Kernel> = variants.iter().map(|(v, _)| kernels.get(v.name)).collect::<Result<_, _>>()?;
-        // Specialized and generic alternate launch by launch (module doc), so clock ramps and
-        // drift over the case reach both alike.
-        let times = time_interleaved(&gpu, args.warmup, args.iters, &mut flush, launched.len(), &mut |j, i| prepared.launch(launched[j], i))
-            .map_err(|e| format!("{} ({}): {e}", case.shape.label(), variants.iter().map(|(v, _)| v.name).collect::<Vec<_>>().join(" vs ")))?;
-        let mut measured: Vec<Row> = Vec::new();
-        for ((v, kind), us) in variants.into_iter().zip(times) {
-            measured.push(Row {
-                family: case.shape.family(),
-                variant: v.name,
-                kind,
-                arch: case.arch,
-                origin: if kind == Kind::Specialized && case.rendered { "rendered" } else { "registry" },
-                shape: case.shape.label(),
-                dtype: case.shape.dtype(),
-                median_us: median(&us),
-                min_us: us[0],
-                max_us: us[us.len() - 1],
-                reps: us.len(),
-                buffer_sets: prepared.sets(),
-                bytes: case.shape.bytes(),
-                flops: case.shape.flops(),
-                speedup_vs_generic: None,
-            });
+        match measure_case(&gpu, &kernels, case, args, l2, &mut flush, Rng::new(rng.next_u64())) {
+            Ok(measured) => {
+                for r in &measured {
+                    eprintln!("  {:<54} {:<33} {:>10.2} us", r.variant, r.shape, r.median_us);
+                }
+                rows.extend(measured);
+            }
+            Err(e) => {
+                eprintln!("  FAILED {} {}: {e}", case.shape.family(), case.shape.label());
+                failed.push(format!("{} {} ({}): {e}", case.shape.family(), case.shape.label(), case.arch));
+            }
         }
-        let generic_us = measured.iter().find(|r| r.kind == Kind::Generic).map(|r| r.median_us);
-        for r in measured.iter_mut().filter(|r| r.kind == Kind::Specialized) {
-            r.speedup_vs_generic = generic_us.map(|g| g / r.median_us);
-        }
-        for r in &measured {
-            eprintln!("  {:<48} {:<22} {:>10.2} us", r.variant, r.shape, r.median_us);
-        }
-        rows.extend(measured);
     }
     drop(flush);
 
@@ -1239,7 +1217,55 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         });
         report::emit(args, doc)?;
     }
+    if !failed.is_empty() {
+        println!("{} of {} cases FAILED:", failed.len(), cases.len());
+        for f in &failed {
+            println!("  {f}");
+        }
+        return Err(format!("{} of {} cases failed (the others are in the table and the JSON)", failed.len(), cases.len()).into());
+    }
     Ok(())
+}
+
+/// Both variants of one case on the same buffers, interleaved (module doc).
+fn measure_case(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    case: &Case,
+    args: &BenchArgs,
+    l2: usize,
+    flush: &mut CudaSlice<u8>,
+    rng: Rng,
+) -> Result<Vec<Row>, Error> {
+    let mut prepared = Prepared::new(gpu, case.shape, sets_for(&case.shape, l2), rng)?;
+    let variants: Vec<(&'static KernelVariant, Kind)> = case.variants().collect();
+    let launched: Vec<&Kernel> = variants.iter().map(|(v, _)| kernels.get(v.name)).collect::<Result<_, _>>()?;
+    let times = time_interleaved(gpu, args.warmup, args.iters, flush, launched.len(), &mut |j, i| prepared.launch(launched[j], i))?;
+    let mut measured: Vec<Row> = Vec::new();
+    for ((v, kind), us) in variants.into_iter().zip(times) {
+        measured.push(Row {
+            family: case.shape.family(),
+            variant: v.name,
+            kind,
+            arch: case.arch,
+            origin: if kind == Kind::Specialized && case.rendered { "rendered" } else { "registry" },
+            shape: case.shape.label(),
+            dtype: case.shape.dtype(),
+            median_us: median(&us),
+            min_us: us[0],
+            max_us: us[us.len() - 1],
+            reps: us.len(),
+            buffer_sets: prepared.sets(),
+            bytes: case.shape.bytes(),
+            flops: case.shape.flops(),
+            speedup_vs_generic: None,
+        });
+    }
+    let generic_us = measured.iter().find(|r| r.kind == Kind::Generic).map(|r| r.median_us);
+    for r in measured.iter_mut().filter(|r| r.kind == Kind::Specialized) {
+        r.speedup_vs_generic = generic_us.map(|g| g / r.median_us);
+    }
+    Ok(measured)
 }
 
 /// `--model`: copy bandwidth, then the model end to end (crate::bench_model).
