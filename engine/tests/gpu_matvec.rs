@@ -17,7 +17,7 @@ use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::matvec::{self, GridPolicy};
 use memra_engine::kernels::registry::KernelVariant;
 use memra_gguf::GgmlType;
-use memra_reference::{Rng, linear, rel_err};
+use memra_reference::{Rng, linear, q8, rel_err};
 
 const F32_TOL: f64 = 1e-4;
 
@@ -380,4 +380,350 @@ fn gpu_matvec_refuses_bad_arguments() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("16-byte aligned"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The integer path (XQ8 = 1): x quantized on the GPU by quantize_q8, products by __dp4a. The
+// oracle is memra_reference::q8 (x quantized the same way, bit for bit — checked on every launch
+// — and the per-block integer products summed in f64); the GPU differs from it only in the f32
+// rounding of per-block scale products and the accumulation order, the error sources of the f32
+// path, so the same 1e-4.
+
+/// Weight types with the integer path (QTYPES order).
+fn int_types() -> Vec<GgmlType> {
+    QTYPES.into_iter().filter(|&t| matvec::int_dot(t)).collect()
+}
+
+fn quantize_kernel(gpu: &Gpu) -> Kernel {
+    load(gpu, variant("quantize_q8", &[]))
+}
+
+/// Quantizes `batch` rows of x (`[batch][ldx]`) on the GPU into rows of `ldq` floats and checks
+/// the bytes against `memra_reference::q8` exactly (the padding floats stay NaN).
+fn quantize_on_gpu(
+    gpu: &Gpu,
+    qk: &Kernel,
+    x: &[f32],
+    k: usize,
+    batch: usize,
+    ldx: usize,
+    ldq: usize,
+    rng: &Rng,
+) -> CudaSlice<f32> {
+    use memra_engine::kernels::quantize_q8;
+    let s = gpu.stream();
+    let dx = up(s, x);
+    let mut dq = up(
+        s,
+        &vec![f32::NAN; (batch - 1) * ldq + quantize_q8::row_floats(k)],
+    );
+    quantize_q8::quantize_q8(qk, &dx.slice(..), &mut dq.slice_mut(..), k, batch, ldx, ldq)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let got: Vec<u8> = down(s, &dq).iter().flat_map(|f| f.to_le_bytes()).collect();
+    for b in 0..batch {
+        let want = q8::quantize_q8_blocks(&x[b * ldx..b * ldx + k]).to_gpu_bytes();
+        let used = k + k / 4;
+        let row = &got[4 * b * ldq..][..used];
+        if let Some(i) = (0..used).find(|&i| row[i] != want[i]) {
+            panic!(
+                "quantize_q8 k={k} row {b}: byte {i} is {:#04x}, reference {:#04x} ({}; MEMRA_SEED={})",
+                row[i],
+                want[i],
+                if i < k {
+                    "an int8 q"
+                } else {
+                    "a (d, Σq) pair"
+                },
+                rng.seed()
+            );
+        }
+    }
+    dq
+}
+
+/// One xq8 launch per grid policy against `q8::matmul_gguf_q8`.
+fn check_q8(
+    gpu: &Gpu,
+    qk: &Kernel,
+    kernel: &Kernel,
+    ty: GgmlType,
+    w: &[u8],
+    c: &Case,
+    rng: &mut Rng,
+) {
+    use memra_engine::kernels::quantize_q8;
+    let s = gpu.stream();
+    let Case {
+        k,
+        n,
+        batch,
+        ldx,
+        ldy,
+        accumulate,
+    } = *c;
+    // c.ldx is the f32 stride; the q8 stride pads the dense q8 row by the same amount.
+    let ldq = quantize_q8::row_floats(k) + (ldx - k).next_multiple_of(4);
+    let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
+    let x_packed: Vec<f32> = (0..batch)
+        .flat_map(|b| x[b * ldx..b * ldx + k].iter().copied())
+        .collect();
+    let want_packed =
+        q8::matmul_gguf_q8(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
+    let dq = quantize_on_gpu(gpu, qk, &x, k, batch, ldx, ldq, rng);
+    let y_len = (batch - 1) * ldy + n;
+    let y0: Vec<f32> = if accumulate {
+        rng.normal_vec(y_len, 1.0)
+    } else {
+        vec![f32::NAN; y_len]
+    };
+    let dw = up(s, w);
+    for grid in [
+        GridPolicy::Resident,
+        GridPolicy::PerTile,
+        GridPolicy::AtMost(3),
+    ] {
+        let mut dy = up(s, &y0);
+        matvec::matvec_with(
+            kernel,
+            &dw.slice(..),
+            &dq.slice(..),
+            &mut dy.slice_mut(..),
+            k,
+            n,
+            batch,
+            ldq,
+            ldy,
+            grid,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let got = down(s, &dy);
+        let mut got_rows = Vec::with_capacity(batch * n);
+        let mut want_rows = Vec::with_capacity(batch * n);
+        for b in 0..batch {
+            for j in 0..n {
+                got_rows.push(got[b * ldy + j]);
+                let base = if accumulate { y0[b * ldy + j] } else { 0.0 };
+                want_rows.push(base + want_packed[b * n + j]);
+            }
+            if b + 1 < batch {
+                for j in n..ldy {
+                    assert!(
+                        got[b * ldy + j].to_bits() == y0[b * ldy + j].to_bits(),
+                        "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})",
+                        kernel.name(),
+                        rng.seed()
+                    );
+                }
+            }
+        }
+        let err = rel_err(&got_rows, &want_rows);
+        assert!(
+            err <= F32_TOL,
+            "{} {ty:?} xq8 k={k} n={n} batch={batch} ldq={ldq} ldy={ldy} acc={accumulate} grid={grid:?}: relative L2 error {err:e} > {F32_TOL:e} vs q8::matmul_gguf_q8 (MEMRA_SEED={}); first values got {:?} want {:?}",
+            kernel.name(),
+            rng.seed(),
+            &got_rows[..got_rows.len().min(4)],
+            &want_rows[..want_rows.len().min(4)]
+        );
+    }
+}
+
+/// Specialized and generic xq8 variants at (k, n), one weight.
+fn check_q8_both(
+    gpu: &Gpu,
+    qk: &Kernel,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    tune: &[(&'static str, i64)],
+    batches: &[usize],
+    rng: &mut Rng,
+) {
+    let w = random_weight(ty, k, n, rng);
+    let mut t = tune.to_vec();
+    t.push(("xq8", 1));
+    for dims in [Some((k, n)), None] {
+        let kernel = load(gpu, mv_variant(ty, dims, &t));
+        for &batch in batches {
+            check_q8(gpu, qk, &kernel, ty, &w, &Case::plain(k, n, batch), rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_quantize_q8_matches_reference_bit_for_bit() {
+    let gpu = gpu();
+    let qk = quantize_kernel(&gpu);
+    let mut rng = Rng::from_env_or_time("gpu_quantize_q8_matches_reference_bit_for_bit");
+    for (k, rows, pad) in [
+        (32, 1, 0),
+        (96, 3, 5),
+        (640, 2, 0),
+        (6144, 1, 0),
+        (12288, 8, 12),
+    ] {
+        let ldx = k + pad;
+        let mut x = rng.normal_vec((rows - 1) * ldx + k, 2.0);
+        x[..32].fill(0.0); // an all-zero block: d = 0, q = 0
+        if k >= 64 {
+            x[32] = 1e30; // one huge element: the rest of its block rounds to 0
+            x[40] = -3e-38; // a subnormal-range neighbour
+        }
+        let ldq = memra_engine::kernels::quantize_q8::row_floats(k) + 4 * (pad % 3);
+        quantize_on_gpu(&gpu, &qk, &x, k, rows, ldx, ldq, &rng);
+    }
+    eprintln!("gpu_quantize_q8: bit-identical to memra_reference::q8::quantize_q8_blocks");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_xq8_real_shapes() {
+    let gpu = gpu();
+    let qk = quantize_kernel(&gpu);
+    let mut rng = Rng::from_env_or_time("gpu_matvec_xq8_real_shapes");
+    use GgmlType::*;
+    let cases: &[(GgmlType, usize, usize)] = &[
+        (Q8_0, 6144, 2048),  // GLM-5 attn_q_a
+        (Q8_0, 16384, 6144), // GLM-5 attn_output
+        (Q8_0, 4096, 12288), // Qwen3-8B ffn_gate in Q8_0
+        (Q4_K, 6144, 12288), // GLM-5 dense ffn_gate/up
+        (Q4_K, 4096, 12288), // Qwen3-8B ffn_gate in Q4_K
+        (Q6_K, 12288, 4096), // Qwen3-8B ffn_down in Q6_K
+        (Q5_0, 640, 2048),   // gemma3-270M ffn_gate/up
+        (Q5_0, 4096, 12288), // the sweep's Q5_0 shape
+        (Q4_0, 4096, 12288),
+        (IQ4_XS, 6144, 2048),
+        (IQ4_NL, 6144, 2048),
+        (Q6_K, 2048, 640), // gemma3-270M ffn_down
+    ];
+    for &(ty, k, n) in cases {
+        check_q8_both(&gpu, &qk, ty, k, n, &[], &[1], &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_xq8_awkward_sizes_and_batches() {
+    let gpu = gpu();
+    let qk = quantize_kernel(&gpu);
+    let mut rng = Rng::from_env_or_time("gpu_matvec_xq8_awkward_sizes_and_batches");
+    for ty in int_types() {
+        let k = awkward_k(ty);
+        for n in [1, 7, 33, 4097] {
+            check_q8_both(&gpu, &qk, ty, k, n, &[], &[1], &mut rng);
+        }
+        let k1 = matvec::k_multiple(ty).unwrap();
+        check_q8_both(&gpu, &qk, ty, k1, 33, &[], &[1], &mut rng);
+        // Batched decode layouts, batches 1, 3 and the maximum, and padded strides.
+        for tune in [
+            &[("batch", 8), ("lanes", 8), ("rows_per_group", 1)][..],
+            &[("batch", 4), ("lanes", 16)][..],
+        ] {
+            let max = tune[0].1 as usize;
+            check_q8_both(&gpu, &qk, ty, k, 33, tune, &[1, 3, max], &mut rng);
+            let (k2, n2) = (2048, 640);
+            let w = random_weight(ty, k2, n2, &mut rng);
+            let mut t = tune.to_vec();
+            t.push(("xq8", 1));
+            for dims in [Some((k2, n2)), None] {
+                let kernel = load(&gpu, mv_variant(ty, dims, &t));
+                let c = Case {
+                    k: k2,
+                    n: n2,
+                    batch: max.min(3),
+                    ldx: k2 + 12,
+                    ldy: n2 + 5,
+                    accumulate: false,
+                };
+                check_q8(&gpu, &qk, &kernel, ty, &w, &c, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_xq8_accumulate_adds_to_y() {
+    let gpu = gpu();
+    let qk = quantize_kernel(&gpu);
+    let mut rng = Rng::from_env_or_time("gpu_matvec_xq8_accumulate_adds_to_y");
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let (k, n) = (2048, 640);
+        let w = random_weight(ty, k, n, &mut rng);
+        for dims in [Some((k, n)), None] {
+            let kernel = load(
+                &gpu,
+                mv_variant(ty, dims, &[("accumulate", 1), ("batch", 2), ("xq8", 1)]),
+            );
+            for batch in [1, 2] {
+                let c = Case {
+                    k,
+                    n,
+                    batch,
+                    ldx: k,
+                    ldy: n,
+                    accumulate: true,
+                };
+                check_q8(&gpu, &qk, &kernel, ty, &w, &c, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_xq8_refuses_bad_arguments() {
+    use memra_engine::kernels::quantize_q8;
+    let gpu = gpu();
+    let s = gpu.stream();
+    let (k, n) = (640, 64);
+    let kernel = load(
+        &gpu,
+        mv_variant(GgmlType::Q8_0, Some((k, n)), &[("xq8", 1)]),
+    );
+    let w = up(s, &vec![0u8; n * 680]);
+    let ldq = quantize_q8::row_floats(k);
+    let x = up(s, &vec![0.0f32; 2 * ldq]);
+    let mut y = up(s, &vec![0.0f32; 2 * n]);
+    let run = |kernel: &Kernel, ldx: usize, y: &mut CudaSlice<f32>| {
+        matvec::matvec(
+            kernel,
+            &w.slice(..),
+            &x.slice(..),
+            &mut y.slice_mut(..),
+            k,
+            n,
+            1,
+            ldx,
+            n,
+        )
+        .map_err(|e| e.to_string())
+    };
+    assert!(run(&kernel, ldq, &mut y).is_ok());
+    // An f32 stride (k floats) is shorter than a q8 row (k + k/4 bytes, in floats).
+    let e = run(&kernel, k / 4, &mut y).unwrap_err();
+    assert!(e.contains(&format!("must be >= {ldq}")), "{e}");
+    let bf16 = load(&gpu, mv_variant(GgmlType::BF16, None, &[("xq8", 1)]));
+    let wb = up(s, &vec![0u8; n * 2 * k]);
+    let e = matvec::matvec(
+        &bf16,
+        &wb.slice(..),
+        &x.slice(..),
+        &mut y.slice_mut(..),
+        k,
+        n,
+        1,
+        ldq,
+        n,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("no integer path"), "{e}");
+    let qk = quantize_kernel(&gpu);
+    let xf = up(s, &vec![0.0f32; 100]);
+    let e = quantize_q8::quantize_q8(&qk, &xf.slice(..), &mut y.slice_mut(..), 100, 1, 100, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("k=100"), "{e}");
 }

@@ -9,8 +9,8 @@
 //! checks both. Types without an integer form here (F32, F16, BF16, Q4_1, Q5_1, Q5_K) are
 //! dotted as dequantized weights × dequantized x.
 
-use memra_gguf::quant::{self, iq4xs_scale, q4k_scale_min, QuantError, KVALUES_IQ4NL};
 use memra_gguf::GgmlType;
+use memra_gguf::quant::{self, KVALUES_IQ4NL, QuantError, iq4xs_scale, q4k_scale_min};
 
 /// Elements per q8 block.
 pub const QK8: usize = 32;
@@ -99,11 +99,7 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
         31 => f32::NAN,
         _ => (m | 1024) as f32 * (e as f32 - 25.0).exp2(),
     };
-    if s == 1 {
-        -v
-    } else {
-        v
-    }
+    if s == 1 { -v } else { v }
 }
 
 /// Σ_i v_i·q_i over `range` of one x block.
@@ -259,8 +255,8 @@ pub fn matmul_gguf_q8(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linear::dot;
     use crate::Rng;
+    use crate::linear::dot;
 
     #[test]
     fn quantize_rounds_each_block_to_127_steps() {
@@ -333,11 +329,13 @@ mod tests {
             }
         }
         let w = quant::quantize(Q4_K, &rng.normal_vec(k, 1.0)).unwrap();
-        assert!(vec_dot_q8(
-            Q4_K,
-            &w[..100],
-            &quantize_q8_blocks(&rng.normal_vec(k, 1.0))
-        )
-        .is_err());
+        assert!(
+            vec_dot_q8(
+                Q4_K,
+                &w[..100],
+                &quantize_q8_blocks(&rng.normal_vec(k, 1.0))
+            )
+            .is_err()
+        );
     }
 }

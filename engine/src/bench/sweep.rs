@@ -17,6 +17,11 @@
 //! the N rows on the device, so the oracle needs only those rows while a result stored in the
 //! wrong row still fails unless the rows are a multiple of the prime apart.
 //!
+//! Integer path: for the types with one (`matvec::int_dot`), the first `XQ8_CANDIDATES` tunings
+//! are also run with `xq8` (label suffix `_q8`): each timed launch is quantize_q8 of x plus the
+//! xq8 matvec (the quantization is not amortized over q/k/v here), checked against
+//! `memra_reference::q8` (x quantized the same way) at the same tolerance. `--list` shows them.
+//!
 //! Grid policies (`matvec::GridPolicy`): `tile` = one block per tile of rows (what the kernel
 //! did before resident grids); `resident` = SMs × blocks per SM, balanced (the wrapper's default).
 //! "default/tile" in the summary is therefore the previous launch (default tuning, one block per
@@ -27,7 +32,7 @@ use std::path::Path;
 
 use cudarc::driver::CudaSlice;
 use memra_gguf::{GgmlType, quant};
-use memra_reference::{Rng, rel_err};
+use memra_reference::{Rng, q8, rel_err};
 use rayon::prelude::*;
 use serde_json::{Value, json};
 
@@ -37,6 +42,7 @@ use super::{
 };
 use crate::cuda::{Error, Gpu, Kernel, Kernels};
 use crate::kernels::matvec::{self, GridPolicy, MatvecTuning};
+use crate::kernels::quantize_q8;
 use crate::kernels::registry::{KernelVariant, Param};
 
 /// Distinct random weight rows tiled over N (prime, so tile-periodic indexing bugs still show).
@@ -46,6 +52,8 @@ const TOLERANCE: f64 = 1e-4;
 /// Most dynamic shared memory one block may use on sm_90 (227 KiB).
 const MAX_SMEM: u32 = 232_448;
 const BATCHES: [usize; 2] = [1, 4];
+/// Tunings (the first of [`candidate_tunings`]) also run with `xq8` on integer-path types.
+const XQ8_CANDIDATES: usize = 5;
 const TYPES: [GgmlType; 5] = [
     GgmlType::Q4_K,
     GgmlType::Q8_0,
@@ -171,9 +179,46 @@ pub fn candidate_tunings(batch: usize) -> Vec<MatvecTuning> {
 
 fn tuning_label(t: &MatvecTuning) -> String {
     format!(
-        "t{}_l{}_r{}_s{}",
-        t.threads, t.lanes, t.rows_per_group, t.stages
+        "t{}_l{}_r{}_s{}{}",
+        t.threads,
+        t.lanes,
+        t.rows_per_group,
+        t.stages,
+        if t.xq8 { "_q8" } else { "" }
     )
+}
+
+/// The f32 candidates, then (integer-path types) the first [`XQ8_CANDIDATES`] with `xq8`.
+fn candidates_for(ty: GgmlType, batch: usize) -> Vec<MatvecTuning> {
+    let f32_path = candidate_tunings(batch);
+    let q8_path: Vec<MatvecTuning> = if matvec::int_dot(ty) {
+        f32_path
+            .iter()
+            .take(XQ8_CANDIDATES)
+            .map(|t| MatvecTuning { xq8: true, ..*t })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    f32_path.into_iter().chain(q8_path).collect()
+}
+
+/// The quantize_q8 variant the xq8 candidates' launches start with (leaked, as `render`'s).
+fn quantize_variant() -> &'static KernelVariant {
+    use std::sync::OnceLock;
+    static V: OnceLock<&'static KernelVariant> = OnceLock::new();
+    V.get_or_init(|| {
+        let name = "quantize_q8__sweep";
+        Box::leak(Box::new(KernelVariant {
+            name,
+            family: quantize_q8::FAMILY,
+            arch: None,
+            params: &[("threads", Param::Int(quantize_q8::DEFAULT_THREADS as i64))],
+            source: Box::leak(
+                quantize_q8::render_source(name, quantize_q8::DEFAULT_THREADS).into_boxed_str(),
+            ),
+        }))
+    })
 }
 
 fn fits(ty: GgmlType, t: &MatvecTuning) -> bool {
@@ -210,6 +255,9 @@ fn render(ty: GgmlType, dims: Option<(usize, usize)>, t: &MatvecTuning) -> &'sta
         ("stages", t.stages),
     ] {
         params.push((key, Param::Int(v as i64)));
+    }
+    if t.xq8 {
+        params.push(("xq8", Param::Int(1)));
     }
     let (k, n) = dims.unwrap_or((0, 0));
     let source: &'static str = Box::leak(matvec::render_source(name, ty, k, n, t).into_boxed_str());
@@ -249,7 +297,10 @@ pub fn plan() -> Vec<SweepCase> {
             }
             for batch in BATCHES {
                 let mut candidates = Vec::new();
-                for t in candidate_tunings(batch).into_iter().filter(|t| fits(ty, t)) {
+                for t in candidates_for(ty, batch)
+                    .into_iter()
+                    .filter(|t| fits(ty, t))
+                {
                     let g = match generic
                         .iter()
                         .find(|(gt, gtune, _)| *gt == ty && *gtune == t)
@@ -346,12 +397,37 @@ fn oracle(
         .collect())
 }
 
+/// [`oracle`] for xq8 candidates: x rows quantized as quantize_q8 does, per-block integer
+/// products (`memra_reference::q8`).
+fn oracle_q8(
+    ty: GgmlType,
+    pattern: &[u8],
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    batch: usize,
+) -> Result<Vec<f64>, String> {
+    let rb = pattern.len() / rows;
+    let xq: Vec<q8::Q8Row> = x.chunks_exact(k).map(q8::quantize_q8_blocks).collect();
+    (0..batch * rows)
+        .into_par_iter()
+        .map(|i| {
+            let (b, j) = (i / rows, i % rows);
+            q8::vec_dot_q8(ty, &pattern[j * rb..(j + 1) * rb], &xq[b])
+                .map_err(|e| format!("q8 oracle {}: {e}", ty.name()))
+        })
+        .collect()
+}
+
 struct Buffers {
     w: CudaSlice<u8>,
     x: CudaSlice<f32>,
     y: CudaSlice<f32>,
     /// y[b][j] wanted, row j from pattern row j % PATTERN_ROWS.
     want: Vec<f32>,
+    /// x as q8 rows (written by each xq8 launch) and the q8 oracle; empty without xq8 candidates.
+    xq: Option<CudaSlice<f32>>,
+    want_q8: Vec<f32>,
 }
 
 fn prepare(
@@ -373,20 +449,69 @@ fn prepare(
     let x = s.clone_htod(&xh).map_err(drv("cuMemcpyHtoD (x)"))?;
     let y = alloc::<f32>(s, batch * n)?;
     let per_row = oracle(ty, &pattern, rows, k, &xh, batch)?;
-    let want = (0..batch * n)
-        .map(|i| per_row[(i / n) * rows + (i % n) % rows] as f32)
-        .collect();
+    let spread = |per_row: Vec<f64>| -> Vec<f32> {
+        (0..batch * n)
+            .map(|i| per_row[(i / n) * rows + (i % n) % rows] as f32)
+            .collect()
+    };
+    let want = spread(per_row);
+    let (xq, want_q8) = if case.candidates.iter().any(|(t, ..)| t.xq8) {
+        let xq = alloc::<f32>(s, batch * quantize_q8::row_floats(k))?;
+        (
+            Some(xq),
+            spread(oracle_q8(ty, &pattern, rows, k, &xh, batch)?),
+        )
+    } else {
+        (None, Vec::new())
+    };
     gpu.sync()?;
-    Ok(Buffers { w, x, y, want })
+    Ok(Buffers {
+        w,
+        x,
+        y,
+        want,
+        xq,
+        want_q8,
+    })
 }
 
+/// One launch of the candidate; an xq8 candidate quantizes x first (`qk`), then reads the q8 rows.
 fn launch(
     kernel: &Kernel,
+    qk: &Kernel,
     case: &SweepCase,
     buf: &mut Buffers,
     grid: GridPolicy,
 ) -> Result<(), Error> {
     let (k, n) = (case.shape.k, case.shape.n);
+    if matvec::tuning(kernel)?.xq8 {
+        let ldq = quantize_q8::row_floats(k);
+        let xq = buf
+            .xq
+            .as_mut()
+            .ok_or_else(|| crate::kernels::checks::invalid(kernel, "no q8 x buffer"))?;
+        quantize_q8::quantize_q8(
+            qk,
+            &buf.x.slice(..),
+            &mut xq.slice_mut(..),
+            k,
+            case.batch,
+            k,
+            ldq,
+        )?;
+        return matvec::matvec_with(
+            kernel,
+            &buf.w.slice(..),
+            &xq.slice(..),
+            &mut buf.y.slice_mut(..),
+            k,
+            n,
+            case.batch,
+            ldq,
+            n,
+            grid,
+        );
+    }
     matvec::matvec_with(
         kernel,
         &buf.w.slice(..),
@@ -405,6 +530,7 @@ fn launch(
 fn check(
     gpu: &Gpu,
     kernel: &Kernel,
+    qk: &Kernel,
     case: &SweepCase,
     buf: &mut Buffers,
     grid: GridPolicy,
@@ -413,9 +539,14 @@ fn check(
     let nan = vec![f32::NAN; buf.y.len()];
     s.memcpy_htod(nan.as_slice(), &mut buf.y)
         .map_err(drv("cuMemcpyHtoD (NaN poison)"))?;
-    launch(kernel, case, buf, grid)?;
+    launch(kernel, qk, case, buf, grid)?;
     let got = s.clone_dtoh(&buf.y).map_err(drv("cuMemcpyDtoH (y)"))?;
-    Ok(rel_err(&got, &buf.want))
+    let want = if matvec::tuning(kernel)?.xq8 {
+        &buf.want_q8
+    } else {
+        &buf.want
+    };
+    Ok(rel_err(&got, want))
 }
 
 fn blocks(kernel: &Kernel, case: &SweepCase, grid: GridPolicy) -> u32 {
@@ -450,6 +581,7 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
         .iter()
         .flat_map(|c| c.candidates.iter().flat_map(|(_, s, g)| [*s, *g]))
         .collect();
+    all.push(quantize_variant());
     all.sort_by_key(|v| v.name);
     all.dedup_by_key(|v| v.name);
     eprintln!(
@@ -463,6 +595,7 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
     let t0 = std::time::Instant::now();
     let kernels: Kernels = gpu.load(&all)?;
     eprintln!("compiled/loaded in {:.1} s", t0.elapsed().as_secs_f64());
+    let qk = kernels.get(quantize_variant().name)?;
     let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
     eprintln!("copy bandwidth (1 GiB device-to-device, read + write): {copy_gbps:.0} GB/s");
 
@@ -486,7 +619,7 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
                     let p = policy(grid);
                     // A launch error is this candidate's failure, not the sweep's (a sticky
                     // one fails the rest too, each with its message).
-                    let (err, launched) = match check(&gpu, kernel, case, &mut buf, p) {
+                    let (err, launched) = match check(&gpu, kernel, qk, case, &mut buf, p) {
                         Ok(err) => (err, true),
                         Err(e) => {
                             eprintln!("ERROR {} ({grid}): {e}", v.name);
@@ -497,7 +630,7 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
                     let (mut median_us, mut min_us) = (f64::NAN, f64::NAN);
                     if ok {
                         match time_launches(&gpu, args.warmup, args.iters, &mut flush, &mut |_| {
-                            launch(kernel, case, &mut buf, p)
+                            launch(kernel, qk, case, &mut buf, p)
                         }) {
                             Ok(us) => (median_us, min_us) = (median(&us), us[0]),
                             Err(e) => {
@@ -669,7 +802,7 @@ fn write_json(
         json!({
             "variant": r.variant, "kind": if r.specialized { "specialized" } else { "generic" },
             "tuning": { "batch": r.tuning.batch, "threads": r.tuning.threads, "lanes": r.tuning.lanes,
-                        "rows_per_group": r.tuning.rows_per_group, "stages": r.tuning.stages },
+                        "rows_per_group": r.tuning.rows_per_group, "stages": r.tuning.stages, "xq8": r.tuning.xq8 },
             "grid": r.grid, "blocks": r.blocks, "ok": r.ok, "rel_err": if r.rel_err.is_finite() { json!(r.rel_err) } else { Value::Null },
             "median_us": if r.ok { json!(r.median_us) } else { Value::Null },
             "min_us": if r.ok { json!(r.min_us) } else { Value::Null },
@@ -736,6 +869,20 @@ mod tests {
         let total = names.len();
         names.sort();
         names.dedup();
+        // Integer-path types also run xq8 candidates; the others never.
+        for c in &cases {
+            let n_q8 = c.candidates.iter().filter(|(t, ..)| t.xq8).count();
+            assert_eq!(
+                n_q8 > 0,
+                matvec::int_dot(c.ty),
+                "{} {}",
+                c.shape.tensor,
+                c.ty.name()
+            );
+            for (t, s, g) in c.candidates.iter().filter(|(t, ..)| t.xq8) {
+                assert!(t.xq8 && s.source.contains("XQ8 = 1") && g.source.contains("XQ8 = 1"));
+            }
+        }
         // Specialized names are unique per case; generic twins are shared across shapes.
         let spec: usize = cases.iter().map(|c| c.candidates.len()).sum();
         assert!(names.len() > spec && names.len() < total);
