@@ -49,7 +49,7 @@ struct float2 { float x, y; };
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 struct Dim3 { unsigned x, y, z; };
-inline thread_local Dim3 threadIdx, blockIdx;
+inline thread_local Dim3 threadIdx, blockIdx, gridDim;
 inline std::barrier<>* g_block_barrier;
 inline std::vector<std::barrier<>*> g_warp_barriers;
 inline std::vector<float> g_xchg(1024);
@@ -91,7 +91,7 @@ static void run_grid(Dim3 grid, int threads, size_t smem, std::function<void()> 
         std::vector<std::barrier<>*> wb; for (int w = 0; w < threads / 32; ++w) wb.push_back(new std::barrier<>(32));
         g_block_barrier = &bb; g_warp_barriers = wb;
         std::vector<std::thread> ts;
-        for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { threadIdx = {(unsigned)t, 0, 0}; blockIdx = {x, y, z}; body(); });
+        for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { threadIdx = {(unsigned)t, 0, 0}; blockIdx = {x, y, z}; gridDim = grid; body(); });
         for (auto& t : ts) t.join();
         for (auto p : wb) delete p;
     }
@@ -136,7 +136,16 @@ template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split,
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
         run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, s, scale); });
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, s, scale, 0); });
+    }
+    // Phases 1 (partials) + 2 (merge over 3 blocks per head block): the same bits as phase 0.
+    if (n_split > 1) {
+        std::vector<float> two(out.size(), NAN);
+        run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 1); });
+        run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2); });
+        if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
     }
     // Counters (and their padding) at the front, back at zero; nothing past the wrapper's size.
     const unsigned* ctr = (const unsigned*)work.data();

@@ -102,7 +102,16 @@ template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int i
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
         run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, s, scale); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, s, scale, 0); });
+    }
+    // Phases 1 (partials) + 2 (merge over 3 blocks per head block): the same bits as phase 0.
+    if (n_split > 1) {
+        std::vector<float> two(out.size(), NAN);
+        run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1); });
+        run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2); });
+        if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
     }
     // Counters (and their padding) at the front, back at zero.
     const unsigned* ctr = (const unsigned*)work.data();

@@ -9,7 +9,7 @@
 //   THREADS  int              must be 256
 // Kernel parameters:
 //   (const float* q, const void* cache, const int* pos, float* out, float* work, int n_head,
-//    int kv_lora, int rope, int max_ctx, int n_split, float scale)
+//    int kv_lora, int rope, int max_ctx, int n_split, float scale, int phase)
 //   D = kv_lora + rope. q [n_head, D] f32 (absorbed q̃ then roped q_pe per head); cache
 //   [max_ctx, D] CACHE_T (row s = [c_s | k_pe_s]); out [n_head, kv_lora] f32:
 //   out_h = Σ_{s ≤ p} softmax_s(scale·q_h·row_s)·c_s with p = pos[0] (device). p ∉ [0, max_ctx)
@@ -19,6 +19,13 @@
 //   n_split = 1 writes out directly (work unused, may be null); n_split > 1 writes partials to
 //   work and the last block of a head block (atomic counter) combines them, then resets the
 //   counter to 0.
+//   phase (how a split launch combines): 0 = as just said; 1 = write the partials only (no
+//   counter, no combine; n_split > 1); 2 = combine only, after a phase-1 launch with the same
+//   n_split: grid (any X, ceil(n_head / 64)), no dynamic shared memory, block (x, y) merges
+//   slice x of head block y's [64][kv_lora] outputs. The last-block combine reads every
+//   partial (n_split · 64 · kv_lora · 4 bytes: 17 MB at 132 splits) through one multiprocessor;
+//   phases 1 + 2 spread that over the grid (memra_engine::kernels::mla_decode picks them above
+//   LAST_BLOCK_COMBINE_MAX splits).
 //   work (f32 units): u32 counters [ceil(n_head / 64)] padded to a multiple of 4 (zeroed once when
 //   allocated), then acc [n_head, n_split, kv_lora] and (m, l) [n_head, n_split, 2]. The counters
 //   come first so that their place does not depend on n_split: a workspace sized for S splits
@@ -88,41 +95,61 @@ template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {
     }
 }
 
-// Split-K epilogue: the partials of this block are in work; the last block of head block hblk
-// (atomic counter at the front of work) merges every split's (acc, m, l) into out and resets
-// the counter to 0. Every thread of the block calls it.
-__device__ __forceinline__ void combine_last(float* __restrict__ out, float* work, int n_head, int h_base, int hb,
-                                             int KVL, int n_split, int hblk) {
-    const int tid = threadIdx.x;
-    const i64 n_part = (i64)n_head * n_split;
-    u32* counters = reinterpret_cast<u32*>(work);
-    const float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;
-    const float* work_ml = work_acc + n_part * KVL;
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&counters[hblk], 1u) == (u32)(n_split - 1);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const volatile float* vacc = work_acc;
-    const volatile float* vml = work_ml;
-    for (int idx = tid; idx < hb * KVL; idx += 256) {
-        const int h = idx / KVL, d = idx % KVL;
+// Merges the n_split partials (acc, m, l) of head block h_base into out for the flat indices
+// [begin, end) of its [hb][KVL] outputs (a thread every 256). Ptr: float or volatile float.
+template <class Ptr>
+__device__ __forceinline__ void merge_partials(float* __restrict__ out, Ptr work_acc, Ptr work_ml, int h_base, int KVL,
+                                               int n_split, int begin, int end) {
+    for (int i = begin + (int)threadIdx.x; i < end; i += 256) {
+        const int h = i / KVL, d = i % KVL;
         const i64 part0 = (h_base + h) * (i64)n_split;
         float M = neg_inf();
-        for (int s2 = 0; s2 < n_split; ++s2) M = fmaxf(M, vml[(part0 + s2) * 2]);
+        for (int s2 = 0; s2 < n_split; ++s2) M = fmaxf(M, work_ml[(part0 + s2) * 2]);
         float L = 0.0f, A = 0.0f;
         if (M != neg_inf()) {
             for (int s2 = 0; s2 < n_split; ++s2) {
-                const float wt = merge_w(vml[(part0 + s2) * 2], M);
-                L = fmaf(vml[(part0 + s2) * 2 + 1], wt, L);
-                A = fmaf(vacc[(part0 + s2) * KVL + d], wt, A);
+                const float wt = merge_w(work_ml[(part0 + s2) * 2], M);
+                L = fmaf(work_ml[(part0 + s2) * 2 + 1], wt, L);
+                A = fmaf(work_acc[(part0 + s2) * KVL + d], wt, A);
             }
         }
         out[(h_base + h) * (i64)KVL + d] = L > 0.0f ? A / L : 0.0f;
     }
-    if (tid == 0) counters[hblk] = 0u;
+}
+
+// Where the partials sit in work: after the counters (16-byte aligned).
+__device__ __forceinline__ i64 partials_offset(int n_head) { return ((n_head + HB - 1) / HB + 3) / 4 * 4; }
+
+// Phase 0 epilogue (n_split > 1): the partials of this block are in work; the last block of head
+// block hblk (atomic counter at the front of work) merges every split's (acc, m, l) into out
+// and resets the counter to 0. Every thread of the block calls it.
+__device__ __forceinline__ void combine_last(float* __restrict__ out, float* work, int n_head, int h_base, int hb,
+                                             int KVL, int n_split, int hblk) {
+    u32* counters = reinterpret_cast<u32*>(work);
+    const float* work_acc = work + partials_offset(n_head);
+    const float* work_ml = work_acc + (i64)n_head * n_split * KVL;
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[hblk], 1u) == (u32)(n_split - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    merge_partials<const volatile float*>(out, work_acc, work_ml, h_base, KVL, n_split, 0, hb * KVL);
+    if (threadIdx.x == 0) counters[hblk] = 0u;
+}
+
+// Phase 2: block (x, y) merges slice x of head block y's outputs (a phase-1 launch wrote the
+// partials; the launch boundary orders them).
+__device__ __forceinline__ void combine_slice(float* __restrict__ out, const float* work, int n_head, int KVL,
+                                              int n_split) {
+    const int h_base = blockIdx.y * HB, hb = min(HB, n_head - h_base);
+    const int per = hb * KVL;
+    const int slice = (per + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int begin = min(per, (int)blockIdx.x * slice);
+    const float* work_acc = work + partials_offset(n_head);
+    const float* work_ml = work_acc + (i64)n_head * n_split * KVL;
+    merge_partials<const float*>(out, work_acc, work_ml, h_base, KVL, n_split, begin, min(per, begin + slice));
 }
 
 // T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read
@@ -130,7 +157,7 @@ __device__ __forceinline__ void combine_last(float* __restrict__ out, float* wor
 template <CacheType C, int DC, int KVLC, bool SPARSE>
 __device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
                                     const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
-                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale) {
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase) {
     constexpr int TR = Elem<C>::TR;
     constexpr int EB = Elem<C>::BYTES;
     constexpr int RPT = TR / 4;  // rows per thread in the score phase
@@ -286,7 +313,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     __syncthreads();
 
     const i64 n_part = (i64)n_head * n_split;
-    float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;  // 16-byte aligned partials
+    float* work_acc = work + partials_offset(n_head);
     float* work_ml = work_acc + n_part * KVL;
 #pragma unroll
     for (int a = 0; a < HPW; ++a) {
@@ -312,7 +339,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
             work_ml[(hg * n_split + sp) * 2 + 1] = L;
         }
     }
-    if (n_split == 1) return;
+    if (n_split == 1 || phase == 1) return;
     combine_last(out, work, n_head, h_base, hb, KVL, n_split, hblk);
 }
 
@@ -381,7 +408,7 @@ __device__ __forceinline__ u32 swz(int r, int c, int pitch) { return (u32)(r * p
 template <int DC, int KVLC, bool SPARSE>
 __device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
                                     const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
-                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale) {
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase) {
     const int D = DC != 0 ? DC : d_rt;
     const int KVL = KVLC != 0 ? KVLC : kvl_rt;
     const int KS = (D + 15) / 16;            // k-steps of Q·Kᵀ
@@ -584,7 +611,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     }
     __syncthreads();
 
-    float* work_acc = work + ((n_head + HB - 1) / HB + 3) / 4 * 4;
+    float* work_acc = work + mla_detail::partials_offset(n_head);
     float* work_ml = work_acc + (i64)n_head * n_split * KVL;
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -614,6 +641,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         work_ml[part * 2] = m_s[tid];
         work_ml[part * 2 + 1] = lsum_s[tid] + lsum_s[HB + tid];
     }
+    if (phase == 1) return;
     mla_detail::combine_last(out, work, n_head, h_base, hb, KVL, n_split, hblk);
 }
 
@@ -622,7 +650,7 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 template <class Cfg>
 __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cache, const int* pos, float* out, float* work,
                                                 int n_head_rt, int kv_lora_rt, int rope_rt, int max_ctx, int n_split,
-                                                float scale) {
+                                                float scale, int phase) {
     static_assert(Cfg::THREADS == 256, "mla_decode needs THREADS = 256 (64 heads x 4 row quarters)");
     static_assert(Cfg::KV_LORA % 128 == 0 && Cfg::KV_LORA <= 512, "KV_LORA must be a multiple of 128, <= 512");
     const int n_head = dim_or<Cfg::N_HEAD>(n_head_rt);
@@ -638,13 +666,17 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
         }
         return;
     }
+    if (phase == 2) {
+        mla_detail::combine_slice(out, work, n_head, kvl, n_split);
+        return;
+    }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
     if constexpr (Cfg::CACHE_T == CacheType::BF16) {
         mla_tc::run<DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1, max_ctx,
-                                             n_split, scale);
+                                             n_split, scale, phase);
     } else {
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope,
-                                                                p + 1, max_ctx, n_split, scale);
+                                                                p + 1, max_ctx, n_split, scale, phase);
     }
 }
 
@@ -653,6 +685,8 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
 #define MEMRA_DEFINE_MLA_DECODE(SYMBOL, CFG)                                                                  \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                \
         SYMBOL(const float* q, const void* cache, const int* pos, float* out, float* work, int n_head,         \
-               int kv_lora, int rope, int max_ctx, int n_split, float scale) {                                 \
-        memra::mla_decode_impl<CFG>(q, cache, pos, out, work, n_head, kv_lora, rope, max_ctx, n_split, scale); \
+               int kv_lora, int rope, int max_ctx, int n_split, float scale, int phase) {                      \
+        memra::pdl_entry();                                                                                    \
+        memra::mla_decode_impl<CFG>(q, cache, pos, out, work, n_head, kv_lora, rope, max_ctx, n_split, scale,  \
+                                    phase);                                                                    \
     }

@@ -6,8 +6,8 @@
 // Cfg fields: as mla_decode (N_HEAD, KV_LORA, ROPE, CACHE_T, THREADS = 256).
 // Kernel parameters:
 //   (const float* q, const void* cache, const int* idx, const int* count, float* out, float* work,
-//    int n_head, int kv_lora, int rope, int max_ctx, int idx_cap, int n_split, float scale)
-//   q, cache, out, work, scale as mla_decode; idx [idx_cap] i32 cache rows (each in
+//    int n_head, int kv_lora, int rope, int max_ctx, int idx_cap, int n_split, float scale, int phase)
+//   q, cache, out, work, scale, phase as mla_decode; idx [idx_cap] i32 cache rows (each in
 //   [0, max_ctx); an index outside reads as a zero row), count [1] on the device (dsa_topk's
 //   count). count ∉ [1, min(max_ctx, idx_cap)] writes NaN to out.
 // Geometry: as mla_decode (grid (n_split, ceil(n_head / 64)), block 256, the same dynamic shared
@@ -21,7 +21,7 @@ template <class Cfg>
 __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const void* cache, const int* idx,
                                                        const int* count, float* out, float* work, int n_head_rt,
                                                        int kv_lora_rt, int rope_rt, int max_ctx, int idx_cap,
-                                                       int n_split, float scale) {
+                                                       int n_split, float scale, int phase) {
     static_assert(Cfg::THREADS == 256, "mla_sparse_decode needs THREADS = 256 (64 heads x 4 row quarters)");
     static_assert(Cfg::KV_LORA % 128 == 0 && Cfg::KV_LORA <= 512, "KV_LORA must be a multiple of 128, <= 512");
     const int n_head = dim_or<Cfg::N_HEAD>(n_head_rt);
@@ -37,13 +37,17 @@ __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const voi
         }
         return;
     }
+    if (phase == 2) {
+        mla_detail::combine_slice(out, work, n_head, kvl, n_split);
+        return;
+    }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
     if constexpr (Cfg::CACHE_T == CacheType::BF16) {
         mla_tc::run<DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n, max_ctx, n_split,
-                                            scale);
+                                            scale, phase);
     } else {
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n,
-                                                               max_ctx, n_split, scale);
+                                                               max_ctx, n_split, scale, phase);
     }
 }
 
@@ -52,7 +56,8 @@ __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const voi
 #define MEMRA_DEFINE_MLA_SPARSE_DECODE(SYMBOL, CFG)                                                              \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                   \
         SYMBOL(const float* q, const void* cache, const int* idx, const int* count, float* out, float* work,      \
-               int n_head, int kv_lora, int rope, int max_ctx, int idx_cap, int n_split, float scale) {           \
+               int n_head, int kv_lora, int rope, int max_ctx, int idx_cap, int n_split, float scale, int phase) {\
+        memra::pdl_entry();                                                                                      \
         memra::mla_sparse_decode_impl<CFG>(q, cache, idx, count, out, work, n_head, kv_lora, rope, max_ctx,      \
-                                           idx_cap, n_split, scale);                                                      \
+                                           idx_cap, n_split, scale, phase);                                       \
     }

@@ -31,6 +31,9 @@ pub struct MlaDecodeArgs<'a, C: CacheElem> {
     pub max_ctx: i32,
     pub n_split: i32,
     pub scale: f32,
+    /// How a split launch combines (template header): 0 = the last block merges (counters),
+    /// 1 = partials only, 2 = merge only (after a phase-1 launch).
+    pub phase: i32,
 }
 
 /// The run-time numbers of one launch.
@@ -77,6 +80,34 @@ pub fn smem_bytes(n_head: usize, kv_lora: usize, rope: usize, elem_bytes: usize)
 /// (the counters sit at the front, and each launch leaves them at zero).
 pub fn work_floats(n_head: usize, kv_lora: usize, n_split: usize) -> usize {
     n_head.div_ceil(HEADS_PER_BLOCK).next_multiple_of(4) + n_head * n_split * (kv_lora + 2)
+}
+
+/// Up to this many splits the last block of a launch merges the partials (phase 0: it reads
+/// `n_split` · 128 KiB at GLM-5 dims through one multiprocessor); above, the wrappers launch
+/// twice: phase 1 (partials) then phase 2 (the merge spread over [`combine_blocks`] blocks per
+/// head block).
+pub const LAST_BLOCK_COMBINE_MAX: usize = 4;
+
+/// Phase-2 blocks per head block: one output per thread.
+pub fn combine_blocks(n_head: usize, kv_lora: usize) -> usize {
+    (n_head.min(HEADS_PER_BLOCK) * kv_lora).div_ceil(THREADS as usize)
+}
+
+/// The phases a wrapper launches for `n_split` splits, each with its grid (template header).
+pub(crate) fn phases(p: &MlaDecodeParams, smem: usize) -> Vec<(i32, LaunchConfig)> {
+    if p.n_split <= LAST_BLOCK_COMBINE_MAX {
+        return vec![(0, launch_config(p, smem))];
+    }
+    let merge = LaunchConfig {
+        grid_dim: (
+            combine_blocks(p.n_head, p.kv_lora) as u32,
+            p.n_head.div_ceil(HEADS_PER_BLOCK) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    vec![(1, launch_config(p, smem)), (2, merge)]
 }
 
 /// A split count for up to `max_len` rows: one block per multiprocessor per head block, at least
@@ -204,24 +235,29 @@ pub fn mla_decode<C: CacheElem>(
 ) -> Result<(), Error> {
     checks::check_len(kernel, "pos", pos.len(), 1)?;
     let smem = check_launch(kernel, q, cache, out, work, p)?;
-    let mut args = MlaDecodeArgs {
-        q: q.slice(..),
-        cache: cache.slice(..),
-        pos: pos.slice(..),
-        out: out.slice_mut(..),
-        work: work.slice_mut(..),
-        n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
-        kv_lora: checks::to_i32(kernel, "kv_lora", p.kv_lora)?,
-        rope: checks::to_i32(kernel, "rope", p.rope)?,
-        max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
-        n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
-        scale: p.scale,
-    };
-    // SAFETY: q holds n_head·D floats, cache max_ctx·D elements of the variant's type, out
-    // n_head·kv_lora floats, work the partials + counters when n_split > 1 (checked above); rows
-    // read are < pos + 1 ≤ max_ctx (other positions write NaN without reading); the dynamic
-    // shared memory is the template's formula and the function's limit was raised to it.
-    unsafe { launch(kernel, launch_config(p, smem), &mut args) }
+    for (phase, cfg) in phases(p, smem) {
+        let mut args = MlaDecodeArgs {
+            q: q.slice(..),
+            cache: cache.slice(..),
+            pos: pos.slice(..),
+            out: out.slice_mut(..),
+            work: work.slice_mut(..),
+            n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
+            kv_lora: checks::to_i32(kernel, "kv_lora", p.kv_lora)?,
+            rope: checks::to_i32(kernel, "rope", p.rope)?,
+            max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
+            n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
+            scale: p.scale,
+            phase,
+        };
+        // SAFETY: q holds n_head·D floats, cache max_ctx·D elements of the variant's type, out
+        // n_head·kv_lora floats, work the partials + counters when n_split > 1 (checked above);
+        // rows read are < pos + 1 ≤ max_ctx (other positions write NaN without reading); the
+        // dynamic shared memory is the template's formula and the function's limit was raised
+        // to it (phase 2 uses none); phase 2 follows phase 1 on the same stream.
+        unsafe { launch(kernel, cfg, &mut args)? }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -240,5 +276,22 @@ mod tests {
         assert_eq!(splits_for(7, 64, 132), 1);
         assert_eq!(work_floats(64, 512, 2), 4 + 64 * 2 * 514);
         assert_eq!(work_floats(320, 512, 3), 8 + 320 * 3 * 514);
+        assert_eq!(combine_blocks(64, 512), 128);
+        let p = MlaDecodeParams {
+            n_head: 64,
+            kv_lora: 512,
+            rope: 64,
+            max_ctx: 10,
+            n_split: 4,
+            scale: 1.0,
+        };
+        assert_eq!(
+            phases(&p, 0).iter().map(|(ph, _)| *ph).collect::<Vec<_>>(),
+            [0]
+        );
+        let p = MlaDecodeParams { n_split: 132, ..p };
+        let two = phases(&p, 0);
+        assert_eq!(two.iter().map(|(ph, _)| *ph).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(two[1].1.grid_dim, (128, 1, 1));
     }
 }

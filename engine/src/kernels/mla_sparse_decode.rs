@@ -29,6 +29,8 @@ pub struct MlaSparseDecodeArgs<'a, C: CacheElem> {
     pub idx_cap: i32,
     pub n_split: i32,
     pub scale: f32,
+    /// As mla_decode's: 0 = last-block merge, 1 = partials only, 2 = merge only.
+    pub phase: i32,
 }
 
 /// A split count for up to `top_k` selected rows (mla_decode's rule over the selected rows).
@@ -57,22 +59,26 @@ pub fn mla_sparse_decode<C: CacheElem>(
     }
     checks::check_len(kernel, "idx", idx.len(), top_k)?;
     let smem = mla_decode::check_launch(kernel, q, cache, out, work, p)?;
-    let mut args = MlaSparseDecodeArgs {
-        q: q.slice(..),
-        cache: cache.slice(..),
-        idx: idx.slice(..),
-        count: count.slice(..),
-        out: out.slice_mut(..),
-        work: work.slice_mut(..),
-        n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
-        kv_lora: checks::to_i32(kernel, "kv_lora", p.kv_lora)?,
-        rope: checks::to_i32(kernel, "rope", p.rope)?,
-        max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
-        idx_cap: checks::to_i32(kernel, "top_k", top_k)?,
-        n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
-        scale: p.scale,
-    };
-    // SAFETY: as mla_decode; the kernel reads idx[0..count) only for count ≤ idx_cap = top_k ≤
-    // idx.len() (else it writes NaN without reading), and no cache row outside [0, max_ctx).
-    unsafe { launch(kernel, mla_decode::launch_config(p, smem), &mut args) }
+    for (phase, cfg) in mla_decode::phases(p, smem) {
+        let mut args = MlaSparseDecodeArgs {
+            q: q.slice(..),
+            cache: cache.slice(..),
+            idx: idx.slice(..),
+            count: count.slice(..),
+            out: out.slice_mut(..),
+            work: work.slice_mut(..),
+            n_head: checks::to_i32(kernel, "n_head", p.n_head)?,
+            kv_lora: checks::to_i32(kernel, "kv_lora", p.kv_lora)?,
+            rope: checks::to_i32(kernel, "rope", p.rope)?,
+            max_ctx: checks::to_i32(kernel, "max_ctx", p.max_ctx)?,
+            idx_cap: checks::to_i32(kernel, "top_k", top_k)?,
+            n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
+            scale: p.scale,
+            phase,
+        };
+        // SAFETY: as mla_decode; the kernel reads idx[0..count) only for count ≤ idx_cap = top_k
+        // ≤ idx.len() (else it writes NaN without reading), and no cache row outside [0, max_ctx).
+        unsafe { launch(kernel, cfg, &mut args)? }
+    }
+    Ok(())
 }
