@@ -284,7 +284,20 @@ fn micro_vocab(arch: &str) -> Result<vocab::MicroVocab, String> {
 /// `rope.scaling.factor` ≠ 1 gets `rope.scaling.type` (`yarn` when it also reads
 /// `rope.scaling.original_context_length`, else `linear`). Deterministic in `seed`.
 pub fn micro_model(spec: &ArchSpec, seed: u64) -> Result<Vec<u8>, String> {
-    let mut dims = micro_dims(spec)?;
+    model_from_dims(spec, micro_dims(spec)?, seed)
+}
+
+/// [`micro_model`]'s file at any resolved `dims` whose `n_vocab` is [`MICRO_N_VOCAB`] (e.g. a
+/// preset's real per-layer shapes with few layers): the same metadata, tokenizer, nextn blocks
+/// and [`micro_values`]-scaled random weights in the dims' tensor types.
+pub fn model_from_dims(spec: &ArchSpec, mut dims: ModelDims, seed: u64) -> Result<Vec<u8>, String> {
+    if dims.int("n_vocab") != Some(MICRO_N_VOCAB as i64) {
+        return Err(format!(
+            "{}: n_vocab {:?} is not the micro tokenizer's {MICRO_N_VOCAB}",
+            spec.arch,
+            dims.int("n_vocab")
+        ));
+    }
     let voc = micro_vocab(&spec.arch)?;
     let n_embd = dims
         .int("n_embd")

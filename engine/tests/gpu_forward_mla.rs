@@ -322,3 +322,79 @@ fn gpu_memra_run_embedded_micro_model() {
         println!("GPU and CPU greedy texts differ: {gpu:?} vs {cpu:?}");
     }
 }
+
+/// One glm-dsa MoE layer at GLM-5's real per-layer dims (n_embd 6144, 64 MLA heads of 192 + 64,
+/// latent 512, q LoRA 2048, indexer 32 × 128 with top_k 2048, experts 6144 → 2048 in Q4_K, Q8_0
+/// elsewhere; 8 experts, 2 used, a 512-token vocabulary to keep the file small): the build's
+/// specialized variants (`--features memra-engine/model-glm-dsa`) against the CPU reference over
+/// a 2100-token prompt and 8 decode steps past top_k (the indexer + sparse path), with graphs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
+    use memra_codegen::dims;
+    use memra_codegen::spec::Value;
+    let mut rng = Rng::from_env_or_time("gpu_glm_dsa_glm5_layer");
+    let seed = rng.seed();
+    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let overrides = [
+        ("block_count", Value::Int(1)),
+        ("nextn_predict_layers", Value::Int(0)),
+        ("leading_dense_block_count", Value::Int(0)),
+        ("n_expert", Value::Int(8)),
+        ("n_expert_used", Value::Int(2)),
+        ("n_vocab", Value::Int(fixture::MICRO_N_VOCAB as i64)),
+    ];
+    let d = dims::from_preset_with(&spec, None, &overrides).unwrap_or_else(|e| panic!("{e}"));
+    let started = std::time::Instant::now();
+    let bytes = fixture::model_from_dims(&spec, d, seed).unwrap_or_else(|e| panic!("{e}"));
+    let path = std::env::temp_dir().join(format!(
+        "memra-glm5-layer-{seed}-{}.gguf",
+        std::process::id()
+    ));
+    std::fs::write(&path, bytes).unwrap();
+    println!(
+        "seed {seed}: GLM-5-dims layer file written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut cpu = Cpu::load("glm-dsa", &path);
+    let opts = GpuOptions {
+        policy: Policy::Best,
+        graphs: true,
+        max_ctx: Some(4096),
+        ..GpuOptions::default()
+    };
+    let mut gpu = models::load_gpu(&path, "glm-dsa", &opts).unwrap_or_else(|e| panic!("{e}"));
+    for line in gpu.report() {
+        println!("{line}");
+    }
+    let prompt: Vec<u32> = (0..2100)
+        .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
+        .collect();
+    let t = std::time::Instant::now();
+    let want = cpu.forward(&prompt);
+    println!("CPU prefill of 2100: {:.1} s", t.elapsed().as_secs_f64());
+    gpu.forward(&prompt).unwrap();
+    logit_verdict(
+        &want,
+        &gpu.logits().unwrap(),
+        &format!("seed {seed}: GLM-5-dims prefill of 2100"),
+    )
+    .unwrap();
+    let mut next = argmax(&want) as u32;
+    for step in 0..8 {
+        let want = cpu.forward(&[next]);
+        gpu.forward(&[next]).unwrap();
+        logit_verdict(
+            &want,
+            &gpu.logits().unwrap(),
+            &format!(
+                "seed {seed}: GLM-5-dims decode step {step} at {}",
+                2100 + step
+            ),
+        )
+        .unwrap();
+        next = argmax(&want) as u32;
+    }
+    println!("seed {seed}: GLM-5-dims layer: 2100-token prefill and 8 sparse decode steps pass");
+    let _ = std::fs::remove_file(&path);
+}
