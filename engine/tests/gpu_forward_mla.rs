@@ -108,9 +108,12 @@ impl Cpu {
 }
 
 fn load(arch: &str, path: &Path, policy: Policy, graphs: bool) -> Box<dyn GpuModel> {
+    // `graphs` also stands for the fused dense / shared-expert FFN of decode steps, so both paths
+    // are compared with the CPU.
     let opts = GpuOptions {
         policy,
         graphs,
+        fuse_ffn: graphs,
         max_ctx: Some(1024),
         ..GpuOptions::default()
     };

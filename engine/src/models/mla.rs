@@ -192,6 +192,9 @@ struct Glu {
     down: Linear,
     /// The swiglu variant for this width.
     act: &'static str,
+    /// Decode steps: gate, up and SwiGLU as one launch (the expert kernel in swiglu mode over a
+    /// single "expert", as decoder.rs); `None` when off, or gate and up differ in type.
+    fused: Option<&'static str>,
 }
 
 #[allow(clippy::large_enum_variant)]
@@ -410,11 +413,17 @@ impl MlaDecoder {
                     plan.linear(upload(&g.down)?)?,
                 );
                 let act = plan.want(swiglu::FAMILY, &[("n_ff", int(gate.w.n))])?;
+                let fused = if gate.w.ty == up.w.ty && opts.fuse_ffn {
+                    Some(expert_kernel(plan, &gate.w, gate.w.n, "swiglu")?)
+                } else {
+                    None
+                };
                 Ok(Glu {
                     gate,
                     up,
                     down,
                     act,
+                    fused,
                 })
             };
             let ffn = match &l.ffn {
@@ -1060,6 +1069,34 @@ impl Net {
     /// `o = down(silu(gate h) ⊙ up h)` for `t` rows of `h`.
     fn glu(&self, g: &Glu, b: &mut Bufs, t: usize) -> Result<()> {
         let (k, e, n) = (&self.kernels, self.cfg.n_embd, g.gate.w.n);
+        if let (Some(fused), 1) = (g.fused, t) {
+            let (gv, uv, id0, hv) = (
+                g.gate.w.data.slice(..),
+                g.up.w.data.slice(..),
+                b.head_ids.slice(..1),
+                b.h.slice(..e),
+            );
+            let inp = MoeMatvecInputs {
+                w: &gv,
+                w_up: Some(&uv),
+                ids: &id0,
+                weights: None,
+                x: &hv,
+            };
+            let dims = MoeDims {
+                k: e,
+                n,
+                n_tokens: 1,
+                n_used: 1,
+                n_expert: 1,
+                ldx: e,
+                ldy: n,
+            };
+            moe_matvec::moe_matvec(k.get(fused)?, &inp, &mut b.ff.slice_mut(..n), dims)?;
+            return g
+                .down
+                .forward(k, &b.ff.slice(..n), &mut b.o.slice_mut(..e), 1);
+        }
         g.gate
             .forward(k, &b.h.slice(..t * e), &mut b.gate.slice_mut(..t * n), t)?;
         g.up.forward(k, &b.h.slice(..t * e), &mut b.up.slice_mut(..t * n), t)?;
