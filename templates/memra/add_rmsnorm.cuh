@@ -30,5 +30,6 @@ __device__ __forceinline__ void add_rmsnorm_impl(float* residual, const float* d
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                         \
         SYMBOL(float* residual, const float* delta, const float* delta_w, const float* w, float* out,  \
                int n_rows, int n, float eps) {                                                         \
+        memra::pdl_entry();                                                                            \
         memra::add_rmsnorm_impl<CFG>(residual, delta, delta_w, w, out, n_rows, n, eps);                \
     }

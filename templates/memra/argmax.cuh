@@ -31,5 +31,6 @@ __device__ __forceinline__ void argmax_impl(const float* logits, int* out_idx, f
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                         \
         SYMBOL(const float* logits, int* out_idx, float* out_val, void* scratch, int n_rows,           \
                int n_vocab) {                                                                          \
+        memra::pdl_entry();                                                                            \
         memra::argmax_impl<CFG>(logits, out_idx, out_val, scratch, n_rows, n_vocab);                   \
     }

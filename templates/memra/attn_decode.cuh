@@ -361,6 +361,7 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
         SYMBOL(const float* q, const void* k_cache, const void* v_cache, const int* pos, float* out, float* work, \
                int n_seq, int head_dim, int n_head, int n_kv, int max_ctx, int window, int n_split, float scale) { \
+        memra::pdl_entry();                                                                                       \
         memra::attn_decode_impl<CFG>(q, k_cache, v_cache, pos, out, work, n_seq, head_dim, n_head, n_kv, max_ctx, \
                                      window, n_split, scale);                                                  \
     }

@@ -432,6 +432,7 @@ __device__ __forceinline__ void attn_prefill_impl(const float* q, const void* k_
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                      \
         SYMBOL(const float* q, const void* k_cache, const void* v_cache, float* out, int n_tokens, int head_dim,     \
                int n_head, int n_kv, int max_ctx, int pos0, int window, float scale) {                               \
+        memra::pdl_entry();                                                                                          \
         memra::attn_prefill_impl<CFG>(q, k_cache, v_cache, out, n_tokens, head_dim, n_head, n_kv, max_ctx, pos0,     \
                                       window, scale);                                                               \
     }

@@ -28,6 +28,17 @@ enum class MoeMode : int { Plain = 0, Swiglu = 1, Down = 2, Geglu = 3 };
 enum class Gating : int { Softmax = 1, Sigmoid = 2 };
 
 constexpr int WARP_SIZE = 32;
+
+// First statement of every kernel entry (the MEMRA_DEFINE_* macros). Lets the next kernel of a
+// CUDA graph launch early (programmatic dependent launch, engine/src/cuda/graph.rs), then waits
+// until the grids this one depends on have completed and their writes are visible: with it,
+// a programmatic edge orders memory like a normal one. Without PDL both are no-ops.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
 // ---------------------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ __device__ __forceinline__ void dsa_index_key_impl(const float* __restrict__ k, 
         SYMBOL(const float* k, const float* weight, const float* bias, const int* pos, void* kcache,            \
                int n_tokens, int head_dim, int n_rot, int k_stride, int max_ctx, float freq_base,               \
                float freq_scale, float eps) {                                                                   \
+        memra::pdl_entry();                                                                                     \
         memra::dsa_index_key_impl<CFG>(k, weight, bias, pos, kcache, n_tokens, head_dim, n_rot, k_stride,       \
                                        max_ctx, freq_base, freq_scale, eps);                                    \
     }

@@ -216,5 +216,6 @@ __device__ __forceinline__ void dsa_indexer_impl(const float* q, const float* w,
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                    \
         SYMBOL(const float* q, const float* w, const void* kcache, const int* pos, float* scores, int n_q,         \
                int n_idx_head, int idx_head_dim, int max_ctx, int ld_scores) {                                     \
+        memra::pdl_entry();                                                                                         \
         memra::dsa_indexer_impl<CFG>(q, w, kcache, pos, scores, n_q, n_idx_head, idx_head_dim, max_ctx, ld_scores); \
     }

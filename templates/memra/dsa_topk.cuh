@@ -165,5 +165,6 @@ __device__ __forceinline__ void dsa_topk_impl(const float* scores, const int* po
 #define MEMRA_DEFINE_DSA_TOPK(SYMBOL, CFG)                                                                   \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                               \
         SYMBOL(const float* scores, const int* pos, int* idx, int* count, int n_q, int ld_scores, int k) {   \
+        memra::pdl_entry();                                                                                 \
         memra::dsa_topk_impl<CFG>(scores, pos, idx, count, n_q, ld_scores, k);                              \
     }

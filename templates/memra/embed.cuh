@@ -61,5 +61,6 @@ __device__ __forceinline__ void embed_impl(const int* __restrict__ tokens, const
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                         \
         SYMBOL(const int* tokens, const void* table, float* out, int n_tokens, int n_embd, int n_vocab, \
                float scale) {                                                                          \
+        memra::pdl_entry();                                                                            \
         memra::embed_impl<CFG>(tokens, table, out, n_tokens, n_embd, n_vocab, scale);                  \
     }

@@ -286,5 +286,6 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int t, \
                int k, int n, int ldx, int ldy) {                                                                \
+        memra::pdl_entry();                                                                                     \
         memra::matmul_impl<CFG>(w, x, y, t, k, n, ldx, ldy);                                                    \
     }

@@ -1108,5 +1108,6 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, memra::MatvecGeometry<CFG>::MIN_BLOCKS)           \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int k, \
                int n, int batch, int ldx, int ldy) {                                                            \
+        memra::pdl_entry();                                                                                     \
         memra::matvec_impl<CFG>(w, x, y, k, n, batch, ldx, ldy);                                                \
     }

@@ -45,6 +45,7 @@
                void* cache, float* iq, int n_tokens, int n_head, int nope, int rope, int kv_lora,               \
                int n_idx_head, int idx_head_dim, int max_ctx, float freq_base, float freq_scale,                \
                float ext_factor, float corr_low, float corr_high, float idx_q_scale, float eps) {               \
+        memra::pdl_entry();                                                                                     \
         memra::mla_rope_impl<CFG>(q, q_out, kv, kv_norm_w, pos, cache, iq, n_tokens, n_head, nope, rope,        \
                                   kv_lora, n_idx_head, idx_head_dim, max_ctx, freq_base, freq_scale,            \
                                   ext_factor, corr_low, corr_high, idx_q_scale, eps);                           \

@@ -200,5 +200,6 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
         SYMBOL(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w_up, const int* __restrict__ ids, \
                const float* __restrict__ weights, const float* __restrict__ x, float* __restrict__ y, int k, int n,     \
                int n_tokens, int n_used, int n_expert, int ldx, int ldy) {                                              \
+        memra::pdl_entry();                                                                                             \
         memra::moe_matvec_impl<CFG>(w, w_up, ids, weights, x, y, k, n, n_tokens, n_used, n_expert, ldx, ldy);           \
     }

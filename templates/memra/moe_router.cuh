@@ -130,5 +130,6 @@ __device__ __forceinline__ void moe_router_impl(const float* __restrict__ logits
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                   \
         SYMBOL(const float* __restrict__ logits, const float* __restrict__ bias, int* __restrict__ ids,          \
                float* __restrict__ weights, int n_tokens, int n_expert, int n_used, int norm, float scale) {     \
+        memra::pdl_entry();                                                                                     \
         memra::moe_router_impl<CFG>(logits, bias, ids, weights, n_tokens, n_expert, n_used, norm, scale);       \
     }

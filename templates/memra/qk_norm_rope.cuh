@@ -195,6 +195,7 @@ __device__ __forceinline__ void qk_norm_rope_impl(float* q, float* k, const floa
                const int* pos, void* k_cache, void* v_cache, int n_tokens, int head_dim, int n_head,   \
                int n_kv, int n_rot, int q_stride, int k_stride, int v_stride, int max_ctx,             \
                float freq_base, float freq_scale, float eps) {                                         \
+        memra::pdl_entry();                                                                            \
         memra::qk_norm_rope_impl<CFG>(q, k, v, q_norm_w, k_norm_w, pos, k_cache, v_cache, n_tokens,    \
                                       head_dim, n_head, n_kv, n_rot, q_stride, k_stride, v_stride,     \
                                       max_ctx, freq_base, freq_scale, eps);                            \

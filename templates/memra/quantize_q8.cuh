@@ -57,5 +57,6 @@ __device__ __forceinline__ void quantize_q8_impl(const float* __restrict__ x, fl
 #define MEMRA_DEFINE_QUANTIZE_Q8(SYMBOL, CFG)                                                                 \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                               \
         SYMBOL(const float* __restrict__ x, float* __restrict__ xq, int k, int rows, int ldx, int ldq) {    \
+        memra::pdl_entry();                                                                                 \
         memra::quantize_q8_impl<CFG>(x, xq, k, rows, ldx, ldq);                                             \
     }

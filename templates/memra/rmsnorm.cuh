@@ -245,5 +245,6 @@ __device__ __forceinline__ void rmsnorm_impl(const float* x, const float* w, flo
 #define MEMRA_DEFINE_RMSNORM(SYMBOL, CFG)                                                              \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                         \
         SYMBOL(const float* x, const float* w, float* out, int n_rows, int n, float eps) {             \
+        memra::pdl_entry();                                                                            \
         memra::rmsnorm_impl<CFG>(x, w, out, n_rows, n, eps);                                           \
     }

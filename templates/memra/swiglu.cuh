@@ -70,5 +70,6 @@ __device__ __forceinline__ void swiglu_impl(const float* gate, const float* up, 
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                         \
         SYMBOL(const float* gate, const float* up, float* out, int n_rows, int n_ff, int gate_stride,  \
                int up_stride) {                                                                        \
+        memra::pdl_entry();                                                                            \
         memra::swiglu_impl<CFG>(gate, up, out, n_rows, n_ff, gate_stride, up_stride);                  \
     }

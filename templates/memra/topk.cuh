@@ -163,5 +163,6 @@ __device__ __forceinline__ void topk_impl(const float* logits, float* out_val, i
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                         \
         SYMBOL(const float* logits, float* out_val, int* out_idx, void* scratch, int n_rows,           \
                int n_vocab, int k) {                                                                   \
+        memra::pdl_entry();                                                                            \
         memra::topk_impl<CFG>(logits, out_val, out_idx, scratch, n_rows, n_vocab, k);                  \
     }

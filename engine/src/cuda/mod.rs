@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod device;
+pub mod graph;
 pub mod library;
 pub mod module;
 pub mod nvrtc;

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits, sys};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
 use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
 
+use crate::cuda::graph::Graph;
 use crate::cuda::{Error as CudaError, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param, Policy, Selection};
 use crate::kernels::{argmax, matmul, matvec};
@@ -219,8 +220,10 @@ impl KvCache {
 
 /// A decode step captured as a CUDA graph and replayed while its `key` (whatever the captured
 /// launches baked besides device buffers: split counts, sparse or dense attention) is unchanged.
+/// On sm_90+ consecutive kernels are linked by programmatic dependent launch (cuda::graph);
+/// `MEMRA_PDL=0` turns that off (for A/B measurements).
 pub struct StepGraph<K> {
-    graph: Option<(CudaGraph, K)>,
+    graph: Option<(Graph, K)>,
 }
 
 impl<K: PartialEq> StepGraph<K> {
@@ -233,19 +236,21 @@ impl<K: PartialEq> StepGraph<K> {
     pub fn run(&mut self, stream: &Arc<CudaStream>, key: K, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
         if self.graph.as_ref().is_none_or(|(_, k)| *k != key) {
             self.graph = None;
-            stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| err(format!("cuStreamBeginCapture: {e:?}")))?;
-            let r = enqueue();
-            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-            r?;
-            let graph = graph.map_err(|e| err(format!("capturing the decode step as a CUDA graph: {e:?}")))?;
-            let graph = graph.ok_or_else(|| err("capturing the decode step produced an empty graph"))?;
+            let graph = Graph::capture(stream, pdl_enabled(stream), enqueue)?;
             self.graph = Some((graph, key));
         }
         let (graph, _) = self.graph.as_ref().expect("captured above");
-        graph.launch().map_err(|e| err(format!("cuGraphLaunch: {e:?}")))
+        Ok(graph.launch()?)
     }
+}
+
+/// Programmatic dependent launch needs sm_90 (the kernels' `griddepcontrol` is compiled only
+/// there); `MEMRA_PDL=0` disables it.
+fn pdl_enabled(stream: &CudaStream) -> bool {
+    if std::env::var("MEMRA_PDL").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    stream.context().compute_capability().is_ok_and(|(major, _)| major >= 9)
 }
 
 impl<K: PartialEq> Default for StepGraph<K> {
