@@ -30,6 +30,7 @@ use gpu_common::{down, gpu, load, token, up};
 use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use memra_engine::kernels::moe_router;
+use memra_engine::kernels::quantize_q8::Q8Activation;
 use memra_gguf::{GgmlType, quant};
 use memra_reference::moe::{Gating, RouterConfig, route};
 use memra_reference::{Rng, act, linear, q8, rel_err};
@@ -703,7 +704,8 @@ fn gpu_dense_gated_ffn_as_one_expert_matches_reference() {
 // the activation and the routing-weighted combine in f64 as above. Same 1e-4: only the f32
 // rounding of scale products and the accumulation order differ.
 
-/// Quantizes `rows` packed rows of `k` on the GPU; checks the bytes against the reference.
+/// Quantizes `rows` packed rows of `k` on the GPU (the `Q8Activation` a decoder would keep);
+/// checks the bytes against the reference.
 fn quantize_rows_q8(
     gpu: &Gpu,
     qk: &Kernel,
@@ -711,25 +713,32 @@ fn quantize_rows_q8(
     k: usize,
     rows: usize,
     rng: &Rng,
-) -> CudaSlice<f32> {
-    use memra_engine::kernels::quantize_q8;
+) -> Q8Activation {
     let s = gpu.stream();
-    let ldq = quantize_q8::row_floats(k);
-    let mut dq = up(s, &vec![f32::NAN; rows * ldq]);
-    quantize_q8::quantize_q8(qk, &x.slice(..), &mut dq.slice_mut(..), k, rows, k, ldq)
+    let mut act = Q8Activation::new(s, k, rows).unwrap_or_else(|e| panic!("{e}"));
+    act.quantize(qk, &x.slice(..), rows, k)
         .unwrap_or_else(|e| panic!("{e}"));
     let host_x = down(s, x);
-    let got: Vec<u8> = down(s, &dq).iter().flat_map(|f| f.to_le_bytes()).collect();
+    let got: Vec<u8> = s
+        .clone_dtoh(&act.view())
+        .expect("download")
+        .iter()
+        .flat_map(|f: &f32| f.to_le_bytes())
+        .collect();
     for r in 0..rows {
         let want = q8::quantize_q8_blocks(&host_x[r * k..][..k]).to_gpu_bytes();
         let used = k + k / 4;
         assert!(
-            got[4 * r * ldq..][..used] == want[..used],
+            got[4 * r * act.ld()..][..used] == want[..used],
             "quantize_q8 k={k} row {r} differs from memra_reference::q8 (MEMRA_SEED={})",
             rng.seed()
         );
     }
-    dq
+    assert!(
+        act.quantize(qk, &x.slice(..), rows + 1, k).is_err(),
+        "a q8 activation must refuse more rows than it holds"
+    );
+    act
 }
 
 fn check_moe_q8(
@@ -789,7 +798,7 @@ fn check_moe_q8(
         ex.gate.dev.slice(..),
         ex.up.dev.slice(..),
         dids.slice(..),
-        dxq.slice(..),
+        dxq.view(),
     );
     let mut h = Vec::new();
     for (mode, want) in [("plain", &g_ref), ("swiglu", &sw_ref), ("geglu", &ge_ref)] {
@@ -844,7 +853,7 @@ fn check_moe_q8(
             .for_each(|(w, a)| *w = *a as f32);
     }
     let kd = mk(nf, ke, "down");
-    let (ddv, dhv, dwv) = (ex.down.dev.slice(..), dhq.slice(..), dwts.slice(..));
+    let (ddv, dhv, dwv) = (ex.down.dev.slice(..), dhq.view(), dwts.slice(..));
     let mut dout = up(s, &vec![f32::NAN; n_tokens * ke]);
     let inp = MoeMatvecInputs {
         w: &ddv,

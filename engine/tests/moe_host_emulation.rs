@@ -18,7 +18,7 @@ use emu_common::{
 };
 use memra_gguf::{GgmlType, quant};
 use memra_reference::moe::{Gating, RouterConfig, route};
-use memra_reference::{Rng, act, linear, rel_err};
+use memra_reference::{Rng, act, linear, q8, rel_err};
 
 const TOL: f64 = 1e-4;
 
@@ -27,9 +27,12 @@ using namespace memra;
 #ifndef SPEC
 #define SPEC 0
 #endif
+#ifndef XQ8V
+#define XQ8V 0
+#endif
 template <int KD, int ND, MoeMode M, int A> struct MCfg {
     static constexpr int K = KD, N = ND; static constexpr QType QTYPE = QType::QT; static constexpr MoeMode MODE = M;
-    static constexpr int THREADS = 256, LANES = 16, ROWS_PER_GROUP = 2, STAGES = 3, ACCUMULATE = A; };
+    static constexpr int THREADS = 256, LANES = 16, ROWS_PER_GROUP = 2, STAGES = 3, ACCUMULATE = A, XQ8 = XQ8V; };
 template <int NE, int NU, Gating G> struct RCfg { static constexpr int N_EXPERT = NE, N_USED = NU; static constexpr Gating GATING = G; static constexpr int THREADS = 64; };
 // args: k n n_tokens n_used n_expert ldx ldy grid_y_max w w_up ids weights x y(in/out)
 template <class C> int moe(char** a) {
@@ -205,13 +208,57 @@ fn launch(
 /// weighted sum), with one token's slot pointing at expert n_expert (out of range).
 #[test]
 fn moe_matvec_emulated_on_host_threads_matches_reference() {
-    let test = "moe_matvec_emulated_on_host_threads_matches_reference";
-    let Some(mut b) = Builder::new(test, "moe", &emulator_source()) else {
+    moe_modes_match_reference(
+        "moe_matvec_emulated_on_host_threads_matches_reference",
+        false,
+    );
+}
+
+/// The integer path (XQ8 = 1) for every type that has it: x and h as q8 rows (the layout
+/// quantize_q8 writes, from `memra_reference::q8`, padded strides), every mode against
+/// `q8::matmul_gguf_q8` per expert (x quantized the same way, per-block integer products in
+/// f64). Only f32 rounding of scale products and accumulation order differ: the same 1e-4.
+#[test]
+fn moe_matvec_xq8_emulated_on_host_threads_matches_q8_reference() {
+    moe_modes_match_reference(
+        "moe_matvec_xq8_emulated_on_host_threads_matches_q8_reference",
+        true,
+    );
+}
+
+/// Rows `[rows][ld]` (`k` used) for the kernel's x: as they are, or (xq8) as q8 rows
+/// `[rows][row_floats(k) + 4]`; returns the buffer and its stride in floats.
+fn device_rows(xq8: bool, v: &[f32], rows: usize, k: usize, ld: usize) -> (Vec<f32>, usize) {
+    if !xq8 {
+        return (v.to_vec(), ld);
+    }
+    let ldq = q8::q8_row_bytes(k) / 4 + 4;
+    let mut out = vec![f32::NAN; (rows - 1) * ldq + q8::q8_row_bytes(k) / 4];
+    for r in 0..rows {
+        let bytes = q8::quantize_q8_blocks(&v[r * ld..][..k]).to_gpu_bytes();
+        for (i, c) in bytes.chunks_exact(4).enumerate() {
+            out[r * ldq + i] = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    (out, ldq)
+}
+
+fn moe_modes_match_reference(test: &str, xq8: bool) {
+    let Some(mut b) = Builder::new(test, if xq8 { "moe-q8" } else { "moe" }, &emulator_source())
+    else {
         return;
     };
     let mut rng = Rng::from_env_or_time(test);
     let seed = rng.seed();
-    for ty in QTYPES {
+    // The oracle's matvec: f32 x, or x quantized as quantize_q8 does (xq8).
+    let mv = |ty: GgmlType, w: &[u8], k: usize, n: usize, x: &[f32]| {
+        if xq8 {
+            q8::matmul_gguf_q8(ty, w, k, n, x, 1).unwrap()
+        } else {
+            linear::matvec_gguf(ty, w, k, n, x).unwrap()
+        }
+    };
+    for ty in QTYPES.into_iter().filter(|&t| !xq8 || q8::has_int_dot(t)) {
         let (kk, nn) = dims(ty);
         let spec = SPECIALIZED.contains(&ty);
         let mut defines = vec![
@@ -223,6 +270,9 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
         ];
         if spec {
             defines.push("SPEC=1".into());
+        }
+        if xq8 {
+            defines.push("XQ8V=1".into());
         }
         let c = Case {
             n_tokens: 2,
@@ -243,6 +293,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
         let ldx = kk + 4;
         let ldy = nn + 3;
         let x = rng.normal_vec((c.n_tokens - 1) * ldx + kk, 1.0);
+        let (x_dev, ldx_dev) = device_rows(xq8, &x, c.n_tokens, kk, ldx);
         for variant_spec in if spec { vec![true, false] } else { vec![false] } {
             let what = |m: &str| {
                 format!("{m} {ty:?} k={kk} n={nn} spec={variant_spec} (MEMRA_SEED={seed})")
@@ -255,7 +306,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 c.n_tokens,
                 c.n_used,
                 c.n_expert,
-                ldx,
+                ldx_dev,
                 ldy,
                 c.grid_y_max,
             ];
@@ -269,7 +320,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 &wg,
                 &ids,
                 &wts,
-                &x,
+                &x_dev,
                 &y0,
             );
             let swi = launch(
@@ -282,7 +333,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 &wu,
                 &ids,
                 &wts,
-                &x,
+                &x_dev,
                 &y0,
             );
             let geg = launch(
@@ -295,7 +346,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 &wu,
                 &ids,
                 &wts,
-                &x,
+                &x_dev,
                 &y0,
             );
             let (mut got_p, mut want_p, mut got_s, mut want_s) = (vec![], vec![], vec![], vec![]);
@@ -331,8 +382,8 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                 }
                 let e = ids[s] as usize;
                 let xt = &x[(s / c.n_used) * ldx..][..kk];
-                let g = linear::matvec_gguf(ty, expert(&wg, e, nn, rb_gu), kk, nn, xt).unwrap();
-                let u = linear::matvec_gguf(ty, expert(&wu, e, nn, rb_gu), kk, nn, xt).unwrap();
+                let g = mv(ty, expert(&wg, e, nn, rb_gu), kk, nn, xt);
+                let u = mv(ty, expert(&wu, e, nn, rb_gu), kk, nn, xt);
                 got_p.extend(row(&plain));
                 want_p.extend(&g);
                 got_s.extend(row(&swi));
@@ -350,8 +401,9 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
             // down: y[b] = Σ_j wt·W_down[e]·h[s], h random [slots][ldh].
             let ldh = nn + 8;
             let h = rng.normal_vec((slots - 1) * ldh + nn, 1.0);
+            let (h_dev, ldh_dev) = device_rows(xq8, &h, slots, nn, ldh);
             let ldo = kk + 1;
-            let dd = [nn, kk, c.n_tokens, c.n_used, c.n_expert, ldh, ldo, 2];
+            let dd = [nn, kk, c.n_tokens, c.n_used, c.n_expert, ldh_dev, ldo, 2];
             let modes: &[&str] = if variant_spec {
                 &["down"]
             } else {
@@ -374,7 +426,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                     &wd,
                     &ids,
                     &wts,
-                    &h,
+                    &h_dev,
                     &y0,
                 );
                 let (mut g, mut want) = (vec![], vec![]);
@@ -402,14 +454,7 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
                     for j in 0..c.n_used {
                         let s = t * c.n_used + j;
                         let e = ids[s] as usize;
-                        let y = linear::matvec_gguf(
-                            ty,
-                            expert(&wd, e, kk, rb_d),
-                            nn,
-                            kk,
-                            &h[s * ldh..][..nn],
-                        )
-                        .unwrap();
+                        let y = mv(ty, expert(&wd, e, kk, rb_d), nn, kk, &h[s * ldh..][..nn]);
                         for i in 0..kk {
                             sum[i] += wts[s] as f64 * y[i] as f64;
                         }

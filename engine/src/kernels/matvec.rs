@@ -97,6 +97,12 @@ pub fn int_dot(ty: GgmlType) -> bool {
     matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q4_K | Q6_K | IQ4_NL | IQ4_XS)
 }
 
+/// Whether the variant reads x as q8 rows (`xq8`): callers then quantize x once
+/// ([`crate::kernels::quantize_q8::Q8Activation`]) and pass it to every such launch.
+pub fn reads_q8(kernel: &Kernel) -> Result<bool, Error> {
+    Ok(tuning(kernel)?.xq8)
+}
+
 /// Floats per x row the kernel reads at `k`: `k` (f32 x) or, with `xq8`, the q8 row
 /// ([`crate::kernels::quantize_q8::row_floats`]).
 pub fn x_row_floats(xq8: bool, k: usize) -> usize {

@@ -5,7 +5,9 @@
 //! floats per row) and pass that buffer as `x` (with `ldx = row_floats(k)`) to every xq8 launch
 //! that reads it — q, k and v or gate and up of a decode step.
 
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks::{self, GRID_Y_MAX};
@@ -109,6 +111,68 @@ pub fn quantize_q8(
     // the kernel reads x[r][0..k) and writes xq row r's first k + k/4 bytes for r < rows; any
     // grid is correct (grid strides), the block size is the variant's THREADS.
     unsafe { launch(kernel, launch_config(threads, k, rows), &mut args) }
+}
+
+/// A device buffer of q8 rows for one activation of up to `rows` rows of `k`: quantize once
+/// ([`Q8Activation::quantize`]), then pass [`Q8Activation::view`] as `x` with `ldx =`
+/// [`Q8Activation::ld`] to every xq8 matvec / moe_matvec reading that activation. Allocated
+/// once (outside CUDA graph capture); `quantize` only launches, so it can be captured.
+pub struct Q8Activation {
+    buf: CudaSlice<f32>,
+    k: usize,
+    rows: usize,
+}
+
+impl Q8Activation {
+    pub fn new(stream: &Arc<CudaStream>, k: usize, rows: usize) -> Result<Q8Activation, Error> {
+        let n = rows.max(1) * row_floats(k);
+        let buf = stream.alloc_zeros::<f32>(n).map_err(|e| {
+            Error::driver(
+                format!("cuMemAlloc of a q8 activation ({rows} rows of k={k}, {n} floats)"),
+                e,
+            )
+        })?;
+        Ok(Q8Activation { buf, k, rows })
+    }
+
+    /// Quantizes `rows` rows of `x` (`[rows][ldx]`) with the quantize_q8 `kernel`.
+    pub fn quantize(
+        &mut self,
+        kernel: &Kernel,
+        x: &CudaView<'_, f32>,
+        rows: usize,
+        ldx: usize,
+    ) -> Result<(), Error> {
+        if rows > self.rows {
+            return Err(checks::invalid(
+                kernel,
+                format!("{rows} rows > the {} this q8 activation holds", self.rows),
+            ));
+        }
+        let ld = self.ld();
+        quantize_q8(
+            kernel,
+            x,
+            &mut self.buf.slice_mut(..),
+            self.k,
+            rows,
+            ldx,
+            ld,
+        )
+    }
+
+    pub fn view(&self) -> CudaView<'_, f32> {
+        self.buf.slice(..)
+    }
+
+    /// Row stride in floats (the xq8 kernels' `ldx`).
+    pub fn ld(&self) -> usize {
+        row_floats(self.k)
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
 }
 
 /// The thin `.cu` for a quantize_q8 variant (tests and benches).
