@@ -655,13 +655,23 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 };
                 let router = (arch_int(a, moe_router::FAMILY, "n_expert"), arch_int(a, moe_router::FAMILY, "n_used"));
                 let heads = arch_int(a, mla_decode::FAMILY, "n_head").or(arch_int(a, mla_sparse_decode::FAMILY, "n_head"));
+                // Routed experts come as a gate/up + down pair of one type; a gate/up variant with
+                // no down partner is a dense FFN or shared expert run as one expert (moe_matvec.rs).
+                let has_down_partner = registry::variants().iter().any(|d| {
+                    d.arch == Some(a)
+                        && d.family == moe_matvec::FAMILY
+                        && d.param("mode") == Some(Param::Sym("down"))
+                        && d.param("qtype") == v.param("qtype")
+                        && int(d, "k") == Some(n)
+                        && int(d, "n") == Some(k)
+                });
                 let (t, n_expert, n_used) = match (mode, router, heads) {
                     // Plain: MLA's per-head absorption, the head as the expert, one row per head.
                     (moe_matvec::Mode::Plain, _, Some(h)) => (h, h, 1),
                     (moe_matvec::Mode::Plain, ..) => continue,
                     // Routed experts of one decode token.
-                    (_, (Some(e), Some(u)), _) => (1, e, u),
-                    // No router: the dense gated FFN as the one-expert case (moe_matvec.rs).
+                    (moe_matvec::Mode::Down, (Some(e), Some(u)), _) => (1, e, u),
+                    (_, (Some(e), Some(u)), _) if has_down_partner => (1, e, u),
                     _ => (1, 1, 1),
                 };
                 push(&mut cases, Shape::MoeMatvec { ty, mode, t, k, n, n_expert, n_used }, a, v, None, false);
@@ -1454,6 +1464,13 @@ mod tests {
             ("moe_matvec", "t1_k6144_n2048_e256_u8_swiglu"),
             ("moe_matvec", "t1_k2048_n6144_e256_u8_down"),
         ];
+        // The dense FFN / shared expert (Q8_0, no down partner) run as one expert, not routed.
+        for c in cases.iter().filter(|c| c.shape.family() == "moe_matvec" && c.shape.dtype() == "q8_0") {
+            let Shape::MoeMatvec { mode, n_expert, n_used, .. } = c.shape else { unreachable!() };
+            if mode != moe_matvec::Mode::Plain {
+                assert_eq!((n_expert, n_used), (1, 1), "{}", c.shape.label());
+            }
+        }
         if registry::variants().iter().any(|v| v.arch == Some("glm-dsa") && v.family == "mla_decode") {
             want.push(("mla_decode", "h64_kv1_d576_dv512_c32768"));
             want.push(("mla_decode", "h64_kv1_d576_dv512_c131072"));
