@@ -25,13 +25,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
-use memra_gguf::{Gguf, TensorInfo};
+use memra_gguf::TensorInfo;
 use memra_reference::models::mla_model::INDEXER_K_NORM_EPS;
 use memra_reference::models::MlaModelHparams;
 use memra_reference::moe::Gating;
 
 use super::gpu::{
-    self, err, upload_f32, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StepGraph,
+    self, err, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StepGraph, WeightSource,
 };
 use super::{GpuModel, GpuOptions};
 use crate::cuda::{Gpu, Kernels};
@@ -328,9 +328,9 @@ fn int(v: usize) -> Param {
 }
 
 impl MlaDecoder {
-    pub fn load<B: AsRef<[u8]>>(
+    pub fn load(
         path: &Path,
-        file: &Gguf<B>,
+        file: &dyn WeightSource,
         spec: MlaSpec<'_>,
         opts: &GpuOptions,
     ) -> Result<MlaDecoder> {
@@ -347,11 +347,11 @@ impl MlaDecoder {
         let mut plan = KernelPlan::new(opts.policy);
         let mut bytes = 0usize;
         let mut upload = |t: &TensorInfo<'_>| -> Result<DeviceTensor> {
-            let d = DeviceTensor::upload(&gpu, file, t)?;
+            let d = file.upload(&gpu, t)?;
             bytes += d.bytes();
             Ok(d)
         };
-        let f32s = |t: &TensorInfo<'_>| upload_f32(&gpu, file, t);
+        let f32s = |t: &TensorInfo<'_>| file.upload_f32(&gpu, t);
         let expert_kernel = |plan: &mut KernelPlan,
                              t: &DeviceTensor,
                              rows: usize,
@@ -1350,6 +1350,27 @@ impl MlaDecoder {
     }
 }
 
+impl MlaDecoder {
+    /// Long-context benchmarks without a prefill: `fill(gpu, layer, latent, index_keys)` writes
+    /// each layer's cache rows (latent bf16 bits `[max_ctx, kv_lora + rope]`; f32 index keys
+    /// `[max_ctx, idx_head_dim]` on indexer layers), then `len` positions count as cached.
+    pub fn assume_cached(
+        &mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&Gpu, usize, &mut CudaSlice<u16>, Option<&mut CudaSlice<f32>>) -> Result<()>,
+    ) -> Result<()> {
+        let c = &mut self.state.cache;
+        if len > c.max_ctx {
+            return Err(err(format!("{len} cached positions > the cache's {}", c.max_ctx)));
+        }
+        for (il, (latent, keys)) in c.latent.iter_mut().zip(c.index_keys.iter_mut()).enumerate() {
+            fill(&self.gpu, il, latent, keys.as_mut())?;
+        }
+        c.len = len;
+        Ok(())
+    }
+}
+
 impl GpuModel for MlaDecoder {
     fn forward(&mut self, tokens: &[u32]) -> Result<()> {
         let cache = &self.state.cache;
@@ -1483,5 +1504,69 @@ pub fn ffn_from<'f>(
             [Some(gate), Some(up), Some(down)] => Ok(MlaFfnSpec::Dense(GluSpec { gate, up, down })),
             _ => Err(missing("ffn_gate / ffn_up / ffn_down (a dense layer)")),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use memra_codegen::fixture;
+    use memra_codegen::spec::ArchSpec;
+    use memra_gguf::Gguf;
+    use memra_reference::models::{Deepseek2, GlmDsa};
+
+    use super::config_from;
+
+    fn micro(arch: &str) -> Gguf<Vec<u8>> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let spec = ArchSpec::load(&root.join(format!("specs/{arch}.toml"))).unwrap();
+        Gguf::parse(fixture::micro_model(&spec, 3).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn configs_follow_the_files_semantics() {
+        let g = config_from(
+            "glm-dsa",
+            "interleaved",
+            &GlmDsa::hparams_from_gguf(&micro("glm-dsa")).unwrap(),
+        );
+        assert_eq!(
+            (g.n_head, g.nope, g.rope, g.v, g.kv_lora, g.q_lora),
+            (4, 32, 16, 32, 128, Some(64))
+        );
+        assert_eq!(g.freqs.ext_factor, 0.0, "glm-dsa: plain RoPE");
+        assert!(
+            (g.kq_scale - 1.0 / 48f32.sqrt()).abs() < 1e-7,
+            "{}",
+            g.kq_scale
+        );
+        let i = g.indexer.expect("glm-dsa has an indexer");
+        assert_eq!((i.n_head, i.head_dim, i.top_k), (8, 32, 4));
+        let m = g.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.gating, m.n_expert, m.n_used, m.n_ff_shexp),
+            ("sigmoid", 4, 2, 256)
+        );
+
+        let d = config_from(
+            "deepseek2",
+            "interleaved",
+            &Deepseek2::hparams_from_gguf(&micro("deepseek2")).unwrap(),
+        );
+        assert_eq!(d.q_lora, None, "V2-Lite: a direct attn_q");
+        assert!(d.indexer.is_none());
+        assert_eq!(d.freqs.ext_factor, 1.0, "deepseek2 micro: YaRN");
+        assert!((d.freqs.freq_scale - 1.0 / 40.0).abs() < 1e-9);
+        assert!(
+            0.0 < d.freqs.corr_low && d.freqs.corr_low < d.freqs.corr_high,
+            "{:?}",
+            d.freqs
+        );
+        // mscale = 1 + 0.0707·ln 40 enters the softmax scale squared (model-specs §6.4).
+        let mscale = 1.0 + 0.0707f64 * 40f64.ln();
+        let want = (mscale * mscale / 48f64.sqrt()) as f32;
+        assert!((d.kq_scale - want).abs() < 1e-5, "{} vs {want}", d.kq_scale);
+        assert_eq!(d.moe.as_ref().unwrap().gating, "softmax");
     }
 }
