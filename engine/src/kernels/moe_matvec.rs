@@ -266,6 +266,45 @@ pub fn moe_matvec(
     }
 }
 
+impl Mode {
+    /// The `memra::MoeMode` enumerator.
+    pub fn cpp(self) -> &'static str {
+        match self {
+            Mode::Plain => "Plain",
+            Mode::Swiglu => "Swiglu",
+            Mode::Geglu => "Geglu",
+            Mode::Down => "Down",
+        }
+    }
+}
+
+/// The thin `.cu` of a moe_matvec variant (benches and tests build their own; `k = n = 0`:
+/// generic). `t.batch` is ignored (one x row per slot).
+pub fn render_source(
+    name: &str,
+    ty: GgmlType,
+    mode: Mode,
+    k: usize,
+    n: usize,
+    t: &MatvecTuning,
+) -> String {
+    format!(
+        "#include \"memra/moe_matvec.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
+         static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr memra::MoeMode MODE = memra::MoeMode::{m};\n    \
+         static constexpr int THREADS = {th};\n    static constexpr int LANES = {l};\n    static constexpr int ROWS_PER_GROUP = {r};\n    \
+         static constexpr int STAGES = {s};\n    static constexpr int ACCUMULATE = {a};\n    static constexpr int XQ8 = {xq};\n}};\n\
+         MEMRA_DEFINE_MOE_MATVEC({name}, {name}_cfg)\n",
+        q = ty.name(),
+        m = mode.cpp(),
+        th = t.threads,
+        l = t.lanes,
+        r = t.rows_per_group,
+        s = t.stages,
+        a = t.accumulate as i32,
+        xq = t.xq8 as i32
+    )
+}
+
 /// Bytes of the expert rows one launch reads: `n_used` experts per token (distinct ids assumed)
 /// × n rows of row_bytes(k), twice in Swiglu / Geglu. For bandwidth figures.
 pub fn selected_bytes(
