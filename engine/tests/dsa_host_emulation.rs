@@ -209,7 +209,7 @@ fn emulator_source() -> String {
         &mla,
         "__device__ __forceinline__ u32 smem_addr(",
         "template <CacheType C> struct Elem;",
-        "inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, 16); }\ninline void commit() {}\ntemplate <int N> inline void wait() {}\n",
+        "inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, 16); }\ninline void commit() {}\ntemplate <int N> inline void wait() {}\ninline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
         "mla_decode.cuh",
     );
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";

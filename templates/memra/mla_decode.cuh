@@ -21,8 +21,8 @@
 //   counter to 0.
 //   phase (how a split launch combines): 0 = as just said; 1 = write the partials only (no
 //   counter, no combine; n_split > 1); 2 = combine only, after a phase-1 launch with the same
-//   n_split: grid (any X, ceil(n_head / 64)), no dynamic shared memory, block (x, y) merges
-//   slice x of head block y's [64][kv_lora] outputs. The last-block combine reads every
+//   n_split: grid (any X, ceil(n_head / 64)), no dynamic shared memory, the X blocks of y take
+//   turns over head block y's (head, 128-column) units. The last-block combine reads every
 //   partial (n_split · 64 · kv_lora · 4 bytes: 17 MB at 132 splits) through one multiprocessor;
 //   phases 1 + 2 spread that over the grid (memra_engine::kernels::mla_decode picks them above
 //   LAST_BLOCK_COMBINE_MAX splits).
@@ -80,6 +80,19 @@ __device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// Global loads through L2 only: the partials other blocks of this launch wrote (L1 is not
+// coherent across multiprocessors).
+__device__ __forceinline__ float ldcg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float4 ldcg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
 template <CacheType C> struct Elem;
 template <> struct Elem<CacheType::BF16> { static constexpr int BYTES = 2; static constexpr int TR = 16; };
 template <> struct Elem<CacheType::F32> { static constexpr int BYTES = 4; static constexpr int TR = 8; };
@@ -95,25 +108,44 @@ template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {
     }
 }
 
-// Merges the n_split partials (acc, m, l) of head block h_base into out for the flat indices
-// [begin, end) of its [hb][KVL] outputs (a thread every 256). Ptr: float or volatile float.
-template <class Ptr>
-__device__ __forceinline__ void merge_partials(float* __restrict__ out, Ptr work_acc, Ptr work_ml, int h_base, int KVL,
-                                               int n_split, int begin, int end) {
-    for (int i = begin + (int)threadIdx.x; i < end; i += 256) {
-        const int h = i / KVL, d = i % KVL;
-        const i64 part0 = (h_base + h) * (i64)n_split;
-        float M = neg_inf();
-        for (int s2 = 0; s2 < n_split; ++s2) M = fmaxf(M, work_ml[(part0 + s2) * 2]);
-        float L = 0.0f, A = 0.0f;
-        if (M != neg_inf()) {
-            for (int s2 = 0; s2 < n_split; ++s2) {
-                const float wt = merge_w(work_ml[(part0 + s2) * 2], M);
-                L = fmaf(work_ml[(part0 + s2) * 2 + 1], wt, L);
-                A = fmaf(work_acc[(part0 + s2) * KVL + d], wt, A);
-            }
+// Merges the n_split partials (acc, m, l) of global head hg into out[hg][c0 .. c0 + 128): warp w
+// takes 16 columns, its lanes = 8 split groups (lane / 4, splits s ≡ lane / 4 mod 8) × 4 float4
+// columns, summed across the groups by shuffles; many independent 16-byte loads per thread, so
+// the merge runs near L2 bandwidth. Every thread of the block calls it with the same arguments.
+__device__ __forceinline__ void merge_unit(float* __restrict__ out, const float* work_acc, const float* work_ml,
+                                           int hg, int c0, int KVL, int n_split) {
+    const int lane = threadIdx.x & 31, sg = lane >> 2;
+    const int col = c0 + 16 * (int)(threadIdx.x >> 5) + 4 * (lane & 3);
+    const i64 part0 = (i64)hg * n_split;
+    float M = neg_inf();
+    for (int s2 = sg; s2 < n_split; s2 += 8) M = fmaxf(M, ldcg(work_ml + (part0 + s2) * 2));
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) M = fmaxf(M, __shfl_xor_sync(FULL_MASK, M, o));
+    float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float L = 0.0f;
+    if (M != neg_inf()) {
+#pragma unroll 4
+        for (int s2 = sg; s2 < n_split; s2 += 8) {
+            const float wt = merge_w(ldcg(work_ml + (part0 + s2) * 2), M);
+            const float4 a = ldcg4(work_acc + (part0 + s2) * KVL + col);
+            L = fmaf(ldcg(work_ml + (part0 + s2) * 2 + 1), wt, L);
+            A.x = fmaf(a.x, wt, A.x);
+            A.y = fmaf(a.y, wt, A.y);
+            A.z = fmaf(a.z, wt, A.z);
+            A.w = fmaf(a.w, wt, A.w);
         }
-        out[(h_base + h) * (i64)KVL + d] = L > 0.0f ? A / L : 0.0f;
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        L += __shfl_xor_sync(FULL_MASK, L, o);
+        A.x += __shfl_xor_sync(FULL_MASK, A.x, o);
+        A.y += __shfl_xor_sync(FULL_MASK, A.y, o);
+        A.z += __shfl_xor_sync(FULL_MASK, A.z, o);
+        A.w += __shfl_xor_sync(FULL_MASK, A.w, o);
+    }
+    if (sg == 0) {
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        *reinterpret_cast<float4*>(out + (i64)hg * KVL + col) = make_float4(A.x * inv, A.y * inv, A.z * inv, A.w * inv);
     }
 }
 
@@ -135,21 +167,21 @@ __device__ __forceinline__ void combine_last(float* __restrict__ out, float* wor
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    merge_partials<const volatile float*>(out, work_acc, work_ml, h_base, KVL, n_split, 0, hb * KVL);
+    const int units = KVL / 128;
+    for (int u = 0; u < hb * units; ++u) merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * 128, KVL, n_split);
     if (threadIdx.x == 0) counters[hblk] = 0u;
 }
 
-// Phase 2: block (x, y) merges slice x of head block y's outputs (a phase-1 launch wrote the
-// partials; the launch boundary orders them).
+// Phase 2: the blocks of grid.x take turns over head block y's (head, 128-column) units (a
+// phase-1 launch wrote the partials; the launch boundary orders them).
 __device__ __forceinline__ void combine_slice(float* __restrict__ out, const float* work, int n_head, int KVL,
                                               int n_split) {
     const int h_base = blockIdx.y * HB, hb = min(HB, n_head - h_base);
-    const int per = hb * KVL;
-    const int slice = (per + (int)gridDim.x - 1) / (int)gridDim.x;
-    const int begin = min(per, (int)blockIdx.x * slice);
+    const int units = KVL / 128;
     const float* work_acc = work + partials_offset(n_head);
     const float* work_ml = work_acc + (i64)n_head * n_split * KVL;
-    merge_partials<const float*>(out, work_acc, work_ml, h_base, KVL, n_split, begin, min(per, begin + slice));
+    for (int u = blockIdx.x; u < hb * units; u += gridDim.x)
+        merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * 128, KVL, n_split);
 }
 
 // T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read

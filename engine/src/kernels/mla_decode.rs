@@ -88,9 +88,9 @@ pub fn work_floats(n_head: usize, kv_lora: usize, n_split: usize) -> usize {
 /// head block).
 pub const LAST_BLOCK_COMBINE_MAX: usize = 4;
 
-/// Phase-2 blocks per head block: one output per thread.
+/// Phase-2 blocks per head block: one per (head, 128 latent columns).
 pub fn combine_blocks(n_head: usize, kv_lora: usize) -> usize {
-    (n_head.min(HEADS_PER_BLOCK) * kv_lora).div_ceil(THREADS as usize)
+    n_head.min(HEADS_PER_BLOCK) * kv_lora.div_ceil(128)
 }
 
 /// The phases a wrapper launches for `n_split` splits, each with its grid (template header).
@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(splits_for(7, 64, 132), 1);
         assert_eq!(work_floats(64, 512, 2), 4 + 64 * 2 * 514);
         assert_eq!(work_floats(320, 512, 3), 8 + 320 * 3 * 514);
-        assert_eq!(combine_blocks(64, 512), 128);
+        assert_eq!(combine_blocks(64, 512), 256);
         let p = MlaDecodeParams {
             n_head: 64,
             kv_lora: 512,
@@ -292,6 +292,6 @@ mod tests {
         let p = MlaDecodeParams { n_split: 132, ..p };
         let two = phases(&p, 0);
         assert_eq!(two.iter().map(|(ph, _)| *ph).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(two[1].1.grid_dim, (128, 1, 1));
+        assert_eq!(two[1].1.grid_dim, (256, 1, 1));
     }
 }
