@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod inspect;
 pub mod run;
 pub mod sampling;
+pub mod synthetic;
 pub mod tokenizer;
 pub mod kernels;
 pub mod models;

@@ -6,19 +6,30 @@
 
 use std::path::Path;
 
-use memra_gguf::GgufFile;
+use memra_gguf::{Gguf, GgufFile};
 use memra_reference::models::GlmDsa as Reference;
 
-use super::gpu::{err, Result};
+use super::gpu::{err, Result, WeightSource};
 use super::mla::{config_from, ffn_from, IndexerSpec, MlaDecoder, MlaLayerSpec, MlaSpec, QSpec};
 use super::spec::glm_dsa::{GlmDsa, GlmDsaHparams, GlmDsaWeights};
 use super::GpuOptions;
 
 pub fn load(path: &Path, opts: &GpuOptions) -> Result<MlaDecoder> {
     let file = GgufFile::open(path).map_err(|e| err(e.to_string()))?;
-    let hp = GlmDsaHparams::from_gguf(&file).map_err(|e| err(e.to_string()))?;
-    let w = GlmDsaWeights::from_gguf(&file, &hp).map_err(|e| err(e.to_string()))?;
-    let sem = Reference::hparams_from_gguf(&file).map_err(|e| err(e.to_string()))?;
+    load_with(path, &file, &file, opts)
+}
+
+/// [`load`] with the weights from `source` (e.g. `crate::synthetic`'s random blocks) and the
+/// metadata and tensor table from `file`.
+pub fn load_with<B: AsRef<[u8]>>(
+    path: &Path,
+    file: &Gguf<B>,
+    source: &dyn WeightSource,
+    opts: &GpuOptions,
+) -> Result<MlaDecoder> {
+    let hp = GlmDsaHparams::from_gguf(file).map_err(|e| err(e.to_string()))?;
+    let w = GlmDsaWeights::from_gguf(file, &hp).map_err(|e| err(e.to_string()))?;
+    let sem = Reference::hparams_from_gguf(file).map_err(|e| err(e.to_string()))?;
     let config = config_from(GlmDsa::ARCH, GlmDsa::ROPE, &sem);
     let mut layers = Vec::with_capacity(w.layers.len());
     for (il, l) in w.layers.iter().enumerate() {
@@ -77,5 +88,5 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<MlaDecoder> {
         output_norm: w.global.output_norm,
         output: Some(w.global.output),
     };
-    MlaDecoder::load(path, &file, spec, opts)
+    MlaDecoder::load(path, source, spec, opts)
 }

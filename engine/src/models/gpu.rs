@@ -91,6 +91,26 @@ pub fn upload_f32<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, t: &TensorInfo<'_>)
     Ok(buf)
 }
 
+/// Where a forward's weights come from: a GGUF file (its tensor data uploaded) or a synthetic
+/// description (`crate::synthetic`: random valid blocks generated on the GPU). The tensor
+/// handles are the file's `TensorInfo`s either way (a synthetic model's header-only GGUF).
+pub trait WeightSource {
+    /// The tensor in its GGUF encoding on the device.
+    fn upload(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<DeviceTensor>;
+    /// A small tensor (norm weights, biases) as f32 on the device.
+    fn upload_f32(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<CudaSlice<f32>>;
+}
+
+impl<B: AsRef<[u8]>> WeightSource for Gguf<B> {
+    fn upload(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<DeviceTensor> {
+        DeviceTensor::upload(gpu, self, t)
+    }
+
+    fn upload_f32(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<CudaSlice<f32>> {
+        upload_f32(gpu, self, t)
+    }
+}
+
 /// The kernels a model needs: each `want` selects one variant under the policy (specialized
 /// where the model's dims match the build, else generic, saying why); `load` compiles or fetches
 /// them all at once.
