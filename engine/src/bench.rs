@@ -440,7 +440,7 @@ pub fn generic_twin(v: &KernelVariant, qtype: Option<&str>) -> Option<&'static K
         }
     };
     // Keys that change what is computed must match; the rest are tuning and only rank candidates.
-    const SEMANTIC: [&str; 9] = ["qtype", "delta_norm", "batch", "accumulate", "rope_mode", "cache_t", "mode", "gating", "qk_norm"];
+    const SEMANTIC: [&str; 10] = ["qtype", "delta_norm", "batch", "accumulate", "rope_mode", "cache_t", "mode", "gating", "qk_norm", "xq8"];
     registry::variants()
         .iter()
         .filter(|g| g.is_generic() && g.family == v.family)
