@@ -60,6 +60,20 @@ impl Case {
 
 /// One launch against the reference; `w` may be shared between calls (same shape and type).
 fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut Rng) {
+    check_path(gpu, kernel, None, ty, w, c, rng);
+}
+
+/// One launch per grid policy against the reference: f32 x and `linear::matmul_gguf`, or with
+/// `qk` (an xq8 kernel) x quantized on the GPU by `qk` (bytes checked) and `q8::matmul_gguf_q8`.
+fn check_path(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    qk: Option<&Kernel>,
+    ty: GgmlType,
+    w: &[u8],
+    c: &Case,
+    rng: &mut Rng,
+) {
     let s = gpu.stream();
     let Case {
         k,
@@ -73,8 +87,28 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
     let x_packed: Vec<f32> = (0..batch)
         .flat_map(|b| x[b * ldx..b * ldx + k].iter().copied())
         .collect();
-    let want_packed =
-        linear::matmul_gguf(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
+    let (want_packed, dx, ld_dev) = match qk {
+        None => (
+            linear::matmul_gguf(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}")),
+            up(s, &x),
+            ldx,
+        ),
+        Some(qk) => {
+            // c.ldx is the f32 stride; the q8 stride pads the dense q8 row by as much.
+            let ldq =
+                memra_engine::kernels::quantize_q8::row_floats(k) + (ldx - k).next_multiple_of(4);
+            (
+                q8::matmul_gguf_q8(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}")),
+                quantize_on_gpu(gpu, qk, &x, k, batch, ldx, ldq, rng),
+                ldq,
+            )
+        }
+    };
+    let path = if qk.is_some() {
+        " xq8 vs q8::matmul_gguf_q8"
+    } else {
+        ""
+    };
     let y_len = (batch - 1) * ldy + n;
     // Accumulate: y starts random and the oracle adds to it; otherwise y starts NaN.
     let y0: Vec<f32> = if accumulate {
@@ -83,7 +117,6 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
         vec![f32::NAN; y_len]
     };
     let dw = up(s, w);
-    let dx = up(s, &x);
     // Every grid policy: resident blocks (the default), one block per tile, and 3 blocks (each
     // walks many tiles, its pipeline crossing tile boundaries).
     for grid in [
@@ -100,7 +133,7 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
             k,
             n,
             batch,
-            ldx,
+            ld_dev,
             ldy,
             grid,
         )
@@ -130,7 +163,7 @@ fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut
         let err = rel_err(&got_rows, &want_rows);
         assert!(
             err <= F32_TOL,
-            "{} {ty:?} k={k} n={n} batch={batch} ldx={ldx} ldy={ldy} acc={accumulate} grid={grid:?}: relative L2 error {err:e} > {F32_TOL:e} (MEMRA_SEED={}); first values got {:?} want {:?}",
+            "{} {ty:?} k={k} n={n} batch={batch} ldx={ld_dev} ldy={ldy} acc={accumulate} grid={grid:?}{path}: relative L2 error {err:e} > {F32_TOL:e} (MEMRA_SEED={}); first values got {:?} want {:?}",
             kernel.name(),
             rng.seed(),
             &got_rows[..got_rows.len().min(4)],
@@ -441,7 +474,7 @@ fn quantize_on_gpu(
     dq
 }
 
-/// One xq8 launch per grid policy against `q8::matmul_gguf_q8`.
+/// One xq8 launch per grid policy against `q8::matmul_gguf_q8` (x quantized by `qk`).
 fn check_q8(
     gpu: &Gpu,
     qk: &Kernel,
@@ -451,81 +484,7 @@ fn check_q8(
     c: &Case,
     rng: &mut Rng,
 ) {
-    use memra_engine::kernels::quantize_q8;
-    let s = gpu.stream();
-    let Case {
-        k,
-        n,
-        batch,
-        ldx,
-        ldy,
-        accumulate,
-    } = *c;
-    // c.ldx is the f32 stride; the q8 stride pads the dense q8 row by the same amount.
-    let ldq = quantize_q8::row_floats(k) + (ldx - k).next_multiple_of(4);
-    let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
-    let x_packed: Vec<f32> = (0..batch)
-        .flat_map(|b| x[b * ldx..b * ldx + k].iter().copied())
-        .collect();
-    let want_packed =
-        q8::matmul_gguf_q8(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
-    let dq = quantize_on_gpu(gpu, qk, &x, k, batch, ldx, ldq, rng);
-    let y_len = (batch - 1) * ldy + n;
-    let y0: Vec<f32> = if accumulate {
-        rng.normal_vec(y_len, 1.0)
-    } else {
-        vec![f32::NAN; y_len]
-    };
-    let dw = up(s, w);
-    for grid in [
-        GridPolicy::Resident,
-        GridPolicy::PerTile,
-        GridPolicy::AtMost(3),
-    ] {
-        let mut dy = up(s, &y0);
-        matvec::matvec_with(
-            kernel,
-            &dw.slice(..),
-            &dq.slice(..),
-            &mut dy.slice_mut(..),
-            k,
-            n,
-            batch,
-            ldq,
-            ldy,
-            grid,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let got = down(s, &dy);
-        let mut got_rows = Vec::with_capacity(batch * n);
-        let mut want_rows = Vec::with_capacity(batch * n);
-        for b in 0..batch {
-            for j in 0..n {
-                got_rows.push(got[b * ldy + j]);
-                let base = if accumulate { y0[b * ldy + j] } else { 0.0 };
-                want_rows.push(base + want_packed[b * n + j]);
-            }
-            if b + 1 < batch {
-                for j in n..ldy {
-                    assert!(
-                        got[b * ldy + j].to_bits() == y0[b * ldy + j].to_bits(),
-                        "{}: y padding [{b}][{j}] was written (MEMRA_SEED={})",
-                        kernel.name(),
-                        rng.seed()
-                    );
-                }
-            }
-        }
-        let err = rel_err(&got_rows, &want_rows);
-        assert!(
-            err <= F32_TOL,
-            "{} {ty:?} xq8 k={k} n={n} batch={batch} ldq={ldq} ldy={ldy} acc={accumulate} grid={grid:?}: relative L2 error {err:e} > {F32_TOL:e} vs q8::matmul_gguf_q8 (MEMRA_SEED={}); first values got {:?} want {:?}",
-            kernel.name(),
-            rng.seed(),
-            &got_rows[..got_rows.len().min(4)],
-            &want_rows[..want_rows.len().min(4)]
-        );
-    }
+    check_path(gpu, kernel, Some(qk), ty, w, c, rng);
 }
 
 /// Specialized and generic xq8 variants at (k, n), one weight.
