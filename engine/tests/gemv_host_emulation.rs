@@ -416,60 +416,10 @@ fn compare(
 
 #[test]
 fn matvec_kernel_emulated_on_host_threads_matches_reference() {
-    let test = "matvec_kernel_emulated_on_host_threads_matches_reference";
-    let Some(mut b) = Builder::new(test, false) else {
-        return;
-    };
-    let mut rng = Rng::from_env_or_time(test);
-    for ty in QTYPES {
-        let k_aw = awkward_k(ty);
-        // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad, ldy pad)
-        let cases = [
-            (k_aw, 33, 1, 1, 32, 2, 0, 0, 0),
-            (2048, 17, 3, 8, 8, 1, 0, 12, 5),
-            (k_aw, 9, 2, 2, 16, 2, 1, 0, 0),
-            // 5 tiles of 16 rows: with 2 blocks, block 0 walks tiles 0, 2, 4 (pipeline across tiles).
-            (k_aw, 70, 2, 2, 16, 1, 1, 4, 3),
-        ];
-        for (k, n, batch, bmax, lanes, rpg, acc, px, py) in cases {
-            let (ldx, ldy) = (k + px, n + py);
-            let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
-            let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
-            let packed: Vec<f32> = (0..batch)
-                .flat_map(|i| x[i * ldx..i * ldx + k].to_vec())
-                .collect();
-            let want = linear::matmul_gguf(ty, &w, k, n, &packed, batch).unwrap();
-            let y_len = (batch - 1) * ldy + n;
-            let y0 = if acc == 1 {
-                rng.normal_vec(y_len, 1.0)
-            } else {
-                vec![f32::NAN; y_len]
-            };
-            for spec in [true, false] {
-                let (kd, nd) = if spec { (k, n) } else { (0, 0) };
-                let bin = b.get(vec![
-                    format!("KDIM={kd}"),
-                    format!("NDIM={nd}"),
-                    format!("QT={}", ty.name()),
-                    format!("BATCHMAX={bmax}"),
-                    "THR=256".into(),
-                    format!("LN={lanes}"),
-                    format!("RPGV={rpg}"),
-                    "STG=3".into(),
-                    format!("ACC={acc}"),
-                    "XQ8V=0".into(),
-                ]);
-                // Specialized: at most 2 blocks, so blocks walk several tiles (the resident-grid
-                // path); generic: one block per tile.
-                let max_blocks = if spec { 2 } else { usize::MAX >> 34 };
-                let got = run(&bin, &[k, n, batch, ldx, ldy, max_blocks], &w, &x, &y0);
-                let what = format!(
-                    "matvec {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}"
-                );
-                compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
-            }
-        }
-    }
+    matvec_emulated(
+        "matvec_kernel_emulated_on_host_threads_matches_reference",
+        false,
+    );
 }
 
 /// The integer path (XQ8 = 1): x as q8 rows (memra_reference::q8's bytes, the layout
@@ -479,35 +429,60 @@ fn matvec_kernel_emulated_on_host_threads_matches_reference() {
 /// shuffle tree), the same error sources as the f32 path: the same 1e-4.
 #[test]
 fn matvec_q8_kernel_emulated_on_host_threads_matches_reference() {
-    let test = "matvec_q8_kernel_emulated_on_host_threads_matches_reference";
+    matvec_emulated(
+        "matvec_q8_kernel_emulated_on_host_threads_matches_reference",
+        true,
+    );
+}
+
+/// Every type (xq8: every integer-path type) at awkward and batched cases, specialized and
+/// generic, against the f32 or the q8 oracle.
+fn matvec_emulated(test: &str, xq8: bool) {
     let Some(mut b) = Builder::new(test, false) else {
         return;
     };
     let mut rng = Rng::from_env_or_time(test);
-    for ty in QTYPES.into_iter().filter(|&t| q8::has_int_dot(t)) {
+    for ty in QTYPES.into_iter().filter(|&t| !xq8 || q8::has_int_dot(t)) {
         let k_aw = awkward_k(ty);
-        // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad (floats), ldy pad)
+        // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad, ldy pad); the ldx
+        // pad (floats) goes after the f32 row or the q8 row.
         let cases = [
             (k_aw, 33, 1, 1, 32, 2, 0, 0, 0),
             (2048, 17, 3, 8, 8, 1, 0, 12, 5),
-            (k_aw, 9, 2, 2, 16, 2, 1, 4, 0),
-            (k_aw, 70, 2, 2, 16, 1, 1, 0, 3),
+            (k_aw, 9, 2, 2, 16, 2, 1, 0, 0),
+            // 5 tiles of 16 rows: with 2 blocks, block 0 walks tiles 0, 2, 4 (pipeline across tiles).
+            (k_aw, 70, 2, 2, 16, 1, 1, 4, 3),
         ];
         for (k, n, batch, bmax, lanes, rpg, acc, px, py) in cases {
-            let (ldx, ldy) = (q8::q8_row_bytes(k) / 4 + px, n + py);
             let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
-            let xf = rng.normal_vec(batch * k, 1.0);
-            // q8 rows at a stride of ldx floats; the padding between rows is garbage.
-            let mut xq = vec![0xA5u8; ((batch - 1) * ldx) * 4 + q8::q8_row_bytes(k)];
-            for i in 0..batch {
-                let row = q8::quantize_q8_blocks(&xf[i * k..][..k]).to_gpu_bytes();
-                xq[i * ldx * 4..][..row.len()].copy_from_slice(&row);
-            }
-            let x: Vec<f32> = xq
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let want = q8::matmul_gguf_q8(ty, &w, k, n, &xf, batch).unwrap();
+            let ldy = n + py;
+            let (x, ldx, want) = if xq8 {
+                let ldx = q8::q8_row_bytes(k) / 4 + px;
+                let xf = rng.normal_vec(batch * k, 1.0);
+                // q8 rows at a stride of ldx floats; the padding between rows is garbage.
+                let mut xq = vec![0xA5u8; ((batch - 1) * ldx) * 4 + q8::q8_row_bytes(k)];
+                for i in 0..batch {
+                    let row = q8::quantize_q8_blocks(&xf[i * k..][..k]).to_gpu_bytes();
+                    xq[i * ldx * 4..][..row.len()].copy_from_slice(&row);
+                }
+                let x: Vec<f32> = xq
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                (
+                    x,
+                    ldx,
+                    q8::matmul_gguf_q8(ty, &w, k, n, &xf, batch).unwrap(),
+                )
+            } else {
+                let ldx = k + px;
+                let x = rng.normal_vec((batch - 1) * ldx + k, 1.0);
+                let packed: Vec<f32> = (0..batch)
+                    .flat_map(|i| x[i * ldx..i * ldx + k].to_vec())
+                    .collect();
+                let want = linear::matmul_gguf(ty, &w, k, n, &packed, batch).unwrap();
+                (x, ldx, want)
+            };
             let y_len = (batch - 1) * ldy + n;
             let y0 = if acc == 1 {
                 rng.normal_vec(y_len, 1.0)
@@ -526,12 +501,15 @@ fn matvec_q8_kernel_emulated_on_host_threads_matches_reference() {
                     format!("RPGV={rpg}"),
                     "STG=3".into(),
                     format!("ACC={acc}"),
-                    "XQ8V=1".into(),
+                    format!("XQ8V={}", xq8 as i32),
                 ]);
+                // Specialized: at most 2 blocks, so blocks walk several tiles (the resident-grid
+                // path); generic: one block per tile.
                 let max_blocks = if spec { 2 } else { usize::MAX >> 34 };
                 let got = run(&bin, &[k, n, batch, ldx, ldy, max_blocks], &w, &x, &y0);
                 let what = format!(
-                    "matvec xq8 {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}"
+                    "matvec{} {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}",
+                    if xq8 { " xq8" } else { "" }
                 );
                 compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
             }
