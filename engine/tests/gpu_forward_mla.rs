@@ -334,6 +334,11 @@ fn gpu_memra_run_embedded_micro_model() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
+    // Minutes of CPU reference (a 2100-token prefill at 6144 wide): kept out of the batch runs.
+    if std::env::var_os("MEMRA_GPU_HEAVY").is_none_or(|v| v != "1") {
+        println!("SKIP: set MEMRA_GPU_HEAVY=1 to run (GLM-5 dims, a few minutes of CPU reference)");
+        return;
+    }
     use memra_codegen::dims;
     use memra_codegen::spec::Value;
     let mut rng = Rng::from_env_or_time("gpu_glm_dsa_glm5_layer");
