@@ -14,6 +14,10 @@
 //!   `linear::matvec_gguf` (+ `act::swiglu`), down vs the f64 routing-weighted sum over the
 //!   kernel's own h; f32 path: ≤ 1e-4 relative L2.
 //!
+//! - moe_matvec on the integer path (XQ8 = 1): x and h quantized on the GPU by quantize_q8
+//!   (bytes equal to memra_reference::q8's), plain / swiglu / geglu / down vs `q8::matmul_gguf_q8`
+//!   per expert, same 1e-4 (the same error sources as the f32 path).
+//!
 //! - dense gated FFN as one expert (n_expert = n_used = 1, ids = [0]): Gemma 3 geglu and Qwen3
 //!   swiglu shapes vs `act::geglu` / `act::swiglu`.
 //!
@@ -330,10 +334,14 @@ impl Experts {
 struct Kernels {
     plain: Kernel,
     swiglu: Kernel,
+    /// Checked on the xq8 path (the f32 one checks geglu in the dense test below).
+    geglu: Option<Kernel>,
     down: Kernel,
+    /// xq8 variants: x and h are quantized by this quantize_q8 kernel first.
+    quantize: Option<Kernel>,
 }
 
-fn kernels(gpu: &Gpu, sh: &MoeShape, spec: bool) -> Kernels {
+fn kernels(gpu: &Gpu, sh: &MoeShape, spec: bool, xq8: bool) -> Kernels {
     let q = token(sh.ty);
     let mk = |k: usize, n: usize, mode: &'static str| {
         let mut p: Vec<(&str, V)> = vec![("qtype", V::S(q)), ("mode", V::S(mode))];
@@ -341,12 +349,17 @@ fn kernels(gpu: &Gpu, sh: &MoeShape, spec: bool) -> Kernels {
             p.push(("k", V::I(k as i64)));
             p.push(("n", V::I(n as i64)));
         }
+        if xq8 {
+            p.push(("xq8", V::I(1)));
+        }
         load(gpu, variant("moe_matvec", &p))
     };
     Kernels {
         plain: mk(sh.n_embd, sh.n_ff, "plain"),
         swiglu: mk(sh.n_embd, sh.n_ff, "swiglu"),
+        geglu: xq8.then(|| mk(sh.n_embd, sh.n_ff, "geglu")),
         down: mk(sh.n_ff, sh.n_embd, "down"),
+        quantize: xq8.then(|| load(gpu, variant("quantize_q8", &[]))),
     }
 }
 
@@ -365,6 +378,19 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         t.iter_mut().for_each(|w| *w *= 2.5 / sum);
     }
     let (dx, dids, dwts) = (up(s, &x), up(s, &ids), up(s, &wts));
+    // xq8: x quantized on the GPU (bytes checked against memra_reference::q8); the oracle's
+    // products then use x quantized the same way.
+    let xq = ks
+        .quantize
+        .as_ref()
+        .map(|qk| quantize_rows_q8(gpu, qk, &dx, ke, n_tokens, rng));
+    let mv = |w: &[u8], k: usize, n: usize, x: &[f32]| {
+        if ks.quantize.is_some() {
+            q8::matmul_gguf_q8(sh.ty, w, k, n, x, 1).unwrap()
+        } else {
+            linear::matvec_gguf(sh.ty, w, k, n, x).unwrap()
+        }
+    };
     let tag = |k: &Kernel| {
         format!(
             "{} {} T={n_tokens} (MEMRA_SEED={})",
@@ -379,28 +405,26 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         n_tokens,
         n_used: nu,
         n_expert: ne,
-        ldx: ke,
+        ldx: xq.as_ref().map_or(ke, |q| q.ld()),
         ldy: nf,
     };
 
     // Oracle per slot: gate and up rows of the slot's expert on its token's x.
     let mut g_ref = Vec::new();
     let mut h_ref = Vec::new();
+    let mut geglu_ref = Vec::new();
     for sl in 0..slots {
         let e = ids[sl] as usize;
         let xt = &x[(sl / nu) * ke..][..ke];
-        let g = linear::matvec_gguf(sh.ty, gate.expert(e), ke, nf, xt).unwrap();
-        let u = linear::matvec_gguf(sh.ty, upw.expert(e), ke, nf, xt).unwrap();
+        let g = mv(gate.expert(e), ke, nf, xt);
+        let u = mv(upw.expert(e), ke, nf, xt);
         h_ref.extend(act::swiglu(&g, &u));
+        geglu_ref.extend(act::geglu(&g, &u));
         g_ref.extend(g);
     }
 
-    let (dgv, duv, didv, dxv) = (
-        gate.dev.slice(..),
-        upw.dev.slice(..),
-        dids.slice(..),
-        dx.slice(..),
-    );
+    let (dgv, duv, didv) = (gate.dev.slice(..), upw.dev.slice(..), dids.slice(..));
+    let dxv = xq.as_ref().map_or_else(|| dx.slice(..), |q| q.view());
     let mut dy = up(s, &vec![f32::NAN; slots * nf]);
     let inp = MoeMatvecInputs {
         w: &dgv,
@@ -428,6 +452,13 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
     let h = down(s, &dh);
     let err = rel_err(&h, &h_ref);
     assert!(err <= F32_TOL, "{}: swiglu rel L2 {err:e}", tag(&ks.swiglu));
+    if let Some(kg) = &ks.geglu {
+        let mut dgg = up(s, &vec![f32::NAN; slots * nf]);
+        moe_matvec::moe_matvec(kg, &inp, &mut dgg.slice_mut(..), dims)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = rel_err(&down(s, &dgg), &geglu_ref);
+        assert!(err <= F32_TOL, "{}: geglu rel L2 {err:e}", tag(kg));
+    }
 
     // Down on the kernel's own h: out[t] = Σ_j wt·W_down[e]·h[s] in f64.
     let mut want = vec![0.0f32; n_tokens * ke];
@@ -435,14 +466,7 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         let mut acc = vec![0.0f64; ke];
         for j in 0..nu {
             let sl = t * nu + j;
-            let y = linear::matvec_gguf(
-                sh.ty,
-                downw.expert(ids[sl] as usize),
-                nf,
-                ke,
-                &h[sl * nf..][..nf],
-            )
-            .unwrap();
+            let y = mv(downw.expert(ids[sl] as usize), nf, ke, &h[sl * nf..][..nf]);
             for i in 0..ke {
                 acc[i] += wts[sl] as f64 * y[i] as f64;
             }
@@ -452,7 +476,12 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
             .zip(&acc)
             .for_each(|(w, a)| *w = *a as f32);
     }
-    let (ddv, dhv, dwv) = (downw.dev.slice(..), dh.slice(..), dwts.slice(..));
+    let hq = ks
+        .quantize
+        .as_ref()
+        .map(|qk| quantize_rows_q8(gpu, qk, &dh, nf, slots, rng));
+    let (ddv, dwv) = (downw.dev.slice(..), dwts.slice(..));
+    let dhv = hq.as_ref().map_or_else(|| dh.slice(..), |q| q.view());
     let mut dout = up(s, &vec![f32::NAN; n_tokens * ke]);
     let inp = MoeMatvecInputs {
         w: &ddv,
@@ -464,7 +493,7 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
     let ddims = MoeDims {
         k: nf,
         n: ke,
-        ldx: nf,
+        ldx: hq.as_ref().map_or(nf, |q| q.ld()),
         ldy: ke,
         ..dims
     };
@@ -474,9 +503,10 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
     let err = rel_err(&got, &want);
     assert!(err <= F32_TOL, "{}: down rel L2 {err:e}", tag(&ks.down));
     println!(
-        "{:<44} {} T={n_tokens}: plain/swiglu/down ok ({} experts of {ne} resident, {:.1} MB each)",
+        "{:<44} {} T={n_tokens}: plain/swiglu/{}down ok ({} experts of {ne} resident, {:.1} MB each)",
         ks.swiglu.name(),
         sh.name,
+        if ks.geglu.is_some() { "geglu/" } else { "" },
         pool.len(),
         gate.bytes() as f64 / 1e6
     );
@@ -488,7 +518,7 @@ fn run_shapes(test: &str, shapes: &[MoeShape]) {
     for sh in shapes {
         let ex = Experts::new(gpu.stream(), sh, &mut rng);
         for spec in [true, false] {
-            let ks = kernels(&gpu, sh, spec);
+            let ks = kernels(&gpu, sh, spec, false);
             for t in [1, 3, 8] {
                 check_moe(&gpu, &ks, sh, &ex, t, &mut rng);
             }
@@ -741,152 +771,6 @@ fn quantize_rows_q8(
     act
 }
 
-fn check_moe_q8(
-    gpu: &Gpu,
-    sh: &MoeShape,
-    ex: &Experts,
-    spec: bool,
-    n_tokens: usize,
-    rng: &mut Rng,
-) {
-    use memra_engine::kernels::quantize_q8::row_floats;
-    let s = gpu.stream();
-    let (ne, nu, ke, nf) = (sh.n_expert, sh.n_used, sh.n_embd, sh.n_ff);
-    let q = token(sh.ty);
-    let mk = |k: usize, n: usize, mode: &'static str| {
-        let mut p: Vec<(&str, V)> =
-            vec![("qtype", V::S(q)), ("mode", V::S(mode)), ("xq8", V::I(1))];
-        if spec {
-            p.push(("k", V::I(k as i64)));
-            p.push(("n", V::I(n as i64)));
-        }
-        load(gpu, variant("moe_matvec", &p))
-    };
-    let qk = load(gpu, variant("quantize_q8", &[]));
-    let ids = pick_ids(rng, &ex.pool, nu, n_tokens);
-    let slots = n_tokens * nu;
-    let x = rng.normal_vec(n_tokens * ke, 1.0);
-    let mut wts: Vec<f32> = (0..slots).map(|_| rng.uniform_in(0.05, 1.0)).collect();
-    for t in wts.chunks_mut(nu) {
-        let sum: f32 = t.iter().sum();
-        t.iter_mut().for_each(|w| *w *= 2.5 / sum);
-    }
-    let (dx, dids, dwts) = (up(s, &x), up(s, &ids), up(s, &wts));
-    let dxq = quantize_rows_q8(gpu, &qk, &dx, ke, n_tokens, rng);
-    let dims = MoeDims {
-        k: ke,
-        n: nf,
-        n_tokens,
-        n_used: nu,
-        n_expert: ne,
-        ldx: row_floats(ke),
-        ldy: nf,
-    };
-    let mut g_ref = Vec::new();
-    let mut sw_ref = Vec::new();
-    let mut ge_ref = Vec::new();
-    for sl in 0..slots {
-        let e = ids[sl] as usize;
-        let xt = &x[(sl / nu) * ke..][..ke];
-        let g = q8::matmul_gguf_q8(sh.ty, ex.gate.expert(e), ke, nf, xt, 1).unwrap();
-        let u = q8::matmul_gguf_q8(sh.ty, ex.up.expert(e), ke, nf, xt, 1).unwrap();
-        sw_ref.extend(act::swiglu(&g, &u));
-        ge_ref.extend(act::geglu(&g, &u));
-        g_ref.extend(g);
-    }
-    let (dgv, duv, didv, dxv) = (
-        ex.gate.dev.slice(..),
-        ex.up.dev.slice(..),
-        dids.slice(..),
-        dxq.view(),
-    );
-    let mut h = Vec::new();
-    for (mode, want) in [("plain", &g_ref), ("swiglu", &sw_ref), ("geglu", &ge_ref)] {
-        let k = mk(ke, nf, mode);
-        let mut dy = up(s, &vec![f32::NAN; slots * nf]);
-        let inp = MoeMatvecInputs {
-            w: &dgv,
-            w_up: (mode != "plain").then_some(&duv),
-            ids: &didv,
-            weights: None,
-            x: &dxv,
-        };
-        moe_matvec::moe_matvec(&k, &inp, &mut dy.slice_mut(..), dims)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let got = down(s, &dy);
-        let err = rel_err(&got, want);
-        assert!(
-            err <= F32_TOL,
-            "{} {} T={n_tokens}: {mode} rel L2 {err:e} vs memra_reference::q8 (MEMRA_SEED={})",
-            k.name(),
-            sh.name,
-            rng.seed()
-        );
-        if mode == "swiglu" {
-            h = got;
-        }
-    }
-    // Down on the kernel's own h, quantized on the GPU.
-    let dh = up(s, &h);
-    let dhq = quantize_rows_q8(gpu, &qk, &dh, nf, slots, rng);
-    let mut want = vec![0.0f32; n_tokens * ke];
-    for t in 0..n_tokens {
-        let mut acc = vec![0.0f64; ke];
-        for j in 0..nu {
-            let sl = t * nu + j;
-            let y = q8::matmul_gguf_q8(
-                sh.ty,
-                ex.down.expert(ids[sl] as usize),
-                nf,
-                ke,
-                &h[sl * nf..][..nf],
-                1,
-            )
-            .unwrap();
-            for i in 0..ke {
-                acc[i] += wts[sl] as f64 * y[i] as f64;
-            }
-        }
-        want[t * ke..][..ke]
-            .iter_mut()
-            .zip(&acc)
-            .for_each(|(w, a)| *w = *a as f32);
-    }
-    let kd = mk(nf, ke, "down");
-    let (ddv, dhv, dwv) = (ex.down.dev.slice(..), dhq.view(), dwts.slice(..));
-    let mut dout = up(s, &vec![f32::NAN; n_tokens * ke]);
-    let inp = MoeMatvecInputs {
-        w: &ddv,
-        w_up: None,
-        ids: &didv,
-        weights: Some(&dwv),
-        x: &dhv,
-    };
-    let ddims = MoeDims {
-        k: nf,
-        n: ke,
-        ldx: row_floats(nf),
-        ldy: ke,
-        ..dims
-    };
-    moe_matvec::moe_matvec(&kd, &inp, &mut dout.slice_mut(..), ddims)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let got = down(s, &dout);
-    let err = rel_err(&got, &want);
-    assert!(
-        err <= F32_TOL,
-        "{} {} T={n_tokens}: down rel L2 {err:e} vs memra_reference::q8 (MEMRA_SEED={})",
-        kd.name(),
-        sh.name,
-        rng.seed()
-    );
-    println!(
-        "{:<52} {} T={n_tokens}: xq8 plain/swiglu/geglu/down ok",
-        kd.name(),
-        sh.name
-    );
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_moe_matvec_xq8_matches_q8_reference() {
@@ -947,8 +831,9 @@ fn gpu_moe_matvec_xq8_matches_q8_reference() {
     for sh in &shapes {
         let ex = Experts::new(gpu.stream(), sh, &mut rng);
         for spec in [true, false] {
+            let ks = kernels(&gpu, sh, spec, true);
             for t in [1, 3, 8] {
-                check_moe_q8(&gpu, sh, &ex, spec, t, &mut rng);
+                check_moe(&gpu, &ks, sh, &ex, t, &mut rng);
             }
         }
     }
