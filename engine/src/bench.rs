@@ -124,6 +124,17 @@ pub struct BenchArgs {
     /// Greedy decode steps of the `--model` run.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
+    /// Measure a preset's real shapes with random weights generated on the GPU, no file
+    /// (`glm-5`): decode step time at `--ctx` cached positions vs its bandwidth floor
+    /// (bench_synthetic.rs).
+    #[arg(long, value_name = "PRESET")]
+    pub synthetic: Option<String>,
+    /// Layers of the `--synthetic` model (the preset's first N: dense layers first, then MoE).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub layers: u32,
+    /// Cached positions before the `--synthetic` decode steps (random cache rows, no prefill).
+    #[arg(long, default_value_t = 32768)]
+    pub ctx: usize,
     /// Measure nothing: report on this earlier `--json` output (no GPU needed; bench/report.rs).
     #[arg(long, value_name = "RUN_JSON")]
     pub report: Option<PathBuf>,
@@ -1149,6 +1160,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(model) = &args.model {
         return run_model(args, model);
     }
+    if let Some(preset) = &args.synthetic {
+        return run_synthetic(args, preset);
+    }
     if let Some(run) = &args.report {
         return report::run_report(args, run);
     }
@@ -1306,6 +1320,78 @@ fn run_model(args: &BenchArgs, model: &std::path::Path) -> Result<(), Box<dyn st
         });
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--synthetic PRESET`: the N-layer model, then the (N−1)-layer one for the last layer's time.
+fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::bench_synthetic as bs;
+    let layers = args.layers as usize;
+    let desc = crate::synthetic::describe(preset, layers)?;
+    if args.decode_tokens == 0 {
+        return Err("--decode-tokens must be at least 1".into());
+    }
+    let gpu = Gpu::new(args.device).map_err(|e| format!("memra bench needs a CUDA GPU: {e}"))?;
+    let driver = driver_version().unwrap_or_else(|| "unknown".into());
+    let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
+    let (name, sm) = (gpu.name().to_string(), gpu.arch().to_string());
+    drop(gpu);
+    let seed = Rng::from_env_or_time("memra bench --synthetic").seed();
+    eprintln!(
+        "memra bench: synthetic {preset}, {layers} layers ({:.1} GB of weights), ctx {}; {name}, copy bandwidth {copy_gbps:.0} GB/s",
+        desc.total_bytes() as f64 / 1e9,
+        args.ctx
+    );
+    let full = bs::measure(&desc, args.device, args.ctx, args.decode_tokens, seed)?;
+    let fewer = if layers > 1 {
+        let d = crate::synthetic::describe(preset, layers - 1)?;
+        Some(bs::measure(&d, args.device, args.ctx, args.decode_tokens, seed)?)
+    } else {
+        None
+    };
+    let v = bs::to_json(&desc, args.ctx, args.decode_tokens, seed, copy_gbps, full, fewer);
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "\nsynthetic {preset}: {layers} layers, ctx {}: decode step {:.1} us (min {:.1}), reads {:.1} MB, floor {:.1} us, {:.2}x the floor; {:.1} us per layer",
+        args.ctx,
+        f("step_median_us"),
+        f("step_min_us"),
+        f("step_bytes") / 1e6,
+        f("step_floor_us"),
+        f("step_ratio_to_floor"),
+        f("per_layer_us")
+    );
+    if let Some(l) = v["last_layer"].as_object() {
+        let g = |k: &str| l[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "last layer ({}, {} FFN): {:.1} us, reads {:.1} MB, floor {:.1} us, {:.2}x the floor",
+            l["layer"],
+            v["layer_bytes"][layers - 1]["ffn"].as_str().unwrap_or("?"),
+            g("us"),
+            g("bytes") / 1e6,
+            g("floor_us"),
+            g("ratio_to_floor")
+        );
+    }
+    if v["logits_finite"] != true {
+        return Err("synthetic model: non-finite logits".into());
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "schema": 1,
+            "device": name,
+            "sm": sm,
+            "driver": driver,
+            "date": utc_now(),
+            "commit": commit(args),
+            "memra_version": env!("CARGO_PKG_VERSION"),
+            "copy_bytes": 2 * COPY_BYTES,
+            "copy_gbps": copy_gbps,
+            "synthetic": v,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

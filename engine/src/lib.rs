@@ -5,6 +5,7 @@ extern crate self as memra_engine;
 
 pub mod bench;
 pub mod bench_model;
+pub mod bench_synthetic;
 pub mod cuda;
 pub mod inspect;
 pub mod run;

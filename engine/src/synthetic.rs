@@ -288,7 +288,8 @@ pub fn host_blocks(ty: GgmlType, k: u64, seed: u64, n_blocks: usize) -> Option<V
     Some(out)
 }
 
-const KERNELS: &str = r#"
+/// The generator kernels (NVRTC source, no headers).
+pub const KERNELS: &str = r#"
 typedef unsigned long long u64;
 typedef unsigned int u32;
 typedef unsigned short u16;

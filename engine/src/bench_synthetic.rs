@@ -1,0 +1,240 @@
+//! `memra bench --synthetic glm-5 [--layers N] [--ctx T] [--decode-tokens S]`: the real shapes
+//! of a preset with random weights generated on the GPU (src/synthetic.rs), caches filled to
+//! T positions with random rows (no prefill: `MlaDecoder::assume_cached`), then S decode steps
+//! timed one by one (CUDA graphs on, each step synchronized, median reported).
+//!
+//! The step reads (weights it touches: attention, dense FFN or router + shared + the
+//! n_expert_used routed experts, one embedding row, the LM head; cache rows) over the copy
+//! bandwidth measured in the same run is the floor. The last layer is measured on its own as the
+//! difference between the N-layer and the (N−1)-layer models' steps (same seed, same T): with
+//! N > leading_dense_block_count that is one attention + MoE layer, issue #5's figure.
+
+use serde_json::{json, Value};
+
+use crate::synthetic::Description;
+
+/// One layer's decode reads at the benchmarked context.
+pub fn layer_rows(desc: &Description, ctx: usize) -> Vec<Value> {
+    let dense = desc.dims.int("leading_dense_block_count").unwrap_or(0) as usize;
+    (0..desc.n_layer)
+        .map(|il| {
+            json!({
+                "layer": il,
+                "ffn": if il < dense { "dense" } else { "moe" },
+                "weight_bytes": desc.layer_bytes(Some(il)),
+                "decode_weight_bytes": desc.decode_weight_bytes(il),
+                "decode_cache_bytes": desc.decode_cache_bytes(il, ctx),
+            })
+        })
+        .collect()
+}
+
+/// Bytes one decode step of `desc` reads at `ctx` cached positions.
+pub fn step_bytes(desc: &Description, ctx: usize) -> u64 {
+    desc.decode_global_bytes()
+        + (0..desc.n_layer)
+            .map(|il| desc.decode_weight_bytes(il) + desc.decode_cache_bytes(il, ctx))
+            .sum::<u64>()
+}
+
+/// The measured figures of one synthetic model.
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    pub median_us: f64,
+    pub min_us: f64,
+    pub generate_s: f64,
+    pub logits_finite: bool,
+}
+
+/// The `synthetic` object of the JSON (benches/results/SCHEMA.md).
+pub fn to_json(
+    desc: &Description,
+    ctx: usize,
+    steps: usize,
+    seed: u64,
+    copy_gbps: f64,
+    full: Step,
+    fewer: Option<Step>,
+) -> Value {
+    let floor = |bytes: u64| bytes as f64 / (copy_gbps * 1e9) * 1e6;
+    let bytes = step_bytes(desc, ctx);
+    let last = desc.n_layer - 1;
+    let last_layer = fewer.map(|f| {
+        let b = desc.decode_weight_bytes(last) + desc.decode_cache_bytes(last, ctx);
+        let us = full.median_us - f.median_us;
+        json!({"layer": last, "us": us, "bytes": b, "floor_us": floor(b), "ratio_to_floor": us / floor(b)})
+    });
+    json!({
+        "preset": desc.preset,
+        "arch": desc.arch(),
+        "layers": desc.n_layer,
+        "ctx": ctx,
+        "decode_steps": steps,
+        "seed": seed,
+        "weight_bytes": desc.total_bytes(),
+        "generate_s": full.generate_s,
+        "step_median_us": full.median_us,
+        "step_min_us": full.min_us,
+        "step_bytes": bytes,
+        "step_floor_us": floor(bytes),
+        "step_ratio_to_floor": full.median_us / floor(bytes),
+        "per_layer_us": full.median_us / desc.n_layer as f64,
+        "last_layer": last_layer,
+        "logits_finite": full.logits_finite && fewer.is_none_or(|f| f.logits_finite),
+        "layer_bytes": layer_rows(desc, ctx),
+    })
+}
+
+pub use gpu::measure;
+
+mod gpu {
+    use std::path::PathBuf;
+    use std::time::Instant;
+
+    use memra_reference::Rng;
+
+    use super::Step;
+    use crate::kernels::registry::Policy;
+    use crate::models::{glm_dsa, GpuModel, GpuOptions};
+    use crate::synthetic::{Description, SyntheticWeights};
+
+    /// Generates `desc`'s weights, fills the caches to `ctx` positions and times `steps` decode
+    /// steps (after 4 untimed ones: kernels warm, the graph captured).
+    pub fn measure(
+        desc: &Description,
+        device: usize,
+        ctx: usize,
+        steps: usize,
+        seed: u64,
+    ) -> Result<Step, Box<dyn std::error::Error>> {
+        let file = desc.open()?;
+        let source = SyntheticWeights::new(desc, seed);
+        let opts = GpuOptions {
+            device,
+            policy: Policy::Best,
+            max_ctx: Some(ctx + steps + 8),
+            graphs: true,
+            fuse_ffn: true,
+        };
+        let label = PathBuf::from(format!(
+            "synthetic {} × {} layers",
+            desc.preset, desc.n_layer
+        ));
+        let start = Instant::now();
+        let mut model = glm_dsa::load_with(&label, &file, &source, &opts)?;
+        model.sync()?;
+        let generate_s = start.elapsed().as_secs_f64();
+        for line in model.report() {
+            eprintln!("  {line}");
+        }
+        model.assume_cached(ctx, &mut |gpu, il, latent, keys| {
+            source.fill_cache(gpu, il, latent, keys)
+        })?;
+        let mut rng = Rng::new(seed);
+        let n_vocab = model.n_vocab();
+        let mut times = Vec::with_capacity(steps);
+        for i in 0..steps + 4 {
+            let token = rng.below(n_vocab) as u32;
+            let t = Instant::now();
+            model.forward(&[token])?;
+            model.sync()?;
+            if i >= 4 {
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let logits = model.logits()?;
+        times.sort_by(f64::total_cmp);
+        Ok(Step {
+            median_us: times[times.len() / 2],
+            min_us: times[0],
+            generate_s,
+            logits_finite: logits.iter().all(|v| v.is_finite()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic::describe;
+
+    /// Every key of the `synthetic` object is documented in SCHEMA.md's section and vice versa.
+    #[test]
+    fn json_keys_are_the_documented_ones() {
+        let d = describe("glm-5", 4).unwrap();
+        let s = Step {
+            median_us: 900.0,
+            min_us: 850.0,
+            generate_s: 1.5,
+            logits_finite: true,
+        };
+        let v = to_json(
+            &d,
+            32768,
+            64,
+            7,
+            4000.0,
+            s,
+            Some(Step {
+                median_us: 700.0,
+                ..s
+            }),
+        );
+        let schema = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../benches/results/SCHEMA.md"
+        ))
+        .unwrap();
+        let section = schema
+            .split("## `memra bench --synthetic")
+            .nth(1)
+            .expect("SCHEMA.md has no --synthetic section");
+        let section = section.split("\n## ").next().unwrap();
+        // The first cell of each table row: one or more `key`s.
+        let documented: Vec<&str> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .flat_map(|l| l.split(" |").next().unwrap_or("").split('`').step_by(2))
+            .filter(|k| !k.trim_matches([',', ' ']).is_empty())
+            .collect();
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        keys.extend(
+            v["last_layer"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| format!("last_layer.{k}")),
+        );
+        keys.extend(
+            v["layer_bytes"][0]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| format!("layer_bytes[].{k}")),
+        );
+        for k in &keys {
+            assert!(
+                documented.contains(&k.as_str()),
+                "key `{k}` not documented in SCHEMA.md"
+            );
+        }
+        for k in &documented {
+            assert!(
+                keys.iter().any(|x| x == k),
+                "SCHEMA.md documents `{k}`, the JSON has no such key"
+            );
+        }
+        // The step reads: 3 dense + 1 MoE layer's weights and caches, one embedding row, the head.
+        assert_eq!(v["step_bytes"].as_u64().unwrap(), step_bytes(&d, 32768));
+        assert_eq!(v["last_layer"]["layer"], 3);
+        assert_eq!(v["last_layer"]["us"].as_f64().unwrap(), 200.0);
+        let b = d.decode_weight_bytes(3) + d.decode_cache_bytes(3, 32768);
+        let ratio = v["last_layer"]["ratio_to_floor"].as_f64().unwrap();
+        assert!(
+            (ratio - 200.0 / (b as f64 / 4e12 * 1e6)).abs() < 1e-9,
+            "{ratio}"
+        );
+        assert_eq!(v["layer_bytes"][3]["ffn"], "moe");
+        assert_eq!(v["layer_bytes"][2]["ffn"], "dense");
+    }
+}
