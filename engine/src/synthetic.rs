@@ -64,10 +64,17 @@ pub fn describe(preset: &str, layers: usize) -> std::result::Result<Description,
             "--layers {layers}: {preset} has 1..={full_layers} layers"
         ));
     }
-    let overrides = [
+    let mut overrides = vec![
         ("block_count", Value::Int(layers as i64)),
         ("nextn_predict_layers", Value::Int(0)),
     ];
+    // Fewer layers than the leading dense ones: all of them dense (the first N layers).
+    if full
+        .int("leading_dense_block_count")
+        .is_some_and(|d| layers < d as usize)
+    {
+        overrides.push(("leading_dense_block_count", Value::Int(layers as i64)));
+    }
     let dims =
         dims::from_preset_with(&spec, Some(preset), &overrides).map_err(|e| e.to_string())?;
     Ok(Description {
@@ -666,6 +673,28 @@ mod tests {
             d.layer_bytes(Some(3)) as f64 / 1e9
         );
         assert!((380.0..460.0).contains(&gb), "{gb} GB, expected about 420");
+    }
+
+    #[test]
+    fn fewer_layers_than_the_dense_ones_are_all_dense() {
+        for n in 1..=3 {
+            let d = describe("glm-5", n).unwrap();
+            let mut want = vec![];
+            for il in 0..n {
+                want.extend(expected_layer(il));
+            }
+            let got: Vec<_> = d
+                .dims
+                .tensors
+                .iter()
+                .filter(|t| t.layer.is_some())
+                .map(|t| (t.name.clone(), t.shape.clone(), t.ggml_type))
+                .collect();
+            assert_eq!(sorted(got), sorted(want), "{n} layers");
+            let file = d.open().unwrap();
+            memra_reference::models::GlmDsa::hparams_from_gguf(&file)
+                .unwrap_or_else(|e| panic!("{n} layers: {e}"));
+        }
     }
 
     #[test]

@@ -69,6 +69,19 @@ fn bad_synthetic_arguments_fail_with_a_message() {
     }
 }
 
+/// Without a GPU the command says so (no panic); with one, a 1-layer model runs and reports.
+#[test]
+fn one_layer_bench_runs_or_says_why_not() {
+    let o = memra(&["bench", "--synthetic", "glm-5", "--layers", "1", "--ctx", "64", "--decode-tokens", "3"]);
+    let t = text(&o);
+    assert!(!t.contains("panicked"), "{t}");
+    if o.status.success() {
+        assert!(t.contains("synthetic glm-5: 1 layers, ctx 64: decode step"), "{t}");
+    } else {
+        assert!(t.contains("CUDA"), "{t}");
+    }
+}
+
 /// Generated Q4_K / Q8_0 / f32 tensors of a real GLM-5 layer: the device bytes equal the host
 /// mirror, decode to finite values of the intended scale; norms ≈ 1.
 #[test]
