@@ -9,6 +9,9 @@
 //! templates/memra/common.cuh), so a programmatic edge orders memory exactly like a normal one;
 //! only the launch latency overlaps. Edges touching anything other than two kernel nodes
 //! (memset, memcpy) are left as they are.
+//!
+//! Measured on the H200 it made the Gemma 3 270M decode step slower (818 against 963 tok/s), so
+//! the decoders use it only on request (`MEMRA_PDL=1`, models::gpu::StepGraph).
 
 use std::sync::Arc;
 
