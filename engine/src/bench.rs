@@ -1297,32 +1297,49 @@ fn run_model(args: &BenchArgs, model: &std::path::Path) -> Result<(), Box<dyn st
     if args.prompt_tokens == 0 || args.decode_tokens == 0 {
         return Err("--prompt-tokens and --decode-tokens must be at least 1".into());
     }
-    let gpu = Gpu::new(args.device).map_err(|e| format!("memra bench needs a CUDA GPU: {e}"))?;
-    let driver = driver_version().unwrap_or_else(|| "unknown".into());
-    let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
-    eprintln!("memra bench: {} ({}), {driver}; copy bandwidth {copy_gbps:.0} GB/s", gpu.name(), gpu.arch());
-    let name = gpu.name().to_string();
-    let sm = gpu.arch().to_string();
-    drop(gpu);
-    let models = crate::bench_model::run(model, args.device, copy_gbps, args.prompt_tokens, args.decode_tokens)?;
-    if let Some(path) = &args.json {
-        let doc = json!({
+    let run = RunHeader::measure(args)?;
+    let models = crate::bench_model::run(model, args.device, run.copy_gbps, args.prompt_tokens, args.decode_tokens)?;
+    run.write(args, "models", json!(models))
+}
+
+/// The device and the copy bandwidth of a whole-model run (`--model`, `--synthetic`), measured
+/// before the model is loaded (the GPU handle is released).
+struct RunHeader {
+    name: String,
+    sm: String,
+    driver: String,
+    copy_gbps: f64,
+}
+
+impl RunHeader {
+    fn measure(args: &BenchArgs) -> Result<RunHeader, Box<dyn std::error::Error>> {
+        let gpu = Gpu::new(args.device).map_err(|e| format!("memra bench needs a CUDA GPU: {e}"))?;
+        let driver = driver_version().unwrap_or_else(|| "unknown".into());
+        let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
+        eprintln!("memra bench: {} ({}), {driver}; copy bandwidth {copy_gbps:.0} GB/s", gpu.name(), gpu.arch());
+        Ok(RunHeader { name: gpu.name().to_string(), sm: gpu.arch().to_string(), driver, copy_gbps })
+    }
+
+    /// Writes `--json` (if given): the top-level keys (SCHEMA.md) and `key: value`.
+    fn write(&self, args: &BenchArgs, key: &str, value: Value) -> Result<(), Box<dyn std::error::Error>> {
+        let Some(path) = &args.json else { return Ok(()) };
+        let mut doc = json!({
             "schema": 1,
-            "device": name,
-            "sm": sm,
-            "driver": driver,
+            "device": self.name,
+            "sm": self.sm,
+            "driver": self.driver,
             "date": utc_now(),
             "commit": commit(args),
             "memra_version": env!("CARGO_PKG_VERSION"),
             "copy_bytes": 2 * COPY_BYTES,
-            "copy_gbps": copy_gbps,
-            "models": models,
+            "copy_gbps": self.copy_gbps,
         });
+        doc[key] = value;
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
+        Ok(())
     }
-    Ok(())
 }
 
 /// `--synthetic PRESET`: the N-layer model, then the (N−1)-layer one for the last layer's time.
@@ -1333,14 +1350,11 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     if args.decode_tokens == 0 {
         return Err("--decode-tokens must be at least 1".into());
     }
-    let gpu = Gpu::new(args.device).map_err(|e| format!("memra bench needs a CUDA GPU: {e}"))?;
-    let driver = driver_version().unwrap_or_else(|| "unknown".into());
-    let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
-    let (name, sm) = (gpu.name().to_string(), gpu.arch().to_string());
-    drop(gpu);
+    let run = RunHeader::measure(args)?;
+    let copy_gbps = run.copy_gbps;
     let seed = Rng::from_env_or_time("memra bench --synthetic").seed();
     eprintln!(
-        "memra bench: synthetic {preset}, {layers} layers ({:.1} GB of weights), ctx {}; {name}, copy bandwidth {copy_gbps:.0} GB/s",
+        "memra bench: synthetic {preset}, {layers} layers ({:.1} GB of weights), ctx {}",
         desc.total_bytes() as f64 / 1e9,
         args.ctx
     );
@@ -1378,23 +1392,7 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     if v["logits_finite"] != true {
         return Err("synthetic model: non-finite logits".into());
     }
-    if let Some(path) = &args.json {
-        let doc = json!({
-            "schema": 1,
-            "device": name,
-            "sm": sm,
-            "driver": driver,
-            "date": utc_now(),
-            "commit": commit(args),
-            "memra_version": env!("CARGO_PKG_VERSION"),
-            "copy_bytes": 2 * COPY_BYTES,
-            "copy_gbps": copy_gbps,
-            "synthetic": v,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
+    run.write(args, "synthetic", v)
 }
 
 /// The printed table: one line per (variant, shape).
