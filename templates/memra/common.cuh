@@ -29,14 +29,16 @@ enum class Gating : int { Softmax = 1, Sigmoid = 2 };
 
 constexpr int WARP_SIZE = 32;
 
-// First statement of every kernel entry (the MEMRA_DEFINE_* macros). Lets the next kernel of a
-// CUDA graph launch early (programmatic dependent launch, engine/src/cuda/graph.rs), then waits
-// until the grids this one depends on have completed and their writes are visible: with it,
-// a programmatic edge orders memory like a normal one. Without PDL both are no-ops.
+// First statement of every kernel entry (the MEMRA_DEFINE_* macros). Waits until the grids this
+// one depends on have completed and their writes are visible (so a programmatic edge,
+// engine/src/cuda/graph.rs, orders memory like a normal one), then lets the next kernel of the
+// graph launch. Waiting first keeps at most one kernel ahead; triggering first would let each
+// launched kernel launch its successor at once, a cascade of waiting grids on the SMs (that order
+// measured slower than no PDL on the H200). Without PDL both are no-ops.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 constexpr unsigned FULL_MASK = 0xffffffffu;
