@@ -44,39 +44,49 @@ fn bench_help_lists_the_synthetic_options() {
 
 #[test]
 fn bad_synthetic_arguments_fail_with_a_message() {
-    let o = memra(&["bench", "--synthetic", "glm-6"]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o).contains("unknown synthetic preset 'glm-6' (known: glm-5)"),
-        "{}",
-        text(&o)
-    );
-    let o = memra(&["bench", "--synthetic", "glm-5", "--layers", "79"]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o).contains("--layers 79: glm-5 has 1..=78 layers"),
-        "{}",
-        text(&o)
-    );
-    let o = memra(&["bench", "--synthetic", "glm-5", "--layers", "0"]);
-    assert!(!o.status.success());
-    assert!(text(&o).contains("--layers"), "{}", text(&o));
-    for o in [
-        memra(&["bench", "--synthetic", "glm-6"]),
-        memra(&["bench", "--synthetic", "glm-5", "--layers", "0"]),
-    ] {
-        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--synthetic", "glm-6"],
+            "unknown synthetic preset 'glm-6' (known: glm-5)",
+        ),
+        (
+            &["--synthetic", "glm-5", "--layers", "79"],
+            "--layers 79: glm-5 has 1..=78 layers",
+        ),
+        (&["--synthetic", "glm-5", "--layers", "0"], "--layers"),
+    ];
+    for (args, message) in cases {
+        let o = memra(&[&["bench"], args].concat());
+        let t = text(&o);
+        assert!(!o.status.success(), "{args:?} succeeded: {t}");
+        assert!(
+            t.contains(message) && !t.contains("panicked"),
+            "{args:?}: {t}"
+        );
     }
 }
 
 /// Without a GPU the command says so (no panic); with one, a 1-layer model runs and reports.
 #[test]
 fn one_layer_bench_runs_or_says_why_not() {
-    let o = memra(&["bench", "--synthetic", "glm-5", "--layers", "1", "--ctx", "64", "--decode-tokens", "3"]);
+    let o = memra(&[
+        "bench",
+        "--synthetic",
+        "glm-5",
+        "--layers",
+        "1",
+        "--ctx",
+        "64",
+        "--decode-tokens",
+        "3",
+    ]);
     let t = text(&o);
     assert!(!t.contains("panicked"), "{t}");
     if o.status.success() {
-        assert!(t.contains("synthetic glm-5: 1 layers, ctx 64: decode step"), "{t}");
+        assert!(
+            t.contains("synthetic glm-5: 1 layers, ctx 64: decode step"),
+            "{t}"
+        );
     } else {
         assert!(t.contains("CUDA"), "{t}");
     }
@@ -167,8 +177,13 @@ fn generator_kernels_compile_for_sm90_without_spills() {
     if library::nvrtc_or_skip("generator_kernels_compile_for_sm90_without_spills").is_none() {
         return;
     }
-    let cubin = compile_cubin("memra_synthetic.cu", synthetic::KERNELS, &HeaderSet::new(&[]), SmArch(90))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cubin = compile_cubin(
+        "memra_synthetic.cu",
+        synthetic::KERNELS,
+        &HeaderSet::new(&[]),
+        SmArch(90),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(!cubin.report().spills(), "{}", cubin.log);
     assert!(cubin.bytes.len() > 1000);
 }
