@@ -35,8 +35,8 @@
 //   8): the 64 heads of a block are the M dimension of both products (heads past n_head are zero
 //   rows). Q = q·scale·log2(e) in bf16 [64][D] stays in shared memory; 64-row tiles of the cache
 //   stream in with a two-stage cp.async pipeline (16-byte chunks, XOR-swizzled rows, zero past the
-//   chunk's rows and past D). Per tile: S = Q·Kᵀ on mma.sync m16n8k16 bf16 → f32 (8 warps = 4
-//   m-tiles of 16 heads × 2 halves of 32 rows, K = D in 16-steps), online softmax in base 2 (tile
+//   chunk's rows and past D). Per tile: S = Q·Kᵀ on mma.sync m16n8k16 bf16 → f32 (warps 0..3 =
+//   2 groups of 32 heads × 2 halves of 32 rows, K = D in 16-steps), online softmax in base 2 (tile
 //   max of a head over both halves through shared memory), P rounded to bf16 into shared memory,
 //   then O += P·V with V = the first kv_lora columns of the same tile (one load serves K and V):
 //   warp w owns O columns [w·kv_lora/8, (w+1)·kv_lora/8) for all 64 heads (128 f32 accumulators
@@ -502,9 +502,11 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         ptx::commit();
     };
 
-    // Q·Kᵀ roles: warp = (16-head m-tile mt, 32-row half of the tile).
-    const int mt = warp & 3, half = warp >> 2;
-    const int h0 = 16 * mt + g, h1 = h0 + 8;  // this thread's score rows
+    // Q·Kᵀ roles: warps 0..3 = (32 heads 32mh.., 32-row half of the tile): each A (Q) fragment
+    // feeds 4 mma and each B (K) fragment 2, so Q·Kᵀ reads ~295 KB of shared memory per tile
+    // (8 warps of 16 heads × 32 rows would read 442 KB); warps 4..7 wait for P.
+    const bool s_warp = warp < 4;
+    const int mh = warp & 1, half = (warp >> 1) & 1;
     // ldmatrix row / chunk per lane: A (16 rows × 2 chunks), B from K rows (2 n8-tiles × 2 chunks),
     // V transposed (16 k-rows × 2 n8-tiles).
     const int a_row = lane & 15, a_chunk = lane >> 4;
@@ -512,7 +514,15 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     const int v_row = (((lane >> 3) & 1) << 3) + (lane & 7), v_chunk = lane >> 4;
     const int col_chunk0 = warp * (KVL / 64);  // this warp's first O column / 8
 
-    float m_run0 = neg_inf(), m_run1 = neg_inf(), l_run0 = 0.0f, l_run1 = 0.0f;
+    // Score rows of this thread (S warps): heads 32mh + 16i + g + 8k.
+    float m_run[2][2], l_run[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            m_run[i][k] = neg_inf();
+            l_run[i][k] = 0.0f;
+        }
     float acc[4][8][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -529,68 +539,76 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         const u32 kt = s_k + (t & 1) * TN * PITCH;
         const int rows = min(TN, c1 - (c0 + t * TN));
 
-        // S = Q·Kᵀ: heads 16mt.., tile rows 32half.. (4 n8-tiles).
-        float s[4][4];
+        // S = Q·Kᵀ: heads 32mh.. (2 m-tiles), tile rows 32half.. (4 n8-tiles).
+        float s[2][4][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-        {
-            const int qr = 16 * mt + a_row, kr = 32 * half + b_row;
-#pragma unroll 4
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[i][j][e] = 0.0f;
+        if (s_warp) {
+            const int qr = 32 * mh + a_row, kr = 32 * half + b_row;
+#pragma unroll 2
             for (int ks = 0; ks < KS; ++ks) {
-                u32 a[4], b0[4], b1[4];
-                ptx::ldmatrix_x4(a, s_q + swz(qr, 2 * ks + a_chunk, PITCH));
+                u32 a0[4], a1[4], b0[4], b1[4];
+                ptx::ldmatrix_x4(a0, s_q + swz(qr, 2 * ks + a_chunk, PITCH));
+                ptx::ldmatrix_x4(a1, s_q + swz(qr + 16, 2 * ks + a_chunk, PITCH));
                 ptx::ldmatrix_x4(b0, kt + swz(kr, 2 * ks + b_chunk, PITCH));
                 ptx::ldmatrix_x4(b1, kt + swz(kr + 16, 2 * ks + b_chunk, PITCH));
-                ptx::bf16_16816(s[0], a, b0[0], b0[1]);
-                ptx::bf16_16816(s[1], a, b0[2], b0[3]);
-                ptx::bf16_16816(s[2], a, b1[0], b1[1]);
-                ptx::bf16_16816(s[3], a, b1[2], b1[3]);
+                ptx::bf16_16816(s[0][0], a0, b0[0], b0[1]);
+                ptx::bf16_16816(s[0][1], a0, b0[2], b0[3]);
+                ptx::bf16_16816(s[0][2], a0, b1[0], b1[1]);
+                ptx::bf16_16816(s[0][3], a0, b1[2], b1[3]);
+                ptx::bf16_16816(s[1][0], a1, b0[0], b0[1]);
+                ptx::bf16_16816(s[1][1], a1, b0[2], b0[3]);
+                ptx::bf16_16816(s[1][2], a1, b1[0], b1[1]);
+                ptx::bf16_16816(s[1][3], a1, b1[2], b1[3]);
             }
-        }
-
-        // Online softmax (base 2): the tile max of a head over both halves, via shared memory.
-        float mx0 = neg_inf(), mx1 = neg_inf();
+            // Online softmax (base 2): the tile max of a head over both halves, via shared memory.
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 2; ++i) {
+                float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (32 * half + 8 * j + 2 * t4 + (e & 1) >= rows) s[j][e] = neg_inf();
-                if (e < 2) mx0 = fmaxf(mx0, s[j][e]);
-                else mx1 = fmaxf(mx1, s[j][e]);
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (32 * half + 8 * j + 2 * t4 + (e & 1) >= rows) s[i][j][e] = neg_inf();
+                        if (e < 2) mx0 = fmaxf(mx0, s[i][j][e]);
+                        else mx1 = fmaxf(mx1, s[i][j][e]);
+                    }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+                if (t4 == 0) {
+                    mx_s[half * HB + 32 * mh + 16 * i + g] = mx0;
+                    mx_s[half * HB + 32 * mh + 16 * i + g + 8] = mx1;
+                }
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
-        if (t4 == 0) {
-            mx_s[half * HB + h0] = mx0;
-            mx_s[half * HB + h1] = mx1;
         }
         __syncthreads();
-        // Finite: row 0 of the tile is valid (both halves compute the same maxima).
-        const float mn0 = fmaxf(m_run0, fmaxf(mx_s[h0], mx_s[HB + h0]));
-        const float mn1 = fmaxf(m_run1, fmaxf(mx_s[h1], mx_s[HB + h1]));
-        const float cr0 = exp2f(m_run0 - mn0), cr1 = exp2f(m_run1 - mn1);
-        m_run0 = mn0;
-        m_run1 = mn1;
-        float ps0 = 0.0f, ps1 = 0.0f;
+        if (s_warp) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            // P in bf16 as P·V reads it; the row sums add the same rounded values.
-            const u32 lo = ptx::pack_bf16x2(exp2f(s[j][0] - mn0), exp2f(s[j][1] - mn0));
-            const u32 hi = ptx::pack_bf16x2(exp2f(s[j][2] - mn1), exp2f(s[j][3] - mn1));
-            ps0 += __uint_as_float(lo << 16) + __uint_as_float(lo & 0xffff0000u);
-            ps1 += __uint_as_float(hi << 16) + __uint_as_float(hi & 0xffff0000u);
-            *reinterpret_cast<u32*>(sm + p_off + swz(h0, 4 * half + j, P_PITCH) + 4 * t4) = lo;
-            *reinterpret_cast<u32*>(sm + p_off + swz(h1, 4 * half + j, P_PITCH) + 4 * t4) = hi;
-        }
-        l_run0 = l_run0 * cr0 + ps0;
-        l_run1 = l_run1 * cr1 + ps1;
-        if (half == 0 && t4 == 0) {
-            corr_s[h0] = cr0;
-            corr_s[h1] = cr1;
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const int h = 32 * mh + 16 * i + g + 8 * k;
+                    // Finite: row 0 of the tile is valid (both halves compute the same maxima).
+                    const float mn = fmaxf(m_run[i][k], fmaxf(mx_s[h], mx_s[HB + h]));
+                    const float cr = exp2f(m_run[i][k] - mn);
+                    m_run[i][k] = mn;
+                    float ps = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        // P in bf16 as P·V reads it; the row sums add the same rounded values.
+                        const u32 pk = ptx::pack_bf16x2(exp2f(s[i][j][2 * k] - mn), exp2f(s[i][j][2 * k + 1] - mn));
+                        ps += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
+                        *reinterpret_cast<u32*>(sm + p_off + swz(h, 4 * half + j, P_PITCH) + 4 * t4) = pk;
+                    }
+                    l_run[i][k] = l_run[i][k] * cr + ps;
+                    if (half == 0 && t4 == 0) corr_s[h] = cr;
+                }
         }
         __syncthreads();  // P and corr visible
 
@@ -629,18 +647,19 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     }
 
     // Row sums: the 4 lanes of a row, then the two halves through shared memory.
-    l_run0 += __shfl_xor_sync(FULL_MASK, l_run0, 1);
-    l_run0 += __shfl_xor_sync(FULL_MASK, l_run0, 2);
-    l_run1 += __shfl_xor_sync(FULL_MASK, l_run1, 1);
-    l_run1 += __shfl_xor_sync(FULL_MASK, l_run1, 2);
-    if (t4 == 0) {
-        lsum_s[half * HB + h0] = l_run0;
-        lsum_s[half * HB + h1] = l_run1;
-        if (half == 0) {
-            m_s[h0] = m_run0;
-            m_s[h1] = m_run1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            float l = l_run[i][k];
+            l += __shfl_xor_sync(FULL_MASK, l, 1);
+            l += __shfl_xor_sync(FULL_MASK, l, 2);
+            const int h = 32 * mh + 16 * i + g + 8 * k;
+            if (s_warp && t4 == 0) {
+                lsum_s[half * HB + h] = l;
+                if (half == 0) m_s[h] = m_run[i][k];
+            }
         }
-    }
     __syncthreads();
 
     float* work_acc = work + mla_detail::partials_offset(n_head);
