@@ -1347,6 +1347,10 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     use crate::bench_synthetic as bs;
     let layers = args.layers as usize;
     let desc = crate::synthetic::describe(preset, layers)?;
+    if args.list {
+        print!("{}", bs::plan_table(&desc, args.ctx));
+        return Ok(());
+    }
     if args.decode_tokens == 0 {
         return Err("--decode-tokens must be at least 1".into());
     }

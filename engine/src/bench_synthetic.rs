@@ -37,6 +37,47 @@ pub fn step_bytes(desc: &Description, ctx: usize) -> u64 {
             .sum::<u64>()
 }
 
+/// `--list`: the model's tensors per layer and what a decode step reads, no GPU needed.
+pub fn plan_table(desc: &Description, ctx: usize) -> String {
+    let gb = |b: u64| b as f64 / 1e9;
+    let mut out = format!(
+        "synthetic {}: {} of {} layers, {} tensors, {:.2} GB of weights\n",
+        desc.preset,
+        desc.n_layer,
+        desc.full_layers,
+        desc.dims.tensors.len(),
+        gb(desc.total_bytes())
+    );
+    out += &format!(
+        "{:<8} {:<6} {:>12} {:>16} {:>16}\n",
+        "layer",
+        "ffn",
+        "weights GB",
+        "decode reads MB",
+        format!("cache MB @{ctx}")
+    );
+    for r in layer_rows(desc, ctx) {
+        let n = |k: &str| r[k].as_u64().unwrap_or(0) as f64;
+        out += &format!(
+            "{:<8} {:<6} {:>12.3} {:>16.1} {:>16.1}\n",
+            r["layer"].as_u64().unwrap_or(0),
+            r["ffn"].as_str().unwrap_or("?"),
+            n("weight_bytes") / 1e9,
+            n("decode_weight_bytes") / 1e6,
+            n("decode_cache_bytes") / 1e6
+        );
+    }
+    out += &format!(
+        "{:<8} {:<6} {:>12.3} {:>16.1}\nstep reads {:.1} MB\n",
+        "global",
+        "",
+        gb(desc.layer_bytes(None)),
+        desc.decode_global_bytes() as f64 / 1e6,
+        step_bytes(desc, ctx) as f64 / 1e6
+    );
+    out
+}
+
 /// The measured figures of one synthetic model.
 #[derive(Clone, Copy, Debug)]
 pub struct Step {

@@ -66,6 +66,45 @@ fn bad_synthetic_arguments_fail_with_a_message() {
     }
 }
 
+/// `--list` prints the per-layer table without a GPU: 3 dense layers, then MoE layers whose
+/// decode reads are a small part of their weights (8 + 1 of 256 experts).
+#[test]
+fn list_prints_the_layer_table() {
+    let o = memra(&[
+        "bench",
+        "--synthetic",
+        "glm-5",
+        "--layers",
+        "5",
+        "--ctx",
+        "4096",
+        "--list",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("synthetic glm-5: 5 of 78 layers, 103 tensors"),
+        "{t}"
+    );
+    let rows: Vec<Vec<&str>> = t
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|c: &Vec<&str>| c.len() == 5 && c[0].parse::<usize>().is_ok())
+        .collect();
+    assert_eq!(
+        rows.iter().map(|r| r[1]).collect::<Vec<_>>(),
+        ["dense", "dense", "dense", "moe", "moe"],
+        "{t}"
+    );
+    let num = |s: &str| s.parse::<f64>().unwrap();
+    let moe = &rows[3];
+    assert!(
+        num(moe[2]) > 5.0 && num(moe[3]) < 0.1 * num(moe[2]) * 1e3,
+        "{t}"
+    );
+    assert!(t.contains("step reads"), "{t}");
+}
+
 /// Without a GPU the command says so (no panic); with one, a 1-layer model runs and reports.
 #[test]
 fn one_layer_bench_runs_or_says_why_not() {
