@@ -199,6 +199,38 @@ mod tests {
     use super::*;
     use crate::synthetic::describe;
 
+    /// A `--synthetic` run file is recognised and validated by bench/report.rs.
+    #[test]
+    fn synthetic_documents_validate() {
+        use crate::bench::report::{doc_kind, validate, Doc};
+        let d = describe("glm-5", 4).unwrap();
+        let s = Step {
+            median_us: 900.0,
+            min_us: 850.0,
+            generate_s: 1.5,
+            logits_finite: true,
+        };
+        let mut doc = json!({"schema": 1, "device": "NVIDIA H200", "sm": "sm_90", "driver": "CUDA 13.0",
+            "date": "2026-11-30T05:00:00Z", "commit": "abc", "memra_version": "0.1.0",
+            "copy_bytes": 2u64 << 30, "copy_gbps": 4000.0,
+            "synthetic": to_json(&d, 32768, 64, 7, 4000.0, s, Some(Step { median_us: 700.0, ..s }))});
+        assert_eq!(doc_kind(&doc), Doc::Synthetic);
+        validate(&doc, Doc::Synthetic).unwrap_or_else(|e| panic!("{e:?}"));
+        doc["synthetic"]["last_layer"] = Value::Null;
+        validate(&doc, Doc::Synthetic).unwrap_or_else(|e| panic!("{e:?}"));
+        doc["synthetic"]["layer_bytes"][0]["ffn"] = json!("sparse");
+        doc["synthetic"]
+            .as_object_mut()
+            .unwrap()
+            .remove("step_bytes");
+        let errs = validate(&doc, Doc::Synthetic).expect_err("accepted a bad synthetic doc");
+        assert!(errs.iter().any(|e| e.contains("step_bytes")), "{errs:?}");
+        assert!(
+            errs.iter().any(|e| e.contains("layer_bytes[0].ffn")),
+            "{errs:?}"
+        );
+    }
+
     /// Every key of the `synthetic` object is documented in SCHEMA.md's section and vice versa.
     #[test]
     fn json_keys_are_the_documented_ones() {
@@ -231,12 +263,14 @@ mod tests {
             .nth(1)
             .expect("SCHEMA.md has no --synthetic section");
         let section = section.split("\n## ").next().unwrap();
-        // The first cell of each table row: one or more `key`s.
-        let documented: Vec<&str> = section
+        // The first cell of each table row: `key`, `key`, … or `object`.`key` (backticks dropped).
+        let documented: Vec<String> = section
             .lines()
             .filter_map(|l| l.strip_prefix("| `"))
-            .flat_map(|l| l.split(" |").next().unwrap_or("").split('`').step_by(2))
-            .filter(|k| !k.trim_matches([',', ' ']).is_empty())
+            .flat_map(|l| {
+                let cell = l.split(" |").next().unwrap_or("").replace('`', "");
+                cell.split(", ").map(str::to_string).collect::<Vec<_>>()
+            })
             .collect();
         let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         keys.extend(
@@ -255,7 +289,7 @@ mod tests {
         );
         for k in &keys {
             assert!(
-                documented.contains(&k.as_str()),
+                documented.contains(k),
                 "key `{k}` not documented in SCHEMA.md"
             );
         }

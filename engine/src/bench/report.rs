@@ -669,6 +669,8 @@ pub enum Doc {
     Peers,
     /// `memra bench --sweep matvec --json` (bench/sweep.rs).
     Sweep,
+    /// `memra bench --synthetic PRESET --json` (bench_synthetic.rs).
+    Synthetic,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -756,6 +758,40 @@ pub const MODEL: &[(&str, Ty)] = &[
     ("decode_step_us", Ty::Float),
     ("weight_bytes", Ty::Int),
     ("decode_floor_us", Ty::Float),
+];
+/// `synthetic` of a `--synthetic` run, its `last_layer` (when not null) and `layer_bytes[]`.
+pub const SYNTHETIC: &[(&str, Ty)] = &[
+    ("preset", Ty::Str),
+    ("arch", Ty::Str),
+    ("layers", Ty::Int),
+    ("ctx", Ty::Int),
+    ("decode_steps", Ty::Int),
+    ("seed", Ty::Int),
+    ("weight_bytes", Ty::Int),
+    ("generate_s", Ty::Float),
+    ("step_median_us", Ty::Float),
+    ("step_min_us", Ty::Float),
+    ("step_bytes", Ty::Int),
+    ("step_floor_us", Ty::Float),
+    ("step_ratio_to_floor", Ty::Float),
+    ("per_layer_us", Ty::Float),
+    ("last_layer", Ty::ObjectOrNull),
+    ("logits_finite", Ty::Bool),
+    ("layer_bytes", Ty::Array),
+];
+pub const SYNTHETIC_LAST_LAYER: &[(&str, Ty)] = &[
+    ("layer", Ty::Int),
+    ("us", Ty::Float),
+    ("bytes", Ty::Int),
+    ("floor_us", Ty::Float),
+    ("ratio_to_floor", Ty::Float),
+];
+pub const SYNTHETIC_LAYER: &[(&str, Ty)] = &[
+    ("layer", Ty::Int),
+    ("ffn", Ty::Str),
+    ("weight_bytes", Ty::Int),
+    ("decode_weight_bytes", Ty::Int),
+    ("decode_cache_bytes", Ty::Int),
 ];
 pub const PEERS_TOP: &[(&str, Ty)] = &[
     ("schema", Ty::Int),
@@ -853,6 +889,9 @@ pub const ALL_TABLES: &[&[(&str, Ty)]] = &[
     SWEEP_TOP,
     SWEEP_CASE,
     SWEEP_CANDIDATE,
+    SYNTHETIC,
+    SYNTHETIC_LAST_LAYER,
+    SYNTHETIC_LAYER,
 ];
 
 fn check(v: &Value, keys: &[(&str, Ty)], at: &str, errs: &mut Vec<String>) {
@@ -947,6 +986,18 @@ pub fn validate(v: &Value, doc: Doc) -> Result<(), Vec<String>> {
                 }
             }
         }
+        Doc::Synthetic => {
+            check(v, COMMON, "$", &mut errs);
+            let syn = &v["synthetic"];
+            check(syn, SYNTHETIC, "$.synthetic", &mut errs);
+            if syn.get("last_layer").is_some_and(Value::is_object) {
+                check(&syn["last_layer"], SYNTHETIC_LAST_LAYER, "$.synthetic.last_layer", &mut errs);
+            }
+            check_each(syn, "layer_bytes", SYNTHETIC_LAYER, "$.synthetic.", &mut errs);
+            for (i, l) in syn.get("layer_bytes").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                one_of(l, "ffn", &["dense", "moe"], &format!("$.synthetic.layer_bytes[{i}]"), &mut errs);
+            }
+        }
         Doc::Sweep => {
             check(v, SWEEP_TOP, "$", &mut errs);
             check_each(v, "cases", SWEEP_CASE, "$.", &mut errs);
@@ -1014,7 +1065,7 @@ pub fn validate(v: &Value, doc: Doc) -> Result<(), Vec<String>> {
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
-/// Which kind a file is: `models` → Model, `torch` → Peers, a `--sweep` tool → Sweep, else Bench.
+/// Which kind a file is: `models` → Model, `synthetic` → Synthetic, `torch` → Peers, a `--sweep` tool → Sweep, else Bench.
 pub fn doc_kind(v: &Value) -> Doc {
     if v.get("tool")
         .and_then(Value::as_str)
@@ -1023,6 +1074,8 @@ pub fn doc_kind(v: &Value) -> Doc {
         Doc::Sweep
     } else if v.get("models").is_some() {
         Doc::Model
+    } else if v.get("synthetic").is_some() {
+        Doc::Synthetic
     } else if v.get("torch").is_some() {
         Doc::Peers
     } else {
