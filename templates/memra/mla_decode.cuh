@@ -465,23 +465,6 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
-    // Q → bf16 rows, pre-scaled by scale·log2(e); heads past hb and dims past D are zeros.
-    const float sl2 = scale * LOG2E;
-    for (int i = tid; i < HB * KC; i += 256) {
-        const int h = i / KC, c = i % KC;
-        uint4 w = make_uint4(0u, 0u, 0u, 0u);
-        if (h < hb && c * 8 < D) {
-            const float* src = q + (i64)(h_base + h) * D + c * 8;
-            const float4 a = *reinterpret_cast<const float4*>(src);
-            const float4 b = *reinterpret_cast<const float4*>(src + 4);
-            w.x = ptx::pack_bf16x2(a.x * sl2, a.y * sl2);
-            w.y = ptx::pack_bf16x2(a.z * sl2, a.w * sl2);
-            w.z = ptx::pack_bf16x2(b.x * sl2, b.y * sl2);
-            w.w = ptx::pack_bf16x2(b.z * sl2, b.w * sl2);
-        }
-        *reinterpret_cast<uint4*>(sm + swz(h, c, PITCH)) = w;
-    }
-
     const int chunk = (T + n_split - 1) / n_split;
     const int c0 = min(sp * chunk, T);
     const int c1 = min(c0 + chunk, T);
@@ -532,6 +515,25 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
             for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
 
     if (n_tiles > 0) load_tile(0);
+    // Q → bf16 rows, pre-scaled by scale·log2(e); heads past hb and dims past D are zeros. Staged
+    // while the first tile is in flight (each block reads all of q: 147 KB at GLM-5 dims).
+    const float sl2 = scale * LOG2E;
+#pragma unroll 4
+    for (int i = tid; i < HB * KC; i += 256) {
+        const int h = i / KC, c = i % KC;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (h < hb && c * 8 < D) {
+            const float* src = q + (i64)(h_base + h) * D + c * 8;
+            const float4 a = *reinterpret_cast<const float4*>(src);
+            const float4 b = *reinterpret_cast<const float4*>(src + 4);
+            w.x = ptx::pack_bf16x2(a.x * sl2, a.y * sl2);
+            w.y = ptx::pack_bf16x2(a.z * sl2, a.w * sl2);
+            w.z = ptx::pack_bf16x2(b.x * sl2, b.y * sl2);
+            w.w = ptx::pack_bf16x2(b.z * sl2, b.w * sl2);
+        }
+        *reinterpret_cast<uint4*>(sm + swz(h, c, PITCH)) = w;
+    }
+
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
         __syncthreads();  // tile t (and Q) visible; every warp is done with tile t − 1 and its P
