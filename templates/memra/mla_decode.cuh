@@ -15,7 +15,8 @@
 //   out_h = Σ_{s ≤ p} softmax_s(scale·q_h·row_s)·c_s with p = pos[0] (device). p ∉ [0, max_ctx)
 //   writes NaN to out.
 // Work split: a block owns a chunk of the rows (grid.x = n_split, chunks of ceil(T / n_split)
-//   rows, rounded up to 8 on the f32 path) and HB = 64 heads (grid.y = ceil(n_head / 64)), so each row is read once per 64 heads.
+//   rows, rounded up to 8 on the f32 path) and HB = 64 heads (grid.y = ceil(n_head / 64)), so
+//   each row is read once per 64 heads.
 //   n_split = 1 writes out directly (work unused, may be null); n_split > 1 writes partials to
 //   work and the last block of a head block (atomic counter) combines them, then resets the
 //   counter to 0.
