@@ -472,16 +472,26 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     const int n_tiles = (c1 - c0 + TN - 1) / TN;
     const char* cb = static_cast<const char*>(cache);
 
+    // Warp w copies tile rows w, w + 8, ..: the row numbers (the idx list when SPARSE) are read
+    // first, all at once, so no copy waits on an index load; a row's chunks are consecutive lanes.
     auto load_tile = [&](int t) {
         const u32 dst = s_k + (t & 1) * TN * PITCH;
         const int g0 = c0 + t * TN;
-        for (int i = tid; i < TN * KC; i += 256) {
-            const int r = i / KC, c = i % KC;
-            const int gr = g0 + r;
-            int row = gr;
+        int rid[TN / 8];
+#pragma unroll
+        for (int k = 0; k < TN / 8; ++k) {
+            const int gr = g0 + warp + 8 * k;
+            int row = gr < c1 ? gr : -1;
             if constexpr (SPARSE) row = gr < c1 ? idx[gr] : -1;
-            const bool ok = gr < c1 && c * 8 < D && (!SPARSE || (row >= 0 && row < max_ctx));
-            ptx::cp16(dst + swz(r, c, PITCH), cb + (ok ? ((i64)row * D + c * 8) * 2 : 0), ok ? 16 : 0);
+            rid[k] = row >= 0 && row < max_ctx ? row : -1;
+        }
+#pragma unroll
+        for (int k = 0; k < TN / 8; ++k) {
+            const int r = warp + 8 * k;
+            for (int c = lane; c < KC; c += 32) {
+                const bool ok = rid[k] >= 0 && c * 8 < D;
+                ptx::cp16(dst + swz(r, c, PITCH), cb + (ok ? ((i64)rid[k] * D + c * 8) * 2 : 0), ok ? 16 : 0);
+            }
         }
         ptx::commit();
     };
