@@ -485,7 +485,8 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
         rows_per_group: get("rows_per_group", d.rows_per_group),
         stages: get("stages", d.stages),
         accumulate: get("accumulate", 0) == 1,
-        xq8: get("xq8", 0) == 1,
+        xq8: get("xq8", 0) >= 1,
+        fuse_x: get("xq8", 0) == 2,
     };
     let name: &'static str = Box::leak(format!("matvec__k{k}_n{n}__{tok}").into_boxed_str());
     let params: Vec<(&'static str, Param)> =

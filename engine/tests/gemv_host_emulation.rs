@@ -131,7 +131,9 @@ int main(int argc, char** argv) {
     int tiles = (n + G::ROWS - 1) / G::ROWS; if (tiles < 1) tiles = 1;
     int waves = (tiles + max_blocks - 1) / max_blocks, grid = (tiles + waves - 1) / waves;
     for (int bx = 0; bx < grid; ++bx) {
-        std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
+        // XQ8 = 2: the block's whole q8 x after the stages.
+        const unsigned smem_bytes = G::SMEM + (G::XQ8_FUSED ? Cfg::BATCH * G::xf_row(k) : 0);
+        std::vector<unsigned char> smem(smem_bytes + 64, 0xCD);
         std::barrier<> block_bar(Cfg::THREADS);
         g_block_barrier = &block_bar;
         std::vector<std::barrier<>*> wb; for (int i = 0; i < Cfg::THREADS / 32; ++i) wb.push_back(new std::barrier<>(32));
@@ -139,7 +141,7 @@ int main(int argc, char** argv) {
         std::vector<std::thread> ts;
         for (int t = 0; t < Cfg::THREADS; ++t) ts.emplace_back([&, t] {
             threadIdx = {(unsigned)t, 0, 0}; blockIdx = {(unsigned)bx, 0, 0}; gridDim = {(unsigned)grid, 1, 1};
-            g_smem = smem.data(); g_smem_bytes = G::SMEM;
+            g_smem = smem.data(); g_smem_bytes = smem_bytes;
             memra::matvec_impl<Cfg>(wa, xa, ya, k, n, batch, ldx, ldy); });
         for (auto& th : ts) th.join();
         for (auto* b : wb) delete b;
@@ -273,8 +275,10 @@ impl Builder {
             eprintln!("SKIP {test}: no C++ compiler (set CXX)");
             return None;
         };
+        // One directory per test: tests run in parallel threads of one process, and each
+        // writes its own emulator binaries and input files.
         let dir = std::env::temp_dir().join(format!(
-            "memra-gemv-emu-{}-{}",
+            "memra-gemv-emu-{}-{}-{test}",
             std::process::id(),
             matmul as u8
         ));
@@ -418,7 +422,7 @@ fn compare(
 fn matvec_kernel_emulated_on_host_threads_matches_reference() {
     matvec_emulated(
         "matvec_kernel_emulated_on_host_threads_matches_reference",
-        false,
+        0,
     );
 }
 
@@ -431,18 +435,36 @@ fn matvec_kernel_emulated_on_host_threads_matches_reference() {
 fn matvec_q8_kernel_emulated_on_host_threads_matches_reference() {
     matvec_emulated(
         "matvec_q8_kernel_emulated_on_host_threads_matches_reference",
-        true,
+        1,
+    );
+}
+
+/// XQ8 = 2: f32 x, quantized by each block into shared memory (the same numerics), against
+/// the same q8 oracle and tolerance. The types with the most distinct unit shapes (64-element
+/// Q4_K units, 2-byte-aligned Q8_0 / Q6_K blocks, Q6_K's two scale groups).
+#[test]
+fn matvec_q8_fused_kernel_emulated_on_host_threads_matches_reference() {
+    matvec_emulated(
+        "matvec_q8_fused_kernel_emulated_on_host_threads_matches_reference",
+        2,
     );
 }
 
 /// Every type (xq8: every integer-path type) at awkward and batched cases, specialized and
-/// generic, against the f32 or the q8 oracle.
-fn matvec_emulated(test: &str, xq8: bool) {
+/// Every type (XQ8 = 1: every integer-path type; 2: Q4_K, Q8_0, Q6_K) at awkward and batched
+/// cases, specialized and generic, against the f32 or the q8 oracle. `xq8_cfg`: the Cfg's XQ8.
+fn matvec_emulated(test: &str, xq8_cfg: u8) {
+    let xq8 = xq8_cfg == 1; // x passed as q8 rows
+    let q8_oracle = xq8_cfg != 0;
     let Some(mut b) = Builder::new(test, false) else {
         return;
     };
     let mut rng = Rng::from_env_or_time(test);
-    for ty in QTYPES.into_iter().filter(|&t| !xq8 || q8::has_int_dot(t)) {
+    for ty in QTYPES.into_iter().filter(|&t| match xq8_cfg {
+        0 => true,
+        1 => q8::has_int_dot(t),
+        _ => matches!(t, GgmlType::Q4_K | GgmlType::Q8_0 | GgmlType::Q6_K),
+    }) {
         let k_aw = awkward_k(ty);
         // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad, ldy pad); the ldx
         // pad (floats) goes after the f32 row or the q8 row.
@@ -480,7 +502,11 @@ fn matvec_emulated(test: &str, xq8: bool) {
                 let packed: Vec<f32> = (0..batch)
                     .flat_map(|i| x[i * ldx..i * ldx + k].to_vec())
                     .collect();
-                let want = linear::matmul_gguf(ty, &w, k, n, &packed, batch).unwrap();
+                let want = if q8_oracle {
+                    q8::matmul_gguf_q8(ty, &w, k, n, &packed, batch).unwrap()
+                } else {
+                    linear::matmul_gguf(ty, &w, k, n, &packed, batch).unwrap()
+                };
                 (x, ldx, want)
             };
             let y_len = (batch - 1) * ldy + n;
@@ -501,7 +527,7 @@ fn matvec_emulated(test: &str, xq8: bool) {
                     format!("RPGV={rpg}"),
                     "STG=3".into(),
                     format!("ACC={acc}"),
-                    format!("XQ8V={}", xq8 as i32),
+                    format!("XQ8V={xq8_cfg}"),
                 ]);
                 // Specialized: at most 2 blocks, so blocks walk several tiles (the resident-grid
                 // path); generic: one block per tile.
@@ -509,7 +535,7 @@ fn matvec_emulated(test: &str, xq8: bool) {
                 let got = run(&bin, &[k, n, batch, ldx, ldy, max_blocks], &w, &x, &y0);
                 let what = format!(
                     "matvec{} {ty:?} k={k} n={n} batch={batch}/{bmax} lanes={lanes} spec={spec} acc={acc} max_blocks={max_blocks}",
-                    if xq8 { " xq8" } else { "" }
+                    ["", " xq8", " xq8 fused"][xq8_cfg as usize]
                 );
                 compare(&what, &got, &y0, &want, batch, n, ldy, acc == 1, 1e-4, &rng);
             }

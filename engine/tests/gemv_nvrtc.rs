@@ -150,6 +150,11 @@ fn xq8_variants() -> Vec<(&'static KernelVariant, bool)> {
             false,
         ));
         if !int {
+            // The trap-only bodies still compile (generic variants cover every QType).
+            v.push((
+                variant("matvec", &[("qtype", V::S(q)), ("xq8", V::I(2))]),
+                false,
+            ));
             continue;
         }
         for (k, n) in [(6144, 2048), (4096, 12288), (12288, 4096)] {
@@ -181,6 +186,29 @@ fn xq8_variants() -> Vec<(&'static KernelVariant, bool)> {
             ),
             true,
         ));
+        // XQ8 = 2 (x quantized in the block): batch 1 and 4, specialized and generic.
+        for batch in [1, 4] {
+            v.push((
+                variant(
+                    "matvec",
+                    &[
+                        ("k", V::I(6144)),
+                        ("n", V::I(12288)),
+                        ("qtype", V::S(q)),
+                        ("batch", V::I(batch)),
+                        ("xq8", V::I(2)),
+                    ],
+                ),
+                true,
+            ));
+            v.push((
+                variant(
+                    "matvec",
+                    &[("qtype", V::S(q)), ("batch", V::I(batch)), ("xq8", V::I(2))],
+                ),
+                false,
+            ));
+        }
         for mode in ["plain", "swiglu", "geglu", "down"] {
             let (k, n) = if mode == "down" {
                 (2048, 6144)

@@ -60,15 +60,26 @@ impl Case {
 
 /// One launch against the reference; `w` may be shared between calls (same shape and type).
 fn check(gpu: &Gpu, kernel: &Kernel, ty: GgmlType, w: &[u8], c: &Case, rng: &mut Rng) {
-    check_path(gpu, kernel, None, ty, w, c, rng);
+    check_path(gpu, kernel, XPath::F32, ty, w, c, rng);
 }
 
-/// One launch per grid policy against the reference: f32 x and `linear::matmul_gguf`, or with
-/// `qk` (an xq8 kernel) x quantized on the GPU by `qk` (bytes checked) and `q8::matmul_gguf_q8`.
+/// How x reaches the kernel.
+#[derive(Clone, Copy)]
+enum XPath<'k> {
+    /// f32 x, f32 products (oracle `linear::matmul_gguf`).
+    F32,
+    /// XQ8 = 1: x quantized on the GPU by this quantize_q8 kernel first (bytes checked).
+    Q8(&'k Kernel),
+    /// XQ8 = 2: f32 x, quantized by the matvec blocks themselves.
+    Fused,
+}
+
+/// One launch per grid policy against the reference: `linear::matmul_gguf` for the f32 path,
+/// `q8::matmul_gguf_q8` (x quantized as quantize_q8 does) for the integer paths.
 fn check_path(
     gpu: &Gpu,
     kernel: &Kernel,
-    qk: Option<&Kernel>,
+    path: XPath<'_>,
     ty: GgmlType,
     w: &[u8],
     c: &Case,
@@ -87,27 +98,30 @@ fn check_path(
     let x_packed: Vec<f32> = (0..batch)
         .flat_map(|b| x[b * ldx..b * ldx + k].iter().copied())
         .collect();
-    let (want_packed, dx, ld_dev) = match qk {
-        None => (
+    let q8_want =
+        || q8::matmul_gguf_q8(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}"));
+    let (want_packed, dx, ld_dev) = match path {
+        XPath::F32 => (
             linear::matmul_gguf(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}")),
             up(s, &x),
             ldx,
         ),
-        Some(qk) => {
+        XPath::Fused => (q8_want(), up(s, &x), ldx),
+        XPath::Q8(qk) => {
             // c.ldx is the f32 stride; the q8 stride pads the dense q8 row by as much.
             let ldq =
                 memra_engine::kernels::quantize_q8::row_floats(k) + (ldx - k).next_multiple_of(4);
             (
-                q8::matmul_gguf_q8(ty, w, k, n, &x_packed, batch).unwrap_or_else(|e| panic!("{e}")),
+                q8_want(),
                 quantize_on_gpu(gpu, qk, &x, k, batch, ldx, ldq, rng),
                 ldq,
             )
         }
     };
-    let path = if qk.is_some() {
-        " xq8 vs q8::matmul_gguf_q8"
-    } else {
-        ""
+    let path = match path {
+        XPath::F32 => "",
+        XPath::Q8(_) => " xq8 vs q8::matmul_gguf_q8",
+        XPath::Fused => " xq8 fused vs q8::matmul_gguf_q8",
     };
     let y_len = (batch - 1) * ldy + n;
     // Accumulate: y starts random and the oracle adds to it; otherwise y starts NaN.
@@ -484,7 +498,7 @@ fn check_q8(
     c: &Case,
     rng: &mut Rng,
 ) {
-    check_path(gpu, kernel, Some(qk), ty, w, c, rng);
+    check_path(gpu, kernel, XPath::Q8(qk), ty, w, c, rng);
 }
 
 /// Specialized and generic xq8 variants at (k, n), one weight.
@@ -685,4 +699,72 @@ fn gpu_matvec_xq8_refuses_bad_arguments() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("k=100"), "{e}");
+}
+
+/// XQ8 = 2 (x quantized by each block into shared memory, one launch): real shapes at batch 1,
+/// batched layouts with padded strides, awkward sizes, against `q8::matmul_gguf_q8`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matvec_xq8_fused_matches_q8_reference() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_matvec_xq8_fused_matches_q8_reference");
+    use GgmlType::*;
+    let real: &[(GgmlType, usize, usize)] = &[
+        (Q8_0, 6144, 2048),
+        (Q8_0, 16384, 6144),
+        (Q4_K, 6144, 12288),
+        (Q4_K, 4096, 12288),
+        (Q6_K, 12288, 4096),
+        (Q5_0, 640, 2048),
+        (Q4_0, 4096, 12288),
+        (IQ4_XS, 6144, 2048),
+    ];
+    let tunes: [&[(&'static str, i64)]; 3] = [
+        &[("xq8", 2)],
+        &[
+            ("batch", 8),
+            ("lanes", 8),
+            ("rows_per_group", 1),
+            ("xq8", 2),
+        ],
+        &[("batch", 4), ("lanes", 16), ("xq8", 2)],
+    ];
+    let mut cases: Vec<(GgmlType, usize, usize, usize)> =
+        real.iter().map(|&(t, k, n)| (t, k, n, 0)).collect();
+    for ty in int_types() {
+        cases.push((ty, awkward_k(ty), 33, 1));
+        cases.push((ty, awkward_k(ty), 4097, 0));
+        cases.push((ty, 2048, 640, 2));
+    }
+    for (ty, k, n, tune) in cases {
+        let w = random_weight(ty, k, n, &mut rng);
+        let max = if tune == 0 {
+            1
+        } else {
+            tunes[tune][0].1 as usize
+        };
+        for dims in [Some((k, n)), None] {
+            let kernel = load(&gpu, mv_variant(ty, dims, tunes[tune]));
+            let mut batches = vec![1, 3.min(max), max];
+            batches.dedup();
+            for batch in batches {
+                let c = Case::plain(k, n, batch);
+                check_path(&gpu, &kernel, XPath::Fused, ty, &w, &c, &mut rng);
+            }
+            if max > 1 {
+                let c = Case {
+                    k,
+                    n,
+                    batch: max.min(3),
+                    ldx: k + 12,
+                    ldy: n + 5,
+                    accumulate: false,
+                };
+                check_path(&gpu, &kernel, XPath::Fused, ty, &w, &c, &mut rng);
+            }
+        }
+    }
+    println!(
+        "VERDICT gpu_matvec_xq8_fused: XQ8 = 2 matches memra_reference::q8 (<= {F32_TOL:e}) in every case"
+    );
 }

@@ -19,7 +19,10 @@
 //   int   XQ8             optional (absent = 0). 0: f32 x. 1: x quantized to int8 blocks of 32
 //                         (quantize_q8.cuh, llama.cpp's q8_1 numerics) and products by __dp4a on
 //                         the packed weights, scales applied once per block; Q8_0, Q4_0, Q5_0,
-//                         Q4_K, Q6_K, IQ4_NL, IQ4_XS only (others trap; the wrapper refuses them)
+//                         Q4_K, Q6_K, IQ4_NL, IQ4_XS only (others trap; the wrapper refuses them).
+//                         2: the same products, but x is f32 and every block quantizes all of it
+//                         into shared memory in its prologue (while its first weight chunks load):
+//                         no separate launch, no x staging per chunk (matvec only, not moe_matvec)
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const float* x, float* y, int k, int n, int batch, int ldx, int ldy)
@@ -27,6 +30,7 @@
 //   y: [batch][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
 //   XQ8 = 1: x is quantize_q8's output, q8 rows of ldx floats (ldx·4 ≥ q8 row bytes
 //   round_up(K + K/4, 16), ldx % 4 == 0): K int8, then (d, Σq) f32 pairs per block of 32.
+//   XQ8 = 2: x as for XQ8 = 0; dynamic shared memory + BATCH · xf_row(K) (below).
 //
 // Launch geometry (matvec_geometry<Cfg> below; the Rust wrapper mirrors it):
 //   rows per tile R = THREADS / LANES · ROWS_PER_GROUP; tiles T = ceil(N / R); grid (G) for
@@ -645,6 +649,20 @@ template <> struct Unit<QType::IQ4_XS> : UnitBase, NibbleRuns {
 }  // namespace qunit
 
 // ---------------------------------------------------------------------------------------------
+// One q8 block of 32 quantized by a warp, element `lane` = v (quantize_q8.cuh's numerics,
+// shared with XQ8 = 2's prologue): d = max|v| / 127 (IEEE division), q = round(v / d) half away
+// from zero (0 for an all-zero block), s = Σq (exact; summed as floats, |s| ≤ 4064).
+__device__ __forceinline__ void q8_block_lane(float v, int& q, float& d, float& s) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    d = amax / 127.0f;
+    q = amax == 0.0f ? 0 : (int)roundf(v / d);
+    s = (float)q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+}
+
 // Cfg::XQ8, 0 when a Cfg does not declare it (Cfgs written before the integer path).
 template <class...> using void_t = void;
 template <class Cfg, class = void> struct CfgXq8 { static constexpr int value = 0; };
@@ -654,6 +672,7 @@ template <class Cfg> struct CfgXq8<Cfg, void_t<decltype(Cfg::XQ8)>> { static con
 template <class Cfg> struct MatvecGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
     static constexpr bool XQ8 = CfgXq8<Cfg>::value != 0;
+    static constexpr bool XQ8_FUSED = CfgXq8<Cfg>::value == 2;
     static constexpr int LANES = Cfg::LANES, RPG = Cfg::ROWS_PER_GROUP;
     static constexpr int GROUPS_PER_BLOCK = Cfg::THREADS / LANES;
     static constexpr int ROWS = GROUPS_PER_BLOCK * RPG;          // rows per thread block
@@ -667,7 +686,10 @@ template <class Cfg> struct MatvecGeometry {
     // then the chunk's (d, Σq) float pairs, one per x block of 32.
     static constexpr int XQ_UNIT = U::UE + 16;
     static constexpr int XQ_QS = UPC * XQ_UNIT;
-    static constexpr int XS_ROW = XQ8 ? XQ_QS + KC / 32 * 8 : UPC * XS_UNIT * 4;  // bytes of one x row's chunk
+    static constexpr int XS_ROW = XQ8_FUSED ? 0 : XQ8 ? XQ_QS + KC / 32 * 8 : UPC * XS_UNIT * 4;  // bytes of one x row's chunk
+    // XQ8 = 2: the whole q8 x of one batch row, after the stages (at SMEM): every unit of the
+    // row padded as XQ_UNIT, then the (d, Σq) pairs; 16-byte multiple.
+    __host__ __device__ static constexpr int xf_row(int k) { return ((k / U::UE) * XQ_UNIT + k / 4 + 15) / 16 * 16; }
     static constexpr int W_BYTES = ROWS * ROW_SLOT;
     static constexpr int STAGE = W_BYTES + Cfg::BATCH * XS_ROW;
     static constexpr int SMEM = Cfg::STAGES * STAGE + 16;        // + funnel-shift over-read pad
@@ -741,9 +763,12 @@ template <class Cfg> struct DenseRows {
 // The integer path's compute step (Cfg::XQ8): for each x block of each of the lane's units,
 // the RPG rows' int8 words are dotted with every batch row's int8 x by __dp4a (exact integer
 // sums per block / scale group), then scaled once: acc += d_x·wseg·(Σ_g iscale·sum_g + imin·Σq).
+// xq0 / xd0: the chunk's unit 0 int8 run and (d, Σq) pair of batch row 0; xrow: bytes between
+// batch rows.
 template <class G, class U, int RPG, int NB, bool WHOLE_CHUNKS, bool ALIGNED>
-__device__ __forceinline__ void compute_q8(const u8* ws, int lane, int group, int ci, int K, const int (&row_off)[RPG],
-                                           int chunk_off, float wseg, float (&acc)[RPG][NB]) {
+__device__ __forceinline__ void compute_q8(const u8* ws, const u8* xq0, const float* xd0, int xrow, int lane, int group,
+                                           int ci, int K, const int (&row_off)[RPG], int chunk_off, float wseg,
+                                           float (&acc)[RPG][NB]) {
     constexpr int UE = U::UE, XB = UE / 32, IG = U::IGROUPS;
 #pragma unroll
     for (int j = 0; j < U::UPL; ++j) {
@@ -756,8 +781,8 @@ __device__ __forceinline__ void compute_q8(const u8* ws, int lane, int group, in
             const int off = ALIGNED ? 0 : (row_off[r] + chunk_off) & 15;
             U::load(ws + (group * RPG + r) * G::ROW_SLOT + off + bi * U::BYTES, sub, raw[r]);
         }
-        const u8* xq = ws + G::W_BYTES + u * G::XQ_UNIT;
-        const float* xd = reinterpret_cast<const float*>(ws + G::W_BYTES + G::XQ_QS) + 2 * u * XB;
+        const u8* xq = xq0 + u * G::XQ_UNIT;
+        const float* xd = xd0 + 2 * u * XB;
 #pragma unroll
         for (int xb = 0; xb < XB; ++xb) {
             u32 wq[RPG][8];
@@ -765,11 +790,11 @@ __device__ __forceinline__ void compute_q8(const u8* ws, int lane, int group, in
             for (int r = 0; r < RPG; ++r) U::ints(raw[r], sub, xb, wq[r]);
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
-                const uint4 x0 = *reinterpret_cast<const uint4*>(xq + b * G::XS_ROW + 32 * xb);
-                const uint4 x1 = *reinterpret_cast<const uint4*>(xq + b * G::XS_ROW + 32 * xb + 16);
+                const uint4 x0 = *reinterpret_cast<const uint4*>(xq + b * xrow + 32 * xb);
+                const uint4 x1 = *reinterpret_cast<const uint4*>(xq + b * xrow + 32 * xb + 16);
                 const int xw[8] = {(int)x0.x, (int)x0.y, (int)x0.z, (int)x0.w, (int)x1.x, (int)x1.y, (int)x1.z, (int)x1.w};
-                const float dx = xd[b * (G::XS_ROW / 4) + 2 * xb] * wseg;
-                const float xsum = xd[b * (G::XS_ROW / 4) + 2 * xb + 1];
+                const float dx = xd[b * (xrow / 4) + 2 * xb] * wseg;
+                const float xsum = xd[b * (xrow / 4) + 2 * xb + 1];
 #pragma unroll
                 for (int r = 0; r < RPG; ++r) {
                     float t = 0.0f;
@@ -858,7 +883,9 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 }
             }
         }
-        if constexpr (G::XQ8) {
+        if constexpr (G::XQ8_FUSED) {
+            // x is quantized once, in the prologue.
+        } else if constexpr (G::XQ8) {
             // q8 x chunk: 16-byte piece i < QP = elements 16i.. -> unit 16i / UE's padded run;
             // then the (d, Σq) pairs, two blocks per piece (q8 rows are padded to 16 bytes, so a
             // piece holding the row's last odd block stays inside the row).
@@ -931,8 +958,20 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         const float* xs = reinterpret_cast<const float*>(ws + G::W_BYTES);
         const int chunk_off = ALIGNED ? 0 : (int)(((i64)ci * G::CB) & 15);
         if constexpr (G::XQ8) {
-            if constexpr (U::INT_DOT) compute_q8<G, U, RPG, NB, WHOLE_CHUNKS, ALIGNED>(ws, lane, group, ci, K, row_off, chunk_off,
-                                                                                       Src::WEIGHTED ? wseg : 1.0f, acc);
+            if constexpr (U::INT_DOT) {
+                if constexpr (G::XQ8_FUSED) {
+                    const u8* xf = matvec_smem + G::SMEM;
+                    const int first = ci * G::UPC;  // the chunk's first unit of the row
+                    compute_q8<G, U, RPG, NB, WHOLE_CHUNKS, ALIGNED>(
+                        ws, xf + first * G::XQ_UNIT,
+                        reinterpret_cast<const float*>(xf + (K / UE) * G::XQ_UNIT) + 2 * first * (UE / 32), G::xf_row(K),
+                        lane, group, ci, K, row_off, chunk_off, Src::WEIGHTED ? wseg : 1.0f, acc);
+                } else {
+                    compute_q8<G, U, RPG, NB, WHOLE_CHUNKS, ALIGNED>(
+                        ws, ws + G::W_BYTES, reinterpret_cast<const float*>(ws + G::W_BYTES + G::XQ_QS), G::XS_ROW, lane,
+                        group, ci, K, row_off, chunk_off, Src::WEIGHTED ? wseg : 1.0f, acc);
+                }
+            }
             return;  // XQ8 without INT_DOT: matvec_impl traps before any launch work
         }
 #pragma unroll
@@ -1040,6 +1079,27 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         if (s < steps) issue(s);
         async::commit();
     }
+    if constexpr (G::XQ8_FUSED) {
+        // XQ8 = 2: quantize the whole x (segment 0's rows) into shared memory while the first
+        // chunks load, a warp per block of 32; the loop's first barrier publishes it.
+        static_assert(!Src::SEGMENTED, "XQ8 = 2 holds one x per batch row");
+        u8* xf = matvec_smem + G::SMEM;
+        const int xrow = G::xf_row(K), wl = tid % 32;
+        if (my_tiles > 0)
+            for (int blk = tid / 32; blk < K / 32; blk += THREADS / 32)
+                for (int b = 0; b < batch; ++b) {
+                    int q;
+                    float d, sq;
+                    q8_block_lane(src.xrow(0, b)[32 * blk + wl], q, d, sq);
+                    u8* row = xf + b * xrow;
+                    row[(32 * blk / UE) * G::XQ_UNIT + (32 * blk) % UE + wl] = (u8)(i8)q;
+                    if (wl == 0) {
+                        float* ds = reinterpret_cast<float*>(row + (K / UE) * G::XQ_UNIT);
+                        ds[2 * blk] = d;
+                        ds[2 * blk + 1] = sq;
+                    }
+                }
+    }
     int c = 0;
     for (int s = 0; s < steps; ++s) {
         async::wait<STAGES - 2>();
@@ -1093,7 +1153,11 @@ __device__ __forceinline__ void dispatch(int batch, const DenseRows<Cfg>& src, i
 template <class Cfg>
 __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                             float* __restrict__ y, int k, int n, int batch, int ldx, int ldy) {
-    if (async::dynamic_smem_bytes() < (u32)MatvecGeometry<Cfg>::SMEM) __trap();
+    {
+        using G = MatvecGeometry<Cfg>;
+        const u32 need = (u32)G::SMEM + (G::XQ8_FUSED ? (u32)(Cfg::BATCH * G::xf_row(dim_or<Cfg::K>(k))) : 0u);
+        if (async::dynamic_smem_bytes() < need) __trap();
+    }
     if (batch < 1 || batch > Cfg::BATCH) __trap();
     if (MatvecGeometry<Cfg>::XQ8 && !qunit::Unit<Cfg::QTYPE>::INT_DOT) __trap();  // the wrapper refuses these
     using U = qunit::Unit<Cfg::QTYPE>;

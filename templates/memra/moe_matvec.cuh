@@ -152,6 +152,7 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
     using U = qunit::Unit<Cfg::QTYPE>;
     if (async::dynamic_smem_bytes() < (u32)G::SMEM) __trap();
     if (G::XQ8 && !U::INT_DOT) __trap();  // the wrapper refuses these
+    if (G::XQ8_FUSED) __trap();           // XQ8 = 2 is matvec's only (the wrapper refuses it)
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
     const i64 w_total = (i64)n_expert * N * ((i64)(K / U::BLOCK) * U::BYTES);
     const int tid = threadIdx.x;

@@ -19,7 +19,7 @@
 // Launch geometry: grid (ceil(k / 32 / (THREADS / 32)), min(rows, 65535)), block THREADS (any
 // grid ≥ 1 is correct: warps stride over blocks, grid.y over rows); no dynamic shared memory.
 #pragma once
-#include "memra/common.cuh"
+#include "memra/matvec.cuh"  // q8_block_lane
 
 namespace memra {
 
@@ -34,19 +34,13 @@ __device__ __forceinline__ void quantize_q8_impl(const float* __restrict__ x, fl
         i8* qs = reinterpret_cast<i8*>(xq + (i64)r * ldq);
         float* ds = xq + (i64)r * ldq + k / 4;
         for (int blk = blockIdx.x * WARPS + threadIdx.x / 32; blk < n_blocks; blk += gridDim.x * WARPS) {
-            const float v = xr[32 * blk + lane];
-            float amax = fabsf(v);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-            const float d = amax / 127.0f;
-            const int q = amax == 0.0f ? 0 : (int)roundf(v / d);
-            int s = q;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+            int q;
+            float d, s;
+            q8_block_lane(xr[32 * blk + lane], q, d, s);
             qs[32 * blk + lane] = (i8)q;
             if (lane == 0) {
                 ds[2 * blk] = d;
-                ds[2 * blk + 1] = (float)s;
+                ds[2 * blk + 1] = s;
             }
         }
     }

@@ -19,7 +19,8 @@
 //!
 //! Integer path: for the types with one (`matvec::int_dot`), the first `XQ8_CANDIDATES` tunings
 //! are also run with `xq8` (label suffix `_q8`): each timed launch is quantize_q8 of x plus the
-//! xq8 matvec (the quantization is not amortized over q/k/v here), checked against
+//! xq8 matvec (the quantization is not amortized over q/k/v here); and with `xq8` + `fuse_x`
+//! (`_q8f`, `XQ8 = 2`: one launch, each block quantizes x itself). Both checked against
 //! `memra_reference::q8` (x quantized the same way) at the same tolerance. `--list` shows them.
 //!
 //! Grid policies (`matvec::GridPolicy`): `tile` = one block per tile of rows (what the kernel
@@ -173,6 +174,7 @@ pub fn candidate_tunings(batch: usize) -> Vec<MatvecTuning> {
             stages,
             accumulate: false,
             xq8: false,
+            fuse_x: false,
         })
         .collect()
 }
@@ -184,22 +186,28 @@ fn tuning_label(t: &MatvecTuning) -> String {
         t.lanes,
         t.rows_per_group,
         t.stages,
-        if t.xq8 { "_q8" } else { "" }
+        match (t.xq8, t.fuse_x) {
+            (false, _) => "",
+            (true, false) => "_q8",
+            (true, true) => "_q8f",
+        }
     )
 }
 
-/// The f32 candidates, then (integer-path types) the first [`XQ8_CANDIDATES`] with `xq8`.
+/// The f32 candidates, then (integer-path types) the first [`XQ8_CANDIDATES`] with `xq8`
+/// (x quantized by a quantize_q8 launch) and with `xq8` + `fuse_x` (quantized in each block).
 fn candidates_for(ty: GgmlType, batch: usize) -> Vec<MatvecTuning> {
     let f32_path = candidate_tunings(batch);
-    let q8_path: Vec<MatvecTuning> = if matvec::int_dot(ty) {
-        f32_path
-            .iter()
-            .take(XQ8_CANDIDATES)
-            .map(|t| MatvecTuning { xq8: true, ..*t })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let mut q8_path: Vec<MatvecTuning> = Vec::new();
+    if matvec::int_dot(ty) {
+        for fuse_x in [false, true] {
+            q8_path.extend(f32_path.iter().take(XQ8_CANDIDATES).map(|t| MatvecTuning {
+                xq8: true,
+                fuse_x,
+                ..*t
+            }));
+        }
+    }
     f32_path.into_iter().chain(q8_path).collect()
 }
 
@@ -221,8 +229,10 @@ fn quantize_variant() -> &'static KernelVariant {
     })
 }
 
-fn fits(ty: GgmlType, t: &MatvecTuning) -> bool {
-    matvec::geometry(ty, t).is_some_and(|g| g.smem_bytes <= MAX_SMEM)
+fn fits(ty: GgmlType, t: &MatvecTuning, k: usize) -> bool {
+    matvec::geometry(ty, t).is_some_and(|g| {
+        g.smem_bytes + matvec::fused_x_bytes(ty, t, k).unwrap_or(u32::MAX) <= MAX_SMEM
+    })
 }
 
 /// A rendered variant (leaked: it lives as long as the process, like the registry's).
@@ -257,7 +267,7 @@ fn render(ty: GgmlType, dims: Option<(usize, usize)>, t: &MatvecTuning) -> &'sta
         params.push((key, Param::Int(v as i64)));
     }
     if t.xq8 {
-        params.push(("xq8", Param::Int(1)));
+        params.push(("xq8", Param::Int(matvec::xq8_value(t) as i64)));
     }
     let (k, n) = dims.unwrap_or((0, 0));
     let source: &'static str = Box::leak(matvec::render_source(name, ty, k, n, t).into_boxed_str());
@@ -299,7 +309,7 @@ pub fn plan() -> Vec<SweepCase> {
                 let mut candidates = Vec::new();
                 for t in candidates_for(ty, batch)
                     .into_iter()
-                    .filter(|t| fits(ty, t))
+                    .filter(|t| fits(ty, t, shape.k))
                 {
                     let g = match generic
                         .iter()
@@ -484,7 +494,7 @@ fn launch(
     grid: GridPolicy,
 ) -> Result<(), Error> {
     let (k, n) = (case.shape.k, case.shape.n);
-    if matvec::tuning(kernel)?.xq8 {
+    if matvec::reads_q8(kernel)? {
         let ldq = quantize_q8::row_floats(k);
         let xq = buf
             .xq
@@ -802,7 +812,7 @@ fn write_json(
         json!({
             "variant": r.variant, "kind": if r.specialized { "specialized" } else { "generic" },
             "tuning": { "batch": r.tuning.batch, "threads": r.tuning.threads, "lanes": r.tuning.lanes,
-                        "rows_per_group": r.tuning.rows_per_group, "stages": r.tuning.stages, "xq8": r.tuning.xq8 },
+                        "rows_per_group": r.tuning.rows_per_group, "stages": r.tuning.stages, "xq8": matvec::xq8_value(&r.tuning) },
             "grid": r.grid, "blocks": r.blocks, "ok": r.ok, "rel_err": if r.rel_err.is_finite() { json!(r.rel_err) } else { Value::Null },
             "median_us": if r.ok { json!(r.median_us) } else { Value::Null },
             "min_us": if r.ok { json!(r.min_us) } else { Value::Null },
@@ -854,7 +864,7 @@ mod tests {
                 c.ty.name()
             );
             for (t, s, g) in &c.candidates {
-                assert!(fits(c.ty, t));
+                assert!(fits(c.ty, t, c.shape.k));
                 assert_eq!(t.batch as usize, c.batch);
                 assert!(!s.is_generic() && g.is_generic());
                 assert!(
@@ -880,7 +890,8 @@ mod tests {
                 c.ty.name()
             );
             for (t, s, g) in c.candidates.iter().filter(|(t, ..)| t.xq8) {
-                assert!(t.xq8 && s.source.contains("XQ8 = 1") && g.source.contains("XQ8 = 1"));
+                let cfg = format!("XQ8 = {}", matvec::xq8_value(t));
+                assert!(s.source.contains(&cfg) && g.source.contains(&cfg));
             }
         }
         // Specialized names are unique per case; generic twins are shared across shapes.

@@ -38,6 +38,9 @@ pub struct MatvecTuning {
     /// `XQ8 = 1`: x is [`quantize_q8`](crate::kernels::quantize_q8) rows and the products run
     /// in int8 (`__dp4a`); only for [`int_dot`] types.
     pub xq8: bool,
+    /// With `xq8`: `XQ8 = 2`, x stays f32 and each block quantizes it into shared memory itself
+    /// (no quantize_q8 launch; matvec only). Same numerics as `XQ8 = 1`.
+    pub fuse_x: bool,
 }
 
 impl Default for MatvecTuning {
@@ -50,6 +53,7 @@ impl Default for MatvecTuning {
             stages: 3,
             accumulate: false,
             xq8: false,
+            fuse_x: false,
         }
     }
 }
@@ -97,10 +101,23 @@ pub fn int_dot(ty: GgmlType) -> bool {
     matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q4_K | Q6_K | IQ4_NL | IQ4_XS)
 }
 
-/// Whether the variant reads x as q8 rows (`xq8`): callers then quantize x once
+/// Whether the variant reads x as q8 rows (`XQ8 = 1`): callers then quantize x once
 /// ([`crate::kernels::quantize_q8::Q8Activation`]) and pass it to every such launch.
+/// (`XQ8 = 2` variants take f32 x.)
 pub fn reads_q8(kernel: &Kernel) -> Result<bool, Error> {
-    Ok(tuning(kernel)?.xq8)
+    let t = tuning(kernel)?;
+    Ok(t.xq8 && !t.fuse_x)
+}
+
+/// Extra dynamic shared memory of an `XQ8 = 2` variant at `k`: the whole q8 x of BATCH rows
+/// (`MatvecGeometry::xf_row` in matvec.cuh); 0 otherwise.
+pub fn fused_x_bytes(ty: GgmlType, t: &MatvecTuning, k: usize) -> Option<u32> {
+    let u = unit_shape(ty)?;
+    if !(t.xq8 && t.fuse_x) {
+        return Some(0);
+    }
+    let row = (k / u.unit_elems as usize * (u.unit_elems as usize + 16) + k / 4).div_ceil(16) * 16;
+    u32::try_from(row * t.batch as usize).ok()
 }
 
 /// Floats per x row the kernel reads at `k`: `k` (f32 x) or, with `xq8`, the q8 row
@@ -133,7 +150,9 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning) -> Option<MatvecGeometry> {
     let upc = t.lanes * u.units_per_lane;
     let chunk_bytes = upc / (u.block_elems / u.unit_elems) * u.block_bytes;
     let row_slot = chunk_bytes.div_ceil(16) * 16 + 16;
-    let xs_row = if t.xq8 {
+    let xs_row = if t.xq8 && t.fuse_x {
+        0
+    } else if t.xq8 {
         upc * (u.unit_elems + 16) + upc * u.unit_elems / 4
     } else {
         upc * (u.unit_elems + 4) * 4
@@ -252,7 +271,8 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
         })?,
         stages: tune_int(kernel, "stages", d.stages, |v| (2..=6).contains(&v))?,
         accumulate: tune_int(kernel, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
-        xq8: tune_int(kernel, "xq8", 0, |v| v == 0 || v == 1)? == 1,
+        xq8: tune_int(kernel, "xq8", 0, |v| (0..=2).contains(&v))? >= 1,
+        fuse_x: tune_int(kernel, "xq8", 0, |v| (0..=2).contains(&v))? == 2,
     })
 }
 
@@ -262,6 +282,9 @@ pub fn qtype(kernel: &Kernel) -> Result<GgmlType, Error> {
     GgmlType::from_name(token)
         .ok_or_else(|| checks::invalid(kernel, format!("qtype `{token}` is not a ggml type")))
 }
+
+/// Most dynamic shared memory one block may use on sm_90 (227 KiB).
+pub const MAX_DYNAMIC_SMEM: u32 = 232_448;
 
 /// Raises the kernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB).
 pub(crate) fn allow_smem(kernel: &Kernel, bytes: u32) -> Result<(), Error> {
@@ -371,7 +394,7 @@ pub fn matvec_with(
         ));
     }
     check_xq8(kernel, ty, &tune)?;
-    let xk = x_row_floats(tune.xq8, k);
+    let xk = x_row_floats(tune.xq8 && !tune.fuse_x, k);
     if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
             kernel,
@@ -387,7 +410,17 @@ pub fn matvec_with(
     if n == 0 {
         return Ok(());
     }
-    let geo = geometry(ty, &tune).expect("qtype checked above");
+    let mut geo = geometry(ty, &tune).expect("qtype checked above");
+    geo.smem_bytes += fused_x_bytes(ty, &tune, k).unwrap_or(u32::MAX);
+    if geo.smem_bytes > MAX_DYNAMIC_SMEM {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "k={k}: {} bytes of shared memory (x quantized in the block for batch {}) > {MAX_DYNAMIC_SMEM}",
+                geo.smem_bytes, tune.batch
+            ),
+        ));
+    }
     allow_smem(kernel, geo.smem_bytes)?;
     let max_blocks = match grid {
         GridPolicy::PerTile => usize::MAX,
@@ -411,6 +444,15 @@ pub fn matvec_with(
     unsafe { launch(kernel, launch_config_blocks(&geo, n, max_blocks), &mut args) }
 }
 
+/// The `XQ8` Cfg value of a tuning (0, 1, or 2 = fused).
+pub fn xq8_value(t: &MatvecTuning) -> i32 {
+    match (t.xq8, t.fuse_x) {
+        (false, _) => 0,
+        (true, false) => 1,
+        (true, true) => 2,
+    }
+}
+
 /// The thin `.cu` codegen emits for a matvec variant (tests and benches build their own shapes).
 pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatvecTuning) -> String {
     format!(
@@ -425,7 +467,7 @@ pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatvecTun
         r = t.rows_per_group,
         s = t.stages,
         a = t.accumulate as i32,
-        xq = t.xq8 as i32
+        xq = xq8_value(t)
     )
 }
 

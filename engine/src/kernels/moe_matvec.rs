@@ -208,6 +208,12 @@ pub fn moe_matvec(
     };
     // xq8 variants read x as quantize_q8 rows (matvec's integer path).
     matvec::check_xq8(kernel, ty, &tune)?;
+    if tune.fuse_x {
+        return Err(checks::invalid(
+            kernel,
+            "xq8=2 (x quantized in the block) is matvec's only; use xq8=1 with quantize_q8",
+        ));
+    }
     let xk = matvec::x_row_floats(tune.xq8, k);
     if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
@@ -301,7 +307,7 @@ pub fn render_source(
         r = t.rows_per_group,
         s = t.stages,
         a = t.accumulate as i32,
-        xq = t.xq8 as i32
+        xq = matvec::xq8_value(t)
     )
 }
 
