@@ -223,6 +223,56 @@ fn micro_values(name: &str, shape: &[u64], seed: u64) -> Vec<f32> {
     (0..n).map(|_| offset + scale * uniform()).collect()
 }
 
+/// Elements from which [`model_from_dims`] generates and quantizes a tensor on all cores, in
+/// row chunks with one stream each (never reached by micro models, whose bytes stay as they were).
+const BIG_TENSOR: u64 = 1 << 26;
+
+/// A large tensor's bytes in `ty`: [`micro_values`]' distribution, chunks of whole rows on
+/// `available_parallelism` threads, chunk `c`'s stream seeded from `seed`, the name and `c`.
+fn big_tensor_bytes(name: &str, shape: &[u64], ty: GgmlType, seed: u64) -> Result<Vec<u8>, String> {
+    let row = shape[0] as usize;
+    let rows = (shape.iter().product::<u64>() / shape[0]) as usize;
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let chunk_rows = rows.div_ceil(threads * 4).max(1);
+    let chunks: Vec<std::ops::Range<usize>> = (0..rows)
+        .step_by(chunk_rows)
+        .map(|r| r..(r + chunk_rows).min(rows))
+        .collect();
+    let scale = (3.0 / shape[0] as f32).sqrt();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut parts: Vec<Option<Result<Vec<u8>, String>>> = (0..chunks.len()).map(|_| None).collect();
+    let slots: Vec<std::sync::Mutex<&mut Option<Result<Vec<u8>, String>>>> =
+        parts.iter_mut().map(std::sync::Mutex::new).collect();
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| loop {
+                let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(range) = chunks.get(c) else { break };
+                let mut state = (seed ^ 0x9e37_79b9_7f4a_7c15 ^ (c as u64).wrapping_mul(0x2545_f491_4f6c_dd1d))
+                    ^ name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+                    });
+                let values: Vec<f32> = (0..range.len() * row)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        scale * ((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+                    })
+                    .collect();
+                let bytes = memra_gguf::quant::quantize(ty, &values).map_err(|e| format!("tensor '{name}': {e}"));
+                **slots[c].lock().expect("no panics while held") = Some(bytes);
+            });
+        }
+    });
+    drop(slots);
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend(p.ok_or_else(|| format!("tensor '{name}': a chunk was not generated"))??);
+    }
+    Ok(out)
+}
+
 /// The DeepSeek-style MTP tensors of nextn block `il` (model-specs §7.3): the last layer's
 /// block tensors renamed to `blk.{il}.`, plus `nextn.eh_proj` `[2·n_embd, n_embd]` and the
 /// `nextn.enorm` / `hnorm` / `shared_head_norm` weights.
@@ -341,9 +391,16 @@ pub fn model_from_dims(spec: &ArchSpec, mut dims: ModelDims, seed: u64) -> Resul
     }
     voc.write(&mut out);
     for t in &dims.tensors {
-        let values = micro_values(&t.name, &t.shape, seed);
-        out.add_tensor_f32(t.name.clone(), &t.shape, t.ggml_type, &values)
-            .map_err(|e| format!("{}: {e}", spec.arch))?;
+        let n: u64 = t.shape.iter().product();
+        if n < BIG_TENSOR {
+            let values = micro_values(&t.name, &t.shape, seed);
+            out.add_tensor_f32(t.name.clone(), &t.shape, t.ggml_type, &values)
+                .map_err(|e| format!("{}: {e}", spec.arch))?;
+        } else {
+            let bytes = big_tensor_bytes(&t.name, &t.shape, t.ggml_type, seed)?;
+            out.add_tensor_bytes(t.name.clone(), &t.shape, t.ggml_type, bytes)
+                .map_err(|e| format!("{}: {e}", spec.arch))?;
+        }
     }
     out.to_bytes().map_err(|e| format!("{}: {e}", spec.arch))
 }

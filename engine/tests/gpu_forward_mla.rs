@@ -403,3 +403,120 @@ fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
     println!("seed {seed}: GLM-5-dims layer: 300-token prefill and 8 sparse decode steps (top_k 256) pass");
     let _ = std::fs::remove_file(&path);
 }
+
+/// Issue #5's acceptance shape: glm-dsa at GLM-5's full per-layer dims — a dense layer then a
+/// MoE layer with all 256 Q4_K experts, top-8 sigmoid routing with the selection bias, the
+/// indexer with top_k 2048 — over a 2100-token prompt and 4 decode steps (the sparse path with
+/// k = 2048 really selecting), GPU (this build's specialized variants, graphs) vs the CPU
+/// reference under the verdict; prints the time of each phase. Heavy: a ~6 GB file, ~45 GB of
+/// f32 weights on the host, minutes of CPU reference; run alone with MEMRA_GPU_FULL_GLM5=1
+/// (SKIP line otherwise).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_glm_dsa_glm5_full_experts_past_2048() {
+    use memra_codegen::dims;
+    use memra_codegen::spec::Value;
+    use std::time::Instant;
+    if std::env::var_os("MEMRA_GPU_FULL_GLM5").is_none_or(|v| v != "1") {
+        println!(
+            "SKIP: set MEMRA_GPU_FULL_GLM5=1 to run (GLM-5 full dims, ~45 GB host RAM, minutes)"
+        );
+        return;
+    }
+    let mut rng = Rng::from_env_or_time("gpu_glm_dsa_glm5_full");
+    let seed = rng.seed();
+    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let overrides = [
+        ("block_count", Value::Int(2)),
+        ("nextn_predict_layers", Value::Int(0)),
+        ("leading_dense_block_count", Value::Int(1)),
+        ("n_vocab", Value::Int(fixture::MICRO_N_VOCAB as i64)),
+    ];
+    let d = dims::from_preset_with(&spec, None, &overrides).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            d.int("n_expert"),
+            d.int("n_expert_used"),
+            d.int("indexer_top_k")
+        ),
+        (Some(256), Some(8), Some(2048))
+    );
+    let phase = Instant::now();
+    let bytes = fixture::model_from_dims(&spec, d, seed).unwrap_or_else(|e| panic!("{e}"));
+    let path = std::env::temp_dir().join(format!(
+        "memra-glm5-full-{seed}-{}.gguf",
+        std::process::id()
+    ));
+    std::fs::write(&path, &bytes).unwrap();
+    drop(bytes);
+    println!(
+        "seed {seed}: file written in {:.1} s",
+        phase.elapsed().as_secs_f64()
+    );
+    let phase = Instant::now();
+    let mut cpu = Cpu::load("glm-dsa", &path);
+    println!(
+        "CPU reference loaded in {:.1} s",
+        phase.elapsed().as_secs_f64()
+    );
+    let phase = Instant::now();
+    let opts = GpuOptions {
+        policy: Policy::Best,
+        graphs: true,
+        max_ctx: Some(4096),
+        ..GpuOptions::default()
+    };
+    let mut gpu = models::load_gpu(&path, "glm-dsa", &opts).unwrap_or_else(|e| panic!("{e}"));
+    for line in gpu.report() {
+        println!("{line}");
+    }
+    println!("GPU model loaded in {:.1} s", phase.elapsed().as_secs_f64());
+    let prompt: Vec<u32> = (0..2100)
+        .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
+        .collect();
+    let phase = Instant::now();
+    let want = cpu.forward(&prompt);
+    println!(
+        "CPU prefill of 2100: {:.1} s",
+        phase.elapsed().as_secs_f64()
+    );
+    let phase = Instant::now();
+    gpu.forward(&prompt).unwrap();
+    let got = gpu.logits().unwrap();
+    println!(
+        "GPU prefill of 2100: {:.2} s",
+        phase.elapsed().as_secs_f64()
+    );
+    logit_verdict(
+        &want,
+        &got,
+        &format!("seed {seed}: GLM-5 full dims, prefill of 2100"),
+    )
+    .unwrap();
+    let mut next = argmax(&want) as u32;
+    for step in 0..4 {
+        let phase = Instant::now();
+        let want = cpu.forward(&[next]);
+        let cpu_s = phase.elapsed().as_secs_f64();
+        let phase = Instant::now();
+        gpu.forward(&[next]).unwrap();
+        let got = gpu.logits().unwrap();
+        println!(
+            "decode step {step} at {}: CPU {cpu_s:.2} s, GPU {:.4} s",
+            2100 + step,
+            phase.elapsed().as_secs_f64()
+        );
+        logit_verdict(
+            &want,
+            &got,
+            &format!(
+                "seed {seed}: GLM-5 full dims, decode step {step} at {}",
+                2100 + step
+            ),
+        )
+        .unwrap();
+        next = argmax(&want) as u32;
+    }
+    println!("seed {seed}: GLM-5 full dims (256 experts, top_k 2048): 2100-token prefill and 4 sparse decode steps pass");
+    let _ = std::fs::remove_file(&path);
+}
