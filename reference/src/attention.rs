@@ -177,24 +177,30 @@ pub fn attention(
     mask.check(t_q, t_kv, "attention");
     let group = n_head / n_kv_head;
 
-    let mut out = vec![0.0f32; t_q * n_head * dv];
-    for t in 0..t_q {
-        let visible = mask.visible_keys(t, t_kv);
-        for h in 0..n_head {
-            let kvh = h / group;
-            let qh = &q[(t * n_head + h) * dk..][..dk];
-            let o = attend_one(
-                qh,
-                &visible,
-                scale,
-                |s| &k[(s * n_kv_head + kvh) * dk..][..dk],
-                |s| &v[(s * n_kv_head + kvh) * dv..][..dv],
-                dv,
-            );
-            for (dst, src) in out[(t * n_head + h) * dv..][..dv].iter_mut().zip(o) {
-                *dst = src as f32;
+    // Query rows are independent: split them over threads (same arithmetic per row).
+    crate::models::par_rows(t_q, n_head * t_kv * (dk + dv), |first, rows| {
+        let mut out = vec![0.0f32; rows * n_head * dv];
+        for t in first..first + rows {
+            let visible = mask.visible_keys(t, t_kv);
+            for h in 0..n_head {
+                let kvh = h / group;
+                let qh = &q[(t * n_head + h) * dk..][..dk];
+                let o = attend_one(
+                    qh,
+                    &visible,
+                    scale,
+                    |s| &k[(s * n_kv_head + kvh) * dk..][..dk],
+                    |s| &v[(s * n_kv_head + kvh) * dv..][..dv],
+                    dv,
+                );
+                for (dst, src) in out[((t - first) * n_head + h) * dv..][..dv]
+                    .iter_mut()
+                    .zip(o)
+                {
+                    *dst = src as f32;
+                }
             }
         }
-    }
-    out
+        out
+    })
 }

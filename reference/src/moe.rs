@@ -192,6 +192,22 @@ pub fn moe_ffn(w: &MoeWeights, cfg: &MoeConfig, x: &[f32]) -> Vec<f32> {
         );
     }
 
+    // Tokens are independent: split them over threads (same arithmetic per token).
+    let per_token = 3 * n_embd * (n_ff * cfg.router.n_used + cfg.n_ff_shared);
+    crate::models::par_rows(x.len() / n_embd, per_token, |first, rows| {
+        moe_tokens(w, cfg, &x[first * n_embd..(first + rows) * n_embd])
+    })
+}
+
+/// [`moe_ffn`] on a run of tokens.
+fn moe_tokens(w: &MoeWeights, cfg: &MoeConfig, x: &[f32]) -> Vec<f32> {
+    let MoeConfig {
+        n_embd,
+        n_ff,
+        n_expert,
+        ..
+    } = *cfg;
+    let expert_len = n_embd * n_ff;
     let mut out = Vec::with_capacity(x.len());
     for xt in x.chunks_exact(n_embd) {
         let logits = matvec(w.ffn_gate_inp, n_embd, n_expert, xt);
