@@ -388,6 +388,25 @@ pub fn plan_generic(
                     },
                 );
             }
+            // A specialized variant with a non-default tuning (e.g. a one-warp topk) gets a
+            // generic twin with the same tuning, so "specialized vs generic" compares baked dims
+            // alone.
+            for v in specialized.iter().filter(|v| v.family == fam.name) {
+                let params: Vec<Param> = v
+                    .params
+                    .iter()
+                    .filter(|p| p.kind != FieldKind::Dim)
+                    .cloned()
+                    .collect();
+                push_unique(
+                    &mut out,
+                    KernelVariant {
+                        family: fam.name.clone(),
+                        archs: Vec::new(),
+                        params,
+                    },
+                );
+            }
         }
     }
     (out, notes)
