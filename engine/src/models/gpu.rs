@@ -264,8 +264,9 @@ impl<K: PartialEq> StepGraph<K> {
 }
 
 /// Programmatic dependent launch is opt-in (`MEMRA_PDL=1`, sm_90+ only: the kernels'
-/// `griddepcontrol` is compiled only there). Measured on the H200 (2026-11-30, Gemma 3 270M,
-/// 128 decode tokens): 818 tok/s with it against 963 without, so it stays off by default.
+/// `griddepcontrol` is compiled only there). Measured slower on the H200 both ways round
+/// (benches/results/h200-2026-11-30-s3-pdl.txt): Gemma 3 270M decode 818 against 963 tok/s with
+/// the trigger before the wait; a synthetic GLM-5 step 1773 against 1727 µs with it after.
 fn pdl_enabled(stream: &CudaStream) -> bool {
     if !std::env::var("MEMRA_PDL").is_ok_and(|v| v == "1") {
         return false;
