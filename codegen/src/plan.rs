@@ -378,26 +378,17 @@ pub fn plan_generic(
             combos = next;
         }
         if ok {
-            for params in combos {
-                push_unique(
-                    &mut out,
-                    KernelVariant {
-                        family: fam.name.clone(),
-                        archs: Vec::new(),
-                        params,
-                    },
-                );
-            }
             // A specialized variant with a non-default tuning (e.g. a one-warp topk) gets a
             // generic twin with the same tuning, so "specialized vs generic" compares baked dims
             // alone.
-            for v in specialized.iter().filter(|v| v.family == fam.name) {
-                let params: Vec<Param> = v
-                    .params
+            let twins = specialized.iter().filter(|v| v.family == fam.name).map(|v| {
+                v.params
                     .iter()
                     .filter(|p| p.kind != FieldKind::Dim)
                     .cloned()
-                    .collect();
+                    .collect::<Vec<Param>>()
+            });
+            for params in combos.into_iter().chain(twins) {
                 push_unique(
                     &mut out,
                     KernelVariant {
