@@ -16,8 +16,8 @@ use std::time::Instant;
 use cudarc::driver::CudaSlice;
 use memra_gguf::{Gguf, TensorInfo};
 
-use super::gpu::{self, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StepGraph, err, upload_f32};
-use super::{GpuModel, GpuOptions};
+use super::GpuOptions;
+use super::gpu::{self, DecoderStack, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StackState, StepGraph, err, upload_f32};
 use crate::cuda::{Gpu, Kernels};
 use crate::kernels::attn_decode::{self, AttnDecodeParams};
 use crate::kernels::attn_prefill::{self, AttnPrefillParams};
@@ -26,9 +26,6 @@ use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use crate::kernels::{add_rmsnorm, argmax, embed, geglu, moe_router, rmsnorm, swiglu};
-
-/// Prompt tokens per prefill pass (bounds the activation buffers).
-const PREFILL_CHUNK: usize = 2048;
 
 /// Fewest keys per decode-attention split. With few kv heads (gemma3: one) a split is a single
 /// block, so long splits leave the GPU idle; 64 keys (32 KiB of bf16 K+V at head_dim 256) keeps
@@ -231,16 +228,12 @@ struct Net {
     kernels: Kernels,
     names: Names,
     sm_count: usize,
-    weight_bytes: usize,
     /// One expert id 0: the fused dense FFN runs the expert kernel on a single "expert".
     zero_id: CudaSlice<i32>,
 }
 
 /// What a forward writes besides the activations: the KV cache and the last logits.
-struct State {
-    cache: KvCache,
-    out: LogitsState,
-}
+type State = StackState<KvCache>;
 
 /// Activations for a number of tokens.
 struct Bufs {
@@ -265,15 +258,12 @@ struct Bufs {
 
 /// A GQA decoder model loaded on the GPU.
 pub struct Decoder {
-    gpu: Gpu,
     net: Net,
     state: State,
     /// Decode activations (one token), reused by every step and the captured graph.
     step: Bufs,
-    use_graphs: bool,
     /// The captured decode step, keyed by the split counts it was captured with.
     graph: StepGraph<Vec<usize>>,
-    report: Vec<String>,
 }
 
 impl Decoder {
@@ -411,11 +401,13 @@ impl Decoder {
 
         let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, DECODE_MIN_SPLIT_ROWS).max(2);
         let step = Bufs::new(&gpu, &cfg, 1, layers.len(), max_split)?;
-        let state = State { cache, out: LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)? };
+        let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
-        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, weight_bytes: bytes, zero_id };
+        let n_ctx_train = cfg.n_ctx_train;
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, zero_id };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
-        Ok(Decoder { gpu, net, state, step, use_graphs: opts.graphs, graph: StepGraph::new(), report })
+        let state = State { gpu, cache, out, len: 0, max_ctx, n_ctx_train, n_vocab, weight_bytes: bytes, report };
+        Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs) })
     }
 }
 
@@ -576,43 +568,35 @@ impl Net {
     }
 }
 
-impl Decoder {
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        let cache = &self.state.cache;
-        gpu::check_tokens(tokens, self.net.n_vocab(), cache.len, cache.max_ctx, self.net.cfg.n_ctx_train)
+impl DecoderStack for Decoder {
+    type Cache = KvCache;
+    const PREFILL_CHUNK: usize = 2048;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut State {
+        &mut self.state
     }
 
     fn decode_step(&mut self, token: u32) -> Result<()> {
-        let pos0 = self.state.cache.len;
-        let stream = self.gpu.stream().clone();
-        let copy = |what: &str, e: cudarc::driver::DriverError| err(format!("copying {what} to the GPU: {e:?}"));
-        stream.memcpy_htod(&[token as i32], &mut self.step.tokens).map_err(|e| copy("the token", e))?;
-        stream.memcpy_htod(&[pos0 as i32], &mut self.step.pos).map_err(|e| copy("the position", e))?;
+        let pos0 = self.state.len;
+        gpu::upload_tokens(&self.state.gpu, &[token], pos0, &mut self.step.tokens, &mut self.step.pos)?;
         let splits = self.net.splits(pos0 + 1)?;
-        if !self.use_graphs {
-            return self.net.enqueue(&mut self.state, &mut self.step, 1, pos0, &splits);
-        }
         // The graph bakes every pointer and scalar; token and position live in device buffers,
         // so only a change of split counts needs a new capture.
+        let stream = self.state.gpu.stream().clone();
         let (net, state, step) = (&self.net, &mut self.state, &mut self.step);
         self.graph.run(&stream, splits.clone(), || net.enqueue(state, step, 1, pos0, &splits))
     }
 
-    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            let t = chunk.len();
-            let pos0 = self.state.cache.len;
-            let mut bufs = Bufs::new(&self.gpu, &self.net.cfg, t, self.net.layers.len(), 1)?;
-            let ids: Vec<i32> = chunk.iter().map(|&v| v as i32).collect();
-            let positions: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
-            let stream = self.gpu.stream().clone();
-            stream.memcpy_htod(&ids, &mut bufs.tokens).map_err(|e| err(format!("copying the prompt to the GPU: {e:?}")))?;
-            stream.memcpy_htod(&positions, &mut bufs.pos).map_err(|e| err(format!("copying positions to the GPU: {e:?}")))?;
-            self.net.enqueue(&mut self.state, &mut bufs, t, pos0, &vec![1; self.net.layers.len()])?;
-            self.state.cache.len += t;
-            // `bufs` is freed on return; its frees are stream-ordered after the work.
-        }
-        Ok(())
+    fn prefill_chunk(&mut self, tokens: &[u32]) -> Result<()> {
+        let (t, pos0) = (tokens.len(), self.state.len);
+        let mut bufs = Bufs::new(&self.state.gpu, &self.net.cfg, t, self.net.layers.len(), 1)?;
+        gpu::upload_tokens(&self.state.gpu, tokens, pos0, &mut bufs.tokens, &mut bufs.pos)?;
+        self.net.enqueue(&mut self.state, &mut bufs, t, pos0, &vec![1; self.net.layers.len()])
+        // `bufs` is freed on return; its frees are stream-ordered after the work.
     }
 }
 
@@ -640,54 +624,5 @@ impl Bufs {
             wts: a(c.moe.as_ref().map_or(1, |m| m.n_used), "expert weights")?,
             work: gpu::alloc(gpu, n_layer * attn_decode::work_floats(1, c.n_head, c.head_dim, max_split).next_multiple_of(4), "attention workspace")?,
         })
-    }
-}
-
-impl GpuModel for Decoder {
-    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
-        self.check_tokens(tokens)?;
-        if tokens.len() == 1 {
-            self.decode_step(tokens[0])?;
-            self.state.cache.len += 1;
-            Ok(())
-        } else {
-            self.prefill(tokens)
-        }
-    }
-
-    fn logits(&self) -> Result<Vec<f32>> {
-        self.state.out.to_host(&self.gpu)
-    }
-
-    fn argmax(&self) -> Result<u32> {
-        self.state.out.argmax(&self.gpu)
-    }
-
-    fn sync(&self) -> Result<()> {
-        Ok(self.gpu.sync()?)
-    }
-
-    fn len(&self) -> usize {
-        self.state.cache.len
-    }
-
-    fn max_ctx(&self) -> usize {
-        self.state.cache.max_ctx
-    }
-
-    fn n_vocab(&self) -> usize {
-        self.net.n_vocab()
-    }
-
-    fn weight_bytes(&self) -> usize {
-        self.net.weight_bytes
-    }
-
-    fn reset(&mut self) {
-        self.state.cache.len = 0;
-    }
-
-    fn report(&self) -> &[String] {
-        &self.report
     }
 }

@@ -13,6 +13,7 @@ use crate::cuda::graph::Graph;
 use crate::cuda::{Error as CudaError, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param, Policy, Selection};
 use crate::kernels::{argmax, matmul, matvec};
+use super::GpuModel;
 
 /// Why a model cannot be loaded or run on the GPU. Messages name the file, tensor, kernel or
 /// size involved.
@@ -205,13 +206,12 @@ pub fn kernel<'k>(kernels: &'k Kernels, name: &str) -> Result<&'k Kernel> {
     Ok(kernels.get(name)?)
 }
 
-/// Per layer bf16 K and V caches `[max_ctx, n_kv, head_dim]` (bf16 as u16 bits).
+/// Per layer bf16 K and V caches `[max_ctx, n_kv, head_dim]` (bf16 as u16 bits); the filled
+/// positions are counted in [`StackState::len`].
 pub struct KvCache {
     pub k: Vec<CudaSlice<u16>>,
     pub v: Vec<CudaSlice<u16>>,
     pub max_ctx: usize,
-    /// Positions filled so far (the next token goes to `len`).
-    pub len: usize,
 }
 
 impl KvCache {
@@ -230,7 +230,7 @@ impl KvCache {
             k.push(alloc::<u16>(gpu, per, &what)?);
             v.push(alloc::<u16>(gpu, per, &what)?);
         }
-        Ok(KvCache { k, v, max_ctx, len: 0 })
+        Ok(KvCache { k, v, max_ctx })
     }
 
     pub fn bytes(&self) -> usize {
@@ -239,20 +239,26 @@ impl KvCache {
 }
 
 /// A decode step captured as a CUDA graph and replayed while its `key` (whatever the captured
-/// launches baked besides device buffers: split counts, sparse or dense attention) is unchanged.
+/// launches baked besides device buffers: split counts, sparse or dense attention) is unchanged;
+/// or, when not `enabled` (`GpuOptions::graphs` off), launched directly every time.
 /// `MEMRA_PDL=1` links consecutive kernels by programmatic dependent launch (cuda::graph, sm_90+).
 pub struct StepGraph<K> {
+    enabled: bool,
     graph: Option<(Graph, K)>,
 }
 
 impl<K: PartialEq> StepGraph<K> {
-    pub fn new() -> StepGraph<K> {
-        StepGraph { graph: None }
+    pub fn new(enabled: bool) -> StepGraph<K> {
+        StepGraph { enabled, graph: None }
     }
 
     /// Replays the graph captured for `key`, capturing `enqueue`'s launches first when there is
-    /// none for it. The step's inputs (token, position) must live in device buffers.
+    /// none for it (or just runs `enqueue` when graphs are off). The step's inputs (token,
+    /// position) must live in device buffers.
     pub fn run(&mut self, stream: &Arc<CudaStream>, key: K, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+        if !self.enabled {
+            return enqueue();
+        }
         if self.graph.as_ref().is_none_or(|(_, k)| *k != key) {
             self.graph = None;
             let graph = Graph::capture(stream, pdl_enabled(stream), enqueue)?;
@@ -276,7 +282,7 @@ fn pdl_enabled(stream: &CudaStream) -> bool {
 
 impl<K: PartialEq> Default for StepGraph<K> {
     fn default() -> Self {
-        StepGraph::new()
+        StepGraph::new(true)
     }
 }
 
@@ -339,5 +345,105 @@ impl LogitsState {
     pub fn argmax(&self, gpu: &Gpu) -> Result<u32> {
         let v = gpu.stream().clone_dtoh(&self.best_idx).map_err(|e| err(format!("copying the argmax to the host: {e:?}")))?;
         Ok(v[0].max(0) as u32)
+    }
+}
+
+/// Copies `tokens` and their positions `pos0..` into the device buffers a forward reads them
+/// from (a decode step's live outside its captured graph).
+pub fn upload_tokens(gpu: &Gpu, tokens: &[u32], pos0: usize, ids: &mut CudaSlice<i32>, pos: &mut CudaSlice<i32>) -> Result<()> {
+    let (what_ids, what_pos) = if tokens.len() == 1 { ("the token", "the position") } else { ("the prompt", "positions") };
+    let ids_host: Vec<i32> = tokens.iter().map(|&v| v as i32).collect();
+    let pos_host: Vec<i32> = (pos0..pos0 + tokens.len()).map(|p| p as i32).collect();
+    let stream = gpu.stream();
+    stream.memcpy_htod(&ids_host, ids).map_err(|e| err(format!("copying {what_ids} to the GPU: {e:?}")))?;
+    stream.memcpy_htod(&pos_host, pos).map_err(|e| err(format!("copying {what_pos} to the GPU: {e:?}")))?;
+    Ok(())
+}
+
+/// What every decoder stack (decoder.rs: GQA, mla.rs: MLA) holds besides its weights and
+/// activations: the device, its cache `C`, the last logits, the filled positions and the load
+/// report. [`DecoderStack`] builds `GpuModel` on it once for all stacks.
+pub struct StackState<C> {
+    pub gpu: Gpu,
+    pub cache: C,
+    pub out: LogitsState,
+    /// Positions filled so far (the next token goes to `len`).
+    pub len: usize,
+    /// Cache capacity in positions.
+    pub max_ctx: usize,
+    pub n_ctx_train: usize,
+    pub n_vocab: usize,
+    /// Bytes of weights on the device.
+    pub weight_bytes: usize,
+    pub report: Vec<String>,
+}
+
+/// What differs between the decoder stacks: their step and chunk enqueues. `GpuModel` is
+/// implemented once for all of them on top of [`StackState`].
+pub trait DecoderStack {
+    type Cache;
+    /// Prompt tokens per prefill pass (bounds the activation buffers).
+    const PREFILL_CHUNK: usize;
+    fn state(&self) -> &StackState<Self::Cache>;
+    fn state_mut(&mut self) -> &mut StackState<Self::Cache>;
+    /// Enqueues one token at position `state().len` (the caller advances `len`).
+    fn decode_step(&mut self, token: u32) -> Result<()>;
+    /// Enqueues up to `PREFILL_CHUNK` tokens at positions `state().len..` (the caller advances
+    /// `len`).
+    fn prefill_chunk(&mut self, tokens: &[u32]) -> Result<()>;
+}
+
+impl<S: DecoderStack> GpuModel for S {
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        let s = self.state();
+        check_tokens(tokens, s.n_vocab, s.len, s.max_ctx, s.n_ctx_train)?;
+        if tokens.len() == 1 {
+            self.decode_step(tokens[0])?;
+            self.state_mut().len += 1;
+            return Ok(());
+        }
+        for chunk in tokens.chunks(S::PREFILL_CHUNK) {
+            self.prefill_chunk(chunk)?;
+            self.state_mut().len += chunk.len();
+        }
+        Ok(())
+    }
+
+    fn logits(&self) -> Result<Vec<f32>> {
+        let s = self.state();
+        s.out.to_host(&s.gpu)
+    }
+
+    fn argmax(&self) -> Result<u32> {
+        let s = self.state();
+        s.out.argmax(&s.gpu)
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(self.state().gpu.sync()?)
+    }
+
+    fn len(&self) -> usize {
+        self.state().len
+    }
+
+    fn max_ctx(&self) -> usize {
+        self.state().max_ctx
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.state().n_vocab
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.state().weight_bytes
+    }
+
+    fn reset(&mut self) {
+        self.state_mut().len = 0;
+    }
+
+    fn report(&self) -> &[String] {
+        &self.state().report
     }
 }

@@ -31,9 +31,10 @@ use memra_reference::models::MlaModelHparams;
 use memra_reference::moe::Gating;
 
 use super::gpu::{
-    self, err, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StepGraph, WeightSource,
+    self, err, DecoderStack, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StackState,
+    StepGraph, WeightSource,
 };
-use super::{GpuModel, GpuOptions};
+use super::GpuOptions;
 use crate::cuda::{Gpu, Kernels};
 use crate::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use crate::kernels::dsa_indexer::{self, DsaIndexerParams};
@@ -44,9 +45,6 @@ use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{add_rmsnorm, argmax, embed, mla_sparse_decode, moe_router, rmsnorm, swiglu};
-
-/// Prompt tokens per prefill pass (bounds the activation buffers).
-const PREFILL_CHUNK: usize = 512;
 
 /// The DSA lightning indexer of the layers that carry one.
 #[derive(Clone, Copy, Debug)]
@@ -260,24 +258,19 @@ struct Net {
     kernels: Kernels,
     names: Names,
     sm_count: usize,
-    weight_bytes: usize,
 }
 
 /// Per layer bf16 latent caches `[max_ctx, kv_lora + rope]` and, for indexer layers, f32
 /// index-key caches `[max_ctx, idx_head_dim]`: the top-k selection is discontinuous in the
 /// scores, so keys rounded to bf16 would swap near-equal rows against the f32 oracle (the
-/// latent cache only perturbs the attention output smoothly).
-struct Caches {
+/// latent cache only perturbs the attention output smoothly). Capacity and filled positions
+/// are [`StackState`]'s.
+pub struct Caches {
     latent: Vec<CudaSlice<u16>>,
     index_keys: Vec<Option<CudaSlice<f32>>>,
-    max_ctx: usize,
-    len: usize,
 }
 
-struct State {
-    cache: Caches,
-    out: LogitsState,
-}
+type State = StackState<Caches>;
 
 /// Activations for a number of tokens.
 struct Bufs {
@@ -314,13 +307,10 @@ struct Bufs {
 
 /// An MLA model loaded on the GPU.
 pub struct MlaDecoder {
-    gpu: Gpu,
     net: Net,
     state: State,
     step: Bufs,
-    use_graphs: bool,
     graph: StepGraph<Vec<AttnPlan>>,
-    report: Vec<String>,
 }
 
 fn int(v: usize) -> Param {
@@ -628,8 +618,6 @@ impl MlaDecoder {
                     _ => Ok(None),
                 })
                 .collect::<Result<_>>()?,
-            max_ctx,
-            len: 0,
         };
         let cache_bytes: usize = cache.latent.iter().map(|b| b.len() * 2).sum::<usize>()
             + cache
@@ -642,10 +630,8 @@ impl MlaDecoder {
             "latent cache: {max_ctx} positions, bf16 (index keys f32), {}",
             gpu::mib(cache_bytes)
         ));
-        let state = State {
-            cache,
-            out: LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?,
-        };
+        let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
+        let n_ctx_train = cfg.n_ctx_train;
         let net = Net {
             cfg,
             layers,
@@ -655,18 +641,25 @@ impl MlaDecoder {
             kernels,
             names,
             sm_count,
-            weight_bytes: bytes,
         };
         let step = Bufs::new(&gpu, &net, 1)?.with_cache(&gpu, &net, max_ctx)?;
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
-        Ok(MlaDecoder {
+        let state = State {
             gpu,
+            cache,
+            out,
+            len: 0,
+            max_ctx,
+            n_ctx_train,
+            n_vocab,
+            weight_bytes: bytes,
+            report,
+        };
+        Ok(MlaDecoder {
             net,
             state,
             step,
-            use_graphs: opts.graphs,
-            graph: StepGraph::new(),
-            report,
+            graph: StepGraph::new(opts.graphs),
         })
     }
 }
@@ -817,7 +810,7 @@ impl Net {
                 kv_lora: c.kv_lora,
                 n_idx_head: idx.map_or(0, |(_, ic)| ic.n_head),
                 idx_head_dim: idx.map_or(0, |(_, ic)| ic.head_dim),
-                max_ctx: state.cache.max_ctx,
+                max_ctx: state.max_ctx,
                 freqs: c.freqs,
                 // The indexer head weights' 1/sqrt(d_I·H_I) (model-specs §8.4 step 6), on q.
                 idx_q_scale: idx.map_or(1.0, |(_, ic)| {
@@ -849,7 +842,7 @@ impl Net {
                     head_dim: ic.head_dim,
                     n_rot: c.rope,
                     k_stride: ic.head_dim,
-                    max_ctx: state.cache.max_ctx,
+                    max_ctx: state.max_ctx,
                     freq_base: c.freqs.base,
                     freq_scale: 1.0,
                     eps: ic.k_norm_eps,
@@ -1127,7 +1120,7 @@ impl Net {
         let c = &self.cfg;
         let (nh, dk) = (c.n_head, c.kv_lora + c.rope);
         let k = &self.kernels;
-        let max_ctx = state.cache.max_ctx;
+        let max_ctx = state.max_ctx;
         let q = b.q_abs.slice(i * nh * dk..(i + 1) * nh * dk);
         let pos_i = b.pos.slice(i..i + 1);
         let mut out = b
@@ -1302,51 +1295,35 @@ impl Bufs {
     }
 }
 
-impl MlaDecoder {
-    fn decode_step(&mut self, token: u32) -> Result<()> {
-        let pos0 = self.state.cache.len;
-        let stream = self.gpu.stream().clone();
-        let copy = |what: &str, e: cudarc::driver::DriverError| {
-            err(format!("copying {what} to the GPU: {e:?}"))
-        };
-        stream
-            .memcpy_htod(&[token as i32], &mut self.step.tokens)
-            .map_err(|e| copy("the token", e))?;
-        stream
-            .memcpy_htod(&[pos0 as i32], &mut self.step.pos)
-            .map_err(|e| copy("the position", e))?;
-        if !self.use_graphs {
-            return self.net.enqueue(&mut self.state, &mut self.step, 1, pos0);
-        }
-        // Token and position live in device buffers; the graph bakes the attention plans.
-        let (net, state, step) = (&self.net, &mut self.state, &mut self.step);
-        self.graph.run(&stream, net.plans(pos0), || {
-            net.enqueue(state, step, 1, pos0)
-        })
+impl DecoderStack for MlaDecoder {
+    type Cache = Caches;
+    const PREFILL_CHUNK: usize = 512;
+
+    fn state(&self) -> &State {
+        &self.state
     }
 
-    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            let t = chunk.len();
-            let pos0 = self.state.cache.len;
-            let mut bufs = Bufs::new(&self.gpu, &self.net, t)?.with_cache(
-                &self.gpu,
-                &self.net,
-                self.state.cache.max_ctx,
-            )?;
-            let ids: Vec<i32> = chunk.iter().map(|&v| v as i32).collect();
-            let positions: Vec<i32> = (pos0..pos0 + t).map(|p| p as i32).collect();
-            let stream = self.gpu.stream().clone();
-            stream
-                .memcpy_htod(&ids, &mut bufs.tokens)
-                .map_err(|e| err(format!("copying the prompt to the GPU: {e:?}")))?;
-            stream
-                .memcpy_htod(&positions, &mut bufs.pos)
-                .map_err(|e| err(format!("copying positions to the GPU: {e:?}")))?;
-            self.net.enqueue(&mut self.state, &mut bufs, t, pos0)?;
-            self.state.cache.len += t;
-        }
-        Ok(())
+    fn state_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+
+    fn decode_step(&mut self, token: u32) -> Result<()> {
+        let pos0 = self.state.len;
+        let s = &mut self.state;
+        gpu::upload_tokens(&s.gpu, &[token], pos0, &mut self.step.tokens, &mut self.step.pos)?;
+        // Token and position live in device buffers; the graph bakes the attention plans.
+        let stream = s.gpu.stream().clone();
+        let (net, step) = (&self.net, &mut self.step);
+        self.graph
+            .run(&stream, net.plans(pos0), || net.enqueue(s, step, 1, pos0))
+    }
+
+    fn prefill_chunk(&mut self, tokens: &[u32]) -> Result<()> {
+        let (t, pos0) = (tokens.len(), self.state.len);
+        let (gpu, net) = (&self.state.gpu, &self.net);
+        let mut bufs = Bufs::new(gpu, net, t)?.with_cache(gpu, net, self.state.max_ctx)?;
+        gpu::upload_tokens(gpu, tokens, pos0, &mut bufs.tokens, &mut bufs.pos)?;
+        self.net.enqueue(&mut self.state, &mut bufs, t, pos0)
     }
 }
 
@@ -1359,71 +1336,16 @@ impl MlaDecoder {
         len: usize,
         fill: &mut dyn FnMut(&Gpu, usize, &mut CudaSlice<u16>, Option<&mut CudaSlice<f32>>) -> Result<()>,
     ) -> Result<()> {
-        let c = &mut self.state.cache;
-        if len > c.max_ctx {
-            return Err(err(format!("{len} cached positions > the cache's {}", c.max_ctx)));
+        let s = &mut self.state;
+        if len > s.max_ctx {
+            return Err(err(format!("{len} cached positions > the cache's {}", s.max_ctx)));
         }
+        let c = &mut s.cache;
         for (il, (latent, keys)) in c.latent.iter_mut().zip(c.index_keys.iter_mut()).enumerate() {
-            fill(&self.gpu, il, latent, keys.as_mut())?;
+            fill(&s.gpu, il, latent, keys.as_mut())?;
         }
-        c.len = len;
+        s.len = len;
         Ok(())
-    }
-}
-
-impl GpuModel for MlaDecoder {
-    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
-        let cache = &self.state.cache;
-        gpu::check_tokens(
-            tokens,
-            self.net.n_vocab(),
-            cache.len,
-            cache.max_ctx,
-            self.net.cfg.n_ctx_train,
-        )?;
-        if tokens.len() == 1 {
-            self.decode_step(tokens[0])?;
-            self.state.cache.len += 1;
-            Ok(())
-        } else {
-            self.prefill(tokens)
-        }
-    }
-
-    fn logits(&self) -> Result<Vec<f32>> {
-        self.state.out.to_host(&self.gpu)
-    }
-
-    fn argmax(&self) -> Result<u32> {
-        self.state.out.argmax(&self.gpu)
-    }
-
-    fn sync(&self) -> Result<()> {
-        Ok(self.gpu.sync()?)
-    }
-
-    fn len(&self) -> usize {
-        self.state.cache.len
-    }
-
-    fn max_ctx(&self) -> usize {
-        self.state.cache.max_ctx
-    }
-
-    fn n_vocab(&self) -> usize {
-        self.net.n_vocab()
-    }
-
-    fn weight_bytes(&self) -> usize {
-        self.net.weight_bytes
-    }
-
-    fn reset(&mut self) {
-        self.state.cache.len = 0;
-    }
-
-    fn report(&self) -> &[String] {
-        &self.report
     }
 }
 
