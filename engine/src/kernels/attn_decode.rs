@@ -189,16 +189,7 @@ pub(crate) fn check_gqa<C: CacheElem>(
     n_kv: usize,
     window: Option<usize>,
 ) -> Result<(), Error> {
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "cache buffers are {} but the variant reads cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
+    checks::cache_type::<C>(kernel, "cache buffers")?;
     if !HEAD_DIMS.contains(&head_dim) {
         return Err(checks::invalid(
             kernel,

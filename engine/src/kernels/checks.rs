@@ -5,6 +5,7 @@
 use cudarc::driver::{DevicePtr, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
+use crate::kernels::qk_norm_rope::CacheElem;
 use crate::kernels::registry::{KernelVariant, Param};
 
 pub fn invalid(kernel: &Kernel, detail: impl Into<String>) -> Error {
@@ -50,6 +51,16 @@ pub fn check_dim(kernel: &Kernel, key: &str, value: usize) -> Result<(), Error> 
 /// The baked enum token of `key`, required.
 pub fn required_sym(kernel: &Kernel, key: &str) -> Result<&'static str, Error> {
     baked_sym(kernel.variant(), key).ok_or_else(|| invalid(kernel, format!("the variant bakes no `{key}`")))
+}
+
+/// The variant's baked `cache_t` is the element type `C` of the cache buffers it is handed
+/// (`what` names them in the error: "key cache buffer").
+pub fn cache_type<C: CacheElem>(kernel: &Kernel, what: &str) -> Result<(), Error> {
+    let cache_t = required_sym(kernel, "cache_t")?;
+    if cache_t != C::CACHE_T {
+        return Err(invalid(kernel, format!("{what} is {} but the variant has cache_t={cache_t}", C::CACHE_T)));
+    }
+    Ok(())
 }
 
 pub fn to_i32(kernel: &Kernel, what: &str, value: usize) -> Result<i32, Error> {

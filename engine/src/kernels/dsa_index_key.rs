@@ -68,16 +68,7 @@ pub fn dsa_index_key<C: CacheElem>(
     p: &DsaIndexKeyParams,
 ) -> Result<(), Error> {
     let threads = checks::threads(kernel, THREADS)?;
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "key cache buffer is {} but the variant writes cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
+    checks::cache_type::<C>(kernel, "key cache buffer")?;
     let roped = checks::required_sym(kernel, "rope_mode")? != "none";
     if p.head_dim == 0 || p.head_dim > MAX_HEAD_DIM {
         return Err(checks::invalid(

@@ -85,16 +85,7 @@ pub fn dsa_indexer<C: CacheElem>(
     p: &DsaIndexerParams,
 ) -> Result<(), Error> {
     let threads = checks::threads(kernel, THREADS)?;
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "key cache buffer is {} but the variant reads cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
+    checks::cache_type::<C>(kernel, "key cache buffer")?;
     if p.n_idx_head == 0 || !p.n_idx_head.is_multiple_of(8) || p.n_idx_head > MAX_HEADS {
         return Err(checks::invalid(
             kernel,

@@ -146,16 +146,7 @@ pub(crate) fn check_launch<C: CacheElem>(
             format!("threads={threads}, the template needs {THREADS}"),
         ));
     }
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "cache buffer is {} but the variant reads cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
+    checks::cache_type::<C>(kernel, "cache buffer")?;
     let elem = std::mem::size_of::<C>();
     let d = p.kv_lora + p.rope;
     if p.kv_lora == 0 || !p.kv_lora.is_multiple_of(128) || p.kv_lora > 512 {

@@ -95,16 +95,7 @@ pub fn mla_rope<C: CacheElem>(
     p: &MlaRopeParams,
 ) -> Result<(), Error> {
     let threads = checks::threads(kernel, THREADS)?;
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "cache buffer is {} but the variant writes cache_t={cache_t}",
-                C::CACHE_T
-            ),
-        ));
-    }
+    checks::cache_type::<C>(kernel, "cache buffer")?;
     if p.rope == 0 || !p.rope.is_multiple_of(2) || p.rope > MAX_ROPE {
         return Err(checks::invalid(
             kernel,

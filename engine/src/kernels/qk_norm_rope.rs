@@ -138,10 +138,7 @@ pub fn qk_norm_rope<C: CacheElem>(
     for (key, value) in [("head_dim", hd), ("n_head", p.n_head), ("n_kv", p.n_kv), ("n_rot", p.n_rot)] {
         checks::check_dim(kernel, key, value)?;
     }
-    let cache_t = checks::required_sym(kernel, "cache_t")?;
-    if cache_t != C::CACHE_T {
-        return Err(bad(format!("the variant writes a {cache_t} cache, the buffers hold {}", C::CACHE_T)));
-    }
+    checks::cache_type::<C>(kernel, "k_cache/v_cache")?;
     let (q_row, kv_row) = (p.n_head * hd, p.n_kv * hd);
     for (what, stride, row) in [("q_stride", p.q_stride, q_row), ("k_stride", p.k_stride, kv_row), ("v_stride", p.v_stride, kv_row)] {
         if stride < row {
