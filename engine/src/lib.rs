@@ -14,3 +14,4 @@ pub mod synthetic;
 pub mod tokenizer;
 pub mod kernels;
 pub mod models;
+pub mod parallel;

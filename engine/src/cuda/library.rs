@@ -20,13 +20,16 @@ use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 
 use super::Error;
 
-/// The two CUDA libraries the engine needs.
+/// The CUDA libraries the engine loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CudaLib {
     /// libcuda: the driver API (needs a GPU and its driver).
     Driver,
     /// libnvrtc: the runtime compiler (works without a GPU).
     Nvrtc,
+    /// libnccl: collectives between GPUs (multi-GPU runs only; `crate::parallel`). cudarc's own
+    /// loader never tries the soname `libnccl.so.2`, so its symbols are resolved from our handle.
+    Nccl,
 }
 
 impl CudaLib {
@@ -35,6 +38,7 @@ impl CudaLib {
             CudaLib::Driver => &["libcuda.so.1", "libcuda.so"],
             // The soname first: the unversioned name is a development symlink that may be absent.
             CudaLib::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so"],
+            CudaLib::Nccl => &["libnccl.so.2", "libnccl.so"],
         }
     }
 
@@ -42,6 +46,7 @@ impl CudaLib {
         match self {
             CudaLib::Driver => "the CUDA driver library (libcuda)",
             CudaLib::Nvrtc => "NVRTC (libnvrtc)",
+            CudaLib::Nccl => "NCCL (libnccl)",
         }
     }
 
@@ -49,6 +54,7 @@ impl CudaLib {
         match self {
             CudaLib::Driver => "MEMRA_LIBCUDA_PATH",
             CudaLib::Nvrtc => "MEMRA_NVRTC_PATH",
+            CudaLib::Nccl => "MEMRA_NCCL_PATH",
         }
     }
 
@@ -61,6 +67,10 @@ impl CudaLib {
             CudaLib::Nvrtc => {
                 "Set MEMRA_NVRTC_PATH to the directory holding libnvrtc.so.13 (or the file), or run \
                  `bash scripts/setup-python`, which installs the pip wheel nvidia-cuda-nvrtc into the memra venv."
+            }
+            CudaLib::Nccl => {
+                "Multi-GPU runs need NCCL 2.x: set MEMRA_NCCL_PATH to the directory holding libnccl.so.2 (or the file), \
+                 or install it (`pip install nvidia-nccl-cu12`, which torch also brings, or the libnccl2 package)."
             }
         }
     }
@@ -106,20 +116,26 @@ impl SearchPaths {
                 }
                 s.push("/usr/local/cuda/targets/x86_64-linux/lib".into(), "CUDA toolkit");
                 s.push("/usr/local/cuda/lib64".into(), "CUDA toolkit");
-                // pip wheels (nvidia-cuda-nvrtc): the memra venv, an active venv, user and system
-                // site-packages. Globbing python3.* is cheap; starting Python is not.
-                let memra_venv = memra_cache_root().join("venv");
-                s.push_site_packages(&memra_venv, "memra venv (scripts/setup-python)");
-                if let Some(venv) = std::env::var_os("VIRTUAL_ENV").filter(|p| !p.is_empty()) {
-                    s.push_site_packages(Path::new(&venv), "VIRTUAL_ENV");
-                }
-                if let Some(home) = std::env::var_os("HOME").filter(|p| !p.is_empty()) {
-                    s.push_site_packages(&Path::new(&home).join(".local"), "user site-packages");
-                }
-                s.push_site_packages(Path::new("/usr/local"), "system site-packages");
-                s.push_site_packages(Path::new("/usr"), "system site-packages");
+                // pip wheels (nvidia-cuda-nvrtc).
+                s.push_pip_wheels(&["nvidia/cu13/lib"]);
                 s.push_ld_library_path();
                 s.push("/usr/lib/x86_64-linux-gnu".into(), "system");
+                s.push("/usr/lib64".into(), "system");
+            }
+            CudaLib::Nccl => {
+                // The NVRTC places, plus the wheel nvidia-nccl-cu12/-cu13 (torch's NCCL) and conda.
+                for var in ["CUDA_HOME", "CUDA_PATH"] {
+                    if let Some(home) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+                        s.push(PathBuf::from(home).join("lib64"), var);
+                    }
+                }
+                s.push("/usr/local/cuda/lib64".into(), "CUDA toolkit");
+                s.push_pip_wheels(&["nvidia/nccl/lib", "nvidia/cu13/lib"]);
+                if let Some(conda) = std::env::var_os("CONDA_PREFIX").filter(|p| !p.is_empty()) {
+                    s.push(PathBuf::from(conda).join("lib"), "CONDA_PREFIX");
+                }
+                s.push_ld_library_path();
+                s.push("/usr/lib/x86_64-linux-gnu".into(), "system (libnccl2 package)");
                 s.push("/usr/lib64".into(), "system");
             }
         }
@@ -149,8 +165,23 @@ impl SearchPaths {
         }
     }
 
-    /// `<prefix>/lib/python3.*/{site,dist}-packages/nvidia/cu13/lib`.
-    fn push_site_packages(&mut self, prefix: &Path, note: &str) {
+    /// `subdirs` of the pip site-packages: the memra venv, an active venv, user and system ones.
+    /// Globbing python3.* is cheap; starting Python is not.
+    fn push_pip_wheels(&mut self, subdirs: &[&str]) {
+        let memra_venv = memra_cache_root().join("venv");
+        self.push_site_packages(&memra_venv, "memra venv (scripts/setup-python)", subdirs);
+        if let Some(venv) = std::env::var_os("VIRTUAL_ENV").filter(|p| !p.is_empty()) {
+            self.push_site_packages(Path::new(&venv), "VIRTUAL_ENV", subdirs);
+        }
+        if let Some(home) = std::env::var_os("HOME").filter(|p| !p.is_empty()) {
+            self.push_site_packages(&Path::new(&home).join(".local"), "user site-packages", subdirs);
+        }
+        self.push_site_packages(Path::new("/usr/local"), "system site-packages", subdirs);
+        self.push_site_packages(Path::new("/usr"), "system site-packages", subdirs);
+    }
+
+    /// `<prefix>/lib/python3.*/{site,dist}-packages/<subdir>` for each of `subdirs`.
+    fn push_site_packages(&mut self, prefix: &Path, note: &str, subdirs: &[&str]) {
         let lib = prefix.join("lib");
         let mut found = false;
         if let Ok(entries) = std::fs::read_dir(&lib) {
@@ -162,17 +193,19 @@ impl SearchPaths {
             pythons.sort();
             for py in pythons.iter().rev() {
                 for pkgs in ["site-packages", "dist-packages"] {
-                    let dir = py.join(pkgs).join("nvidia/cu13/lib");
-                    if dir.is_dir() {
-                        self.push(dir, note);
-                        found = true;
+                    for sub in subdirs {
+                        let dir = py.join(pkgs).join(sub);
+                        if dir.is_dir() {
+                            self.push(dir, note);
+                            found = true;
+                        }
                     }
                 }
             }
         }
         if !found {
             self.unmatched_patterns
-                .push(format!("{}/python3.*/{{site,dist}}-packages/nvidia/cu13/lib ({note})", lib.display()));
+                .push(format!("{}/python3.*/{{site,dist}}-packages/{{{}}} ({note})", lib.display(), subdirs.join(",")));
         }
     }
 }
@@ -305,6 +338,8 @@ fn finish(
         match lib {
             CudaLib::Driver => cudarc::driver::sys::is_culib_present(),
             CudaLib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
+            // Not through cudarc's loader (see `CudaLib::Nccl`): our handle is the one used.
+            CudaLib::Nccl => true,
         }
     };
     if !present {
@@ -379,6 +414,7 @@ fn resolved_path(lib: CudaLib) -> Option<PathBuf> {
     let symbol: &[u8] = match lib {
         CudaLib::Driver => b"cuInit\0",
         CudaLib::Nvrtc => b"nvrtcVersion\0",
+        CudaLib::Nccl => return None,
     };
     // SAFETY: is_culib_present() returned true, so culib() finds a library and does not panic;
     // the symbol is only used as an address for dladdr, never called.
@@ -386,6 +422,7 @@ fn resolved_path(lib: CudaLib) -> Option<PathBuf> {
         let culib = match lib {
             CudaLib::Driver => cudarc::driver::sys::culib(),
             CudaLib::Nvrtc => cudarc::nvrtc::sys::culib(),
+            CudaLib::Nccl => return None,
         };
         let sym = culib.get::<*const c_void>(symbol).ok()?;
         let addr: *const c_void = *sym;

@@ -1,0 +1,276 @@
+//! NCCL collectives (engine/src/parallel) on the GPUs of one host, one thread per GPU as the
+//! engine runs them, against the CPU: all-reduce (sum, f32, in place) and all-gather of fresh
+//! random vectors (seed printed, replay with `MEMRA_SEED=<seed>`), receive buffers NaN-poisoned.
+//! - all-reduce: each element within `(ranks − 1) · ε · Σ|x_r|` of the f64 sum (any summation
+//!   order NCCL picks stays inside that bound; a missing or doubled rank does not);
+//! - all-gather: bit-equal to the concatenation in rank order;
+//! - the same all-reduce captured in a CUDA graph and replayed twice (decode steps are graphs).
+//!
+//! The CPU tests at the bottom run everywhere: a missing libnccl is an error listing the paths
+//! tried, and asking for more GPUs than exist is an error, not a panic or a hang.
+//!
+//! Run on a machine with ≥ 2 GPUs:
+//! `cargo test --release -p memra-engine --test gpu_parallel -- --ignored --nocapture`
+//! (needs libnccl.so.2: found via MEMRA_NCCL_PATH, the pip wheel nvidia-nccl-cu12/-cu13 in a
+//! site-packages, CONDA_PREFIX, LD_LIBRARY_PATH or the system loader).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use memra_engine::cuda::Gpu;
+use memra_engine::cuda::graph::Graph;
+use memra_engine::cuda::library::{self, CudaLib, SearchPaths};
+use memra_engine::parallel::{self, Communicator};
+use memra_reference::Rng;
+
+/// The CUDA devices to use, or `None` after a visible SKIP line when there are fewer than 2.
+fn devices_or_skip(test: &str) -> Option<Vec<usize>> {
+    let n = Gpu::device_count();
+    if n < 2 {
+        eprintln!("SKIP: {test}: needs 2 CUDA GPUs, {n} visible");
+        return None;
+    }
+    parallel::nccl_or_skip(test)?;
+    Some((0..n).collect())
+}
+
+/// Lengths: one element, odd, a GLM-5 hidden row, a 32k-context score row, > 1M.
+const LENS: [usize; 5] = [1, 1001, 6144, 32768, (1 << 20) + 3];
+
+struct Inputs {
+    /// `[rank][len index]` random vectors.
+    x: Vec<Vec<Vec<f32>>>,
+}
+
+impl Inputs {
+    fn new(rng: &mut Rng, ranks: usize) -> Inputs {
+        let x = (0..ranks)
+            .map(|_| {
+                LENS.iter()
+                    .map(|&n| {
+                        let mut v = vec![0f32; n];
+                        rng.fill_uniform(&mut v, -4.0, 4.0);
+                        v
+                    })
+                    .collect()
+            })
+            .collect();
+        Inputs { x }
+    }
+}
+
+fn check_sum(what: &str, got: &[f32], inputs: &Inputs, li: usize, seed: u64) {
+    let ranks = inputs.x.len();
+    for (i, &g) in got.iter().enumerate() {
+        let exact: f64 = inputs.x.iter().map(|r| r[li][i] as f64).sum();
+        let mag: f64 = inputs.x.iter().map(|r| (r[li][i] as f64).abs()).sum();
+        let bound = (ranks - 1) as f64 * f32::EPSILON as f64 * mag;
+        assert!(
+            (g as f64 - exact).abs() <= bound,
+            "{what}: element {i} of {}: {g} vs the sum {exact} (bound {bound:e}) (MEMRA_SEED={seed})",
+            got.len()
+        );
+    }
+}
+
+fn down(s: &Arc<CudaStream>, b: &CudaSlice<f32>) -> Result<Vec<f32>, String> {
+    s.clone_dtoh(b).map_err(|e| format!("download: {e:?}"))
+}
+
+#[test]
+#[ignore = "needs 2 CUDA GPUs"]
+fn gpu_nccl_all_reduce_and_all_gather_match_the_cpu() {
+    const TEST: &str = "gpu_nccl_all_reduce_and_all_gather_match_the_cpu";
+    let Some(devices) = devices_or_skip(TEST) else {
+        return;
+    };
+    let nccl = parallel::nccl().unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", nccl.describe());
+    assert_eq!(
+        std::env::var("NCCL_NVLS_ENABLE").ok().as_deref(),
+        Some(nccl.nvls.as_str()),
+        "NCCL_NVLS_ENABLE stays set for child processes"
+    );
+    let mut rng = Rng::from_env_or_time(TEST);
+    let seed = rng.seed();
+    let ranks = devices.len();
+    let inputs = Inputs::new(&mut rng, ranks);
+    let comms = Communicator::init_all(&devices).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{ranks} ranks on devices {devices:?}");
+
+    // Per rank: [all-reduced buffers per length, all-gathered buffers per length, graph replays].
+    type Out = (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<f32>);
+    let results: Vec<Out> = parallel::run_ranks(
+        comms,
+        |c| -> Result<(Gpu, Vec<CudaSlice<f32>>, Vec<CudaSlice<f32>>), String> {
+            let gpu = Gpu::new(c.device()).map_err(|e| e.to_string())?;
+            let s = gpu.stream().clone();
+            let mine = &inputs.x[c.rank()];
+            let up = |v: &[f32]| s.clone_htod(v).map_err(|e| format!("upload: {e:?}"));
+            let sends = mine.iter().map(|v| up(v)).collect::<Result<Vec<_>, _>>()?;
+            let recvs = LENS
+                .iter()
+                .map(|&n| up(&vec![f32::NAN; n * ranks]))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((gpu, sends, recvs))
+        },
+        |c, (gpu, mut sends, mut recvs)| -> Result<Out, String> {
+            let s = gpu.stream().clone();
+            for (send, recv) in sends.iter().zip(recvs.iter_mut()) {
+                c.all_gather_f32(&s, send, recv)
+                    .map_err(|e| e.to_string())?;
+            }
+            for send in sends.iter_mut() {
+                c.all_reduce_sum_f32(&s, send).map_err(|e| e.to_string())?;
+            }
+            gpu.sync().map_err(|e| e.to_string())?;
+            let reduced = sends
+                .iter()
+                .map(|b| down(&s, b))
+                .collect::<Result<Vec<_>, _>>()?;
+            let gathered = recvs
+                .iter()
+                .map(|b| down(&s, b))
+                .collect::<Result<Vec<_>, _>>()?;
+
+            // The 6144 vector again, all-reduced by a captured graph replayed twice: after two
+            // replays it holds ranks² · (original sum) / ranks... i.e. sum·ranks (then sum·ranks²).
+            let li = 2;
+            let mut buf = s
+                .clone_htod(&inputs.x[c.rank()][li])
+                .map_err(|e| format!("upload: {e:?}"))?;
+            let graph = Graph::capture(&s, false, || -> Result<(), parallel::Error> {
+                c.all_reduce_sum_f32(&s, &mut buf)
+            })
+            .map_err(|e| format!("capturing an all-reduce: {e}"))?;
+            graph.launch().map_err(|e| e.to_string())?;
+            graph.launch().map_err(|e| e.to_string())?;
+            gpu.sync().map_err(|e| e.to_string())?;
+            let replayed = down(&s, &buf)?;
+            Ok((reduced, gathered, replayed))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e} (MEMRA_SEED={seed})"));
+
+    for (rank, (reduced, gathered, replayed)) in results.iter().enumerate() {
+        for (li, &n) in LENS.iter().enumerate() {
+            check_sum(
+                &format!("all-reduce rank {rank} len {n}"),
+                &reduced[li],
+                &inputs,
+                li,
+                seed,
+            );
+            let want: Vec<f32> = (0..ranks)
+                .flat_map(|r| inputs.x[r][li].iter().copied())
+                .collect();
+            let same = gathered[li].len() == want.len()
+                && gathered[li]
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "all-gather rank {rank} len {n}: differs from the rank-order concatenation (MEMRA_SEED={seed})"
+            );
+        }
+        // Replay 1: every rank holds S = Σ x_r; replay 2: ranks · S.
+        let li = 2;
+        for (i, &g) in replayed.iter().enumerate() {
+            let exact: f64 = inputs.x.iter().map(|r| r[li][i] as f64).sum::<f64>() * ranks as f64;
+            let mag: f64 = inputs
+                .x
+                .iter()
+                .map(|r| (r[li][i] as f64).abs())
+                .sum::<f64>()
+                * ranks as f64;
+            let bound = 2.0 * ranks as f64 * f32::EPSILON as f64 * mag;
+            assert!(
+                (g as f64 - exact).abs() <= bound,
+                "graph-replayed all-reduce rank {rank} element {i}: {g} vs {exact} (MEMRA_SEED={seed})"
+            );
+        }
+    }
+    eprintln!(
+        "PASS: {ranks} ranks: all-reduce (sum f32) and all-gather of {LENS:?} elements, graph-captured all-reduce ×2"
+    );
+}
+
+fn empty_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memra-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn missing_nccl_is_an_error_listing_the_paths_tried() {
+    let dir = empty_dir("no-nccl");
+    let err = library::load(CudaLib::Nccl, &SearchPaths::only([dir.clone()]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "{} (given): not found",
+            dir.join("libnccl.so.2").display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("MEMRA_NCCL_PATH"),
+        "the error says how to fix it: {err}"
+    );
+    std::fs::write(dir.join("libnccl.so.2"), b"not an ELF file").unwrap();
+    let err = library::load(CudaLib::Nccl, &SearchPaths::only([dir.clone()]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "{} (given): dlopen failed",
+            dir.join("libnccl.so.2").display()
+        )),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_search_includes_the_pip_wheel_directory() {
+    // A fake venv with the wheel's layout: <venv>/lib/python3.X/site-packages/nvidia/nccl/lib.
+    let venv = empty_dir("nccl-venv");
+    let lib = venv.join("lib/python3.12/site-packages/nvidia/nccl/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    // SAFETY: this test binary's other tests do not read VIRTUAL_ENV.
+    unsafe { std::env::set_var("VIRTUAL_ENV", &venv) };
+    let s = SearchPaths::from_env(CudaLib::Nccl);
+    assert!(
+        s.candidates
+            .iter()
+            .any(|(p, note)| *p == lib && note == "VIRTUAL_ENV"),
+        "{:?}",
+        s.candidates
+    );
+    let _ = std::fs::remove_dir_all(&venv);
+}
+
+#[test]
+fn too_few_gpus_is_an_error() {
+    let have = Gpu::device_count();
+    let err = Communicator::init_all(&(0..have + 1).collect::<Vec<_>>())
+        .unwrap_err()
+        .to_string();
+    // Without a driver the error is the libcuda search; with one, the device count.
+    assert!(
+        err.contains("GPUs asked for") || err.contains("libcuda"),
+        "{err}"
+    );
+    let err = Communicator::init_all(&[0, 0]).unwrap_err().to_string();
+    assert!(err.contains("names a device twice"), "{err}");
+    assert!(
+        parallel::require_devices(0)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1")
+    );
+}
