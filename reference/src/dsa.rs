@@ -15,8 +15,10 @@
 //! quantization of q and the key cache (§8.2 step 5). Both only perturb rounding.
 
 use crate::attention::Mask;
-use crate::linear::{dot, matmul};
+use crate::linear::dot;
+// `linear::matmul`'s arithmetic with the rows split over threads (GLM-5-dim prefills).
 use crate::mla::{MlaCache, MlaConfig, MlaMode, MlaWeights, mla_attend_output, mla_project};
+use crate::models::par_matmul;
 use crate::norm::layer_norm;
 use crate::rope::{Rope, RopeMode, rope_head};
 
@@ -97,7 +99,7 @@ pub fn indexer_q(
         rope,
     } = cfg.dims;
     assert_eq!(cfg.rope.n_rot, rope, "indexer_q: rope.n_rot != dims.rope");
-    let mut q = matmul(
+    let mut q = par_matmul(
         w.attn_q_b,
         cfg.q_lora,
         n_head * head_dim,
@@ -129,7 +131,7 @@ pub fn indexer_k(
         cfg.rope.n_rot, cfg.dims.rope,
         "indexer_k: rope.n_rot != dims.rope"
     );
-    let raw = matmul(w.attn_k, cfg.n_embd, head_dim, x, positions.len());
+    let raw = par_matmul(w.attn_k, cfg.n_embd, head_dim, x, positions.len());
     let mut k = layer_norm(&raw, w.k_norm_weight, w.k_norm_bias, cfg.k_norm_eps);
     for (ti, &pos) in positions.iter().enumerate() {
         rope_head(&mut k[ti * head_dim..][..head_dim], pos, &cfg.rope);
@@ -143,7 +145,7 @@ pub fn indexer_weights(w: &IndexerWeights, cfg: &IndexerConfig, x: &[f32], t: us
         n_head, head_dim, ..
     } = cfg.dims;
     let scale = 1.0 / ((head_dim * n_head) as f64).sqrt();
-    matmul(w.proj, cfg.n_embd, n_head, x, t)
+    par_matmul(w.proj, cfg.n_embd, n_head, x, t)
         .into_iter()
         .map(|v| (v as f64 * scale) as f32)
         .collect()
@@ -178,24 +180,28 @@ pub fn indexer_scores(
         "indexer_scores: k.len() not a multiple of head_dim"
     );
     let t_kv = k.len() / head_dim;
-    let mut scores = vec![f32::NEG_INFINITY; t_q * t_kv];
-    for t in 0..t_q {
+    for (t, &pos) in q_pos.iter().enumerate() {
         assert!(
-            q_pos[t] < t_kv,
-            "indexer_scores: query {t} at position {} but {t_kv} keys",
-            q_pos[t]
+            pos < t_kv,
+            "indexer_scores: query {t} at position {pos} but {t_kv} keys"
         );
-        for s in 0..=q_pos[t] {
-            let ks = &k[s * head_dim..][..head_dim];
-            let mut acc = 0.0f64;
-            for h in 0..n_head {
-                let qk = dot(&q[(t * n_head + h) * head_dim..][..head_dim], ks);
-                acc += weights[t * n_head + h] as f64 * qk.max(0.0);
-            }
-            scores[t * t_kv + s] = acc as f32;
-        }
     }
-    scores
+    // Query rows are independent: split them over threads (same arithmetic per row).
+    crate::models::par_rows(t_q, t_kv * n_head * head_dim, |first, rows| {
+        let mut scores = vec![f32::NEG_INFINITY; rows * t_kv];
+        for t in first..first + rows {
+            for s in 0..=q_pos[t] {
+                let ks = &k[s * head_dim..][..head_dim];
+                let mut acc = 0.0f64;
+                for h in 0..n_head {
+                    let qk = dot(&q[(t * n_head + h) * head_dim..][..head_dim], ks);
+                    acc += weights[t * n_head + h] as f64 * qk.max(0.0);
+                }
+                scores[(t - first) * t_kv + s] = acc as f32;
+            }
+        }
+        scores
+    })
 }
 
 /// Indices of the `min(k, scores.len())` largest scores, returned in **ascending index order**

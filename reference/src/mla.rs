@@ -12,7 +12,9 @@
 //! - output of the core: `[t_q, n_head, v]` (= `concat_h(o_h)`, the input of `attn_output`).
 
 use crate::attention::{AttnShape, Mask, attention};
-use crate::linear::{dot, matmul};
+use crate::linear::dot;
+// `linear::matmul`'s arithmetic with the rows split over threads (GLM-5-dim prefills).
+use crate::models::par_matmul;
 use crate::norm::rms_norm;
 use crate::rope::{Rope, RopeMode, rope_head};
 
@@ -174,20 +176,24 @@ pub fn mla_attention_absorbed(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> V
     let dq = nope + rope;
     let dk = kv_lora + rope;
 
-    let mut q_abs = vec![0.0f32; t_q * n_head * dk];
-    for t in 0..t_q {
-        for h in 0..n_head {
-            let qh = &inp.q[(t * n_head + h) * dq..][..dq];
-            let dst = &mut q_abs[(t * n_head + h) * dk..][..dk];
-            for c in 0..kv_lora {
-                dst[c] = dot(
-                    &inp.attn_k_b[(h * kv_lora + c) * nope..][..nope],
-                    &qh[..nope],
-                ) as f32;
+    // Query rows are independent: split them over threads (same arithmetic per row).
+    let q_abs = crate::models::par_rows(t_q, n_head * kv_lora * nope, |first, rows| {
+        let mut q_abs = vec![0.0f32; rows * n_head * dk];
+        for t in first..first + rows {
+            for h in 0..n_head {
+                let qh = &inp.q[(t * n_head + h) * dq..][..dq];
+                let dst = &mut q_abs[((t - first) * n_head + h) * dk..][..dk];
+                for c in 0..kv_lora {
+                    dst[c] = dot(
+                        &inp.attn_k_b[(h * kv_lora + c) * nope..][..nope],
+                        &qh[..nope],
+                    ) as f32;
+                }
+                dst[kv_lora..].copy_from_slice(&qh[nope..]);
             }
-            dst[kv_lora..].copy_from_slice(&qh[nope..]);
         }
-    }
+        q_abs
+    });
     let mut k_cache = vec![0.0f32; t_kv * dk];
     for s in 0..t_kv {
         k_cache[s * dk..][..kv_lora].copy_from_slice(&inp.c[s * kv_lora..][..kv_lora]);
@@ -201,17 +207,19 @@ pub fn mla_attention_absorbed(inp: &MlaAttnInputs, mask: &Mask, scale: f32) -> V
     };
     let o_lat = attention(&q_abs, &k_cache, inp.c, t_kv, shape, mask, scale);
 
-    let mut out = vec![0.0f32; t_q * n_head * v];
-    for t in 0..t_q {
-        for h in 0..n_head {
-            let lat = &o_lat[(t * n_head + h) * kv_lora..][..kv_lora];
-            for e in 0..v {
-                out[(t * n_head + h) * v + e] =
-                    dot(&inp.attn_v_b[(h * v + e) * kv_lora..][..kv_lora], lat) as f32;
+    crate::models::par_rows(t_q, n_head * v * kv_lora, |first, rows| {
+        let mut out = vec![0.0f32; rows * n_head * v];
+        for t in first..first + rows {
+            for h in 0..n_head {
+                let lat = &o_lat[(t * n_head + h) * kv_lora..][..kv_lora];
+                for e in 0..v {
+                    out[((t - first) * n_head + h) * v + e] =
+                        dot(&inp.attn_v_b[(h * v + e) * kv_lora..][..kv_lora], lat) as f32;
+                }
             }
         }
-    }
-    out
+        out
+    })
 }
 
 /// Weights of one MLA attention block, f32 rows, named as in GGUF (`blk.i.<name>.weight`).
@@ -308,11 +316,11 @@ pub fn mla_project(
     let dq = nope + rope;
 
     let qr = rms_norm(
-        &matmul(w.attn_q_a, n_embd, q_lora, x, t),
+        &par_matmul(w.attn_q_a, n_embd, q_lora, x, t),
         w.attn_q_a_norm,
         cfg.eps,
     );
-    let mut q = matmul(w.attn_q_b, q_lora, n_head * dq, &qr, t);
+    let mut q = par_matmul(w.attn_q_b, q_lora, n_head * dq, &qr, t);
     for (ti, &pos) in positions.iter().enumerate() {
         for h in 0..n_head {
             rope_head(
@@ -322,7 +330,7 @@ pub fn mla_project(
             );
         }
     }
-    let ckv = matmul(w.attn_kv_a_mqa, n_embd, kv_lora + rope, x, t);
+    let ckv = par_matmul(w.attn_kv_a_mqa, n_embd, kv_lora + rope, x, t);
     let mut c_raw = Vec::with_capacity(t * kv_lora);
     let mut k_pe = Vec::with_capacity(t * rope);
     for row in ckv.chunks_exact(kv_lora + rope) {
@@ -396,7 +404,7 @@ pub fn mla_attend_output(
         attn_v_b: w.attn_v_b,
     };
     let o = mla_attention(&inp, mask, cfg.kq_scale, mode);
-    matmul(
+    par_matmul(
         w.attn_output,
         dims.n_head * dims.v,
         cfg.n_embd,
