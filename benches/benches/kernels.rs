@@ -165,7 +165,8 @@ fn dsa_decode_gpu(c: &mut Criterion) {
     let mut work = s.alloc_zeros::<f32>(mla_decode::work_floats(n_head, kvl, n_split)).expect("alloc");
     let mut flush = s.alloc_zeros::<u8>(2 * bench::l2_bytes(&gpu)).expect("L2 flush buffer");
     let ip = DsaIndexerParams { n_q: 1, n_idx_head: nh_i, idx_head_dim: hd_i, max_ctx: t, ld_scores: t, n_blk: dsa_indexer::blocks_for(t, 2, dsa_indexer::THREADS, sms) };
-    let tp = DsaTopkParams { n_q: 1, ld_scores: t, k };
+    let tp = DsaTopkParams { n_q: 1, ld_scores: t, k, n_blk: dsa_topk::blocks_for(1, t, sms) };
+    let mut topk_scratch = s.alloc_zeros::<u32>(dsa_topk::scratch_words(1, tp.n_blk).max(1)).expect("alloc");
     let mp = MlaDecodeParams { n_head, kv_lora: kvl, rope, max_ctx: t, n_split, scale: 1.0 / 16.0 };
     for (kind, specialized) in [("specialized", true), ("generic", false)] {
         let (Some(vi), Some(vt), Some(vs)) = (pick(dsa_indexer::FAMILY, specialized), pick(dsa_topk::FAMILY, specialized), pick(mla_sparse_decode::FAMILY, specialized)) else {
@@ -189,7 +190,7 @@ fn dsa_decode_gpu(c: &mut Criterion) {
                             dsa_indexer::dsa_indexer(ki, &iq.as_view(), &iw.as_view(), &keys.as_view(), &pos.as_view(), &mut scores.as_view_mut(), &ip)?;
                         }
                         if step == "topk" || step == "total" {
-                            dsa_topk::dsa_topk(kt, &scores.as_view(), &pos.as_view(), &mut idx.as_view_mut(), &mut count.as_view_mut(), &tp)?;
+                            dsa_topk::dsa_topk(kt, &scores.as_view(), &pos.as_view(), &mut idx.as_view_mut(), &mut count.as_view_mut(), &mut topk_scratch.as_view_mut(), &tp)?;
                         }
                         if step == "sparse_mla" || step == "total" {
                             mla_sparse_decode::mla_sparse_decode(ks, &q.as_view(), &latent.as_view(), &idx.as_view(), &count.as_view(), &mut out.as_view_mut(), &mut work.as_view_mut(), k, &mp)?;

@@ -23,6 +23,9 @@ use memra_reference::{Rng, rel_err};
 const EXTRA: &str = r#"
 #include <atomic>
 #include <algorithm>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #define __shared__ static
 #define __global__
 #define __launch_bounds__(x)
@@ -53,13 +56,22 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 }
 "#;
 
+/// dsa_topk's grid-scope primitives between block processes: atomics on the shared mapping
+/// (a spinning load yields: blocks share two cores).
+const TOPK_GRID_HOST: &str = r#"
+inline u32 load_volatile(const u32* p) { std::this_thread::yield(); return std::atomic_ref<u32>(*const_cast<u32*>(p)).load(); }
+inline void red_add(u32* p, u32 v) { std::atomic_ref<u32>(*p).fetch_add(v); }
+inline u32 fetch_add(u32* p, u32 v) { return std::atomic_ref<u32>(*p).fetch_add(v); }
+inline void store_zero(u32* p) { std::atomic_ref<u32>(*p).store(0u); }
+"#;
+
 const MAIN: &str = r#"
 using namespace memra;
 template <int NH, int HD, CacheType C, int TH> struct ICfg { static constexpr int N_IDX_HEAD = NH, IDX_HEAD_DIM = HD; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = TH; };
 template <int KK, int TH> struct TCfg { static constexpr int K = KK; static constexpr int THREADS = TH; };
 template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
 // idx:    0 cfg n_q nh hd max_ctx ld n_blk | q w k pos out
-// topk:   1 cfg n_q ld k                   | scores pos idx count
+// topk:   1 cfg n_q ld k n_blk             | scores pos idx count
 // sparse: 2 cfg nh kvl rope max_ctx idx_cap n_split work_split work_floats scale | q c idx count out
 // key:    3 cfg n_tokens hd n_rot k_stride max_ctx freq_base freq_scale eps | k w b pos cache(out)
 template <int HD, int NR, RopeMode M, CacheType C, int TH> struct KCfg { static constexpr int HEAD_DIM = HD, N_ROT = NR; static constexpr RopeMode ROPE_MODE = M; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = TH; };
@@ -78,13 +90,57 @@ template <class K> void run_idx(int n_q, int nh, int hd, int max_ctx, int ld, in
         dsa_indexer_impl<K>((const float*)q.data(), (const float*)w.data(), k.data(), (const int*)pos.data(), out.data(), n_q, nh, hd, max_ctx, ld); });
     spit(f[4], out.data(), out.size() * 4);
 }
-template <class K> void run_topk(int n_q, int ld, int k, char** f) {
+// Memory every block process sees (outputs, scratch): MAP_SHARED, poisoned with `fill`.
+template <class T> static T* shared_buf(size_t n, unsigned char fill) {
+    void* p = mmap(nullptr, n * sizeof(T) + 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { perror("mmap"); exit(2); }
+    memset(p, fill, n * sizeof(T) + 64); return (T*)p; }
+// A grid whose blocks wait for each other (dsa_topk's row barrier): every block runs at once, in
+// its own process (the template's __shared__ statics and the block barriers stay per block).
+static void run_grid_concurrent(Dim3 grid, int threads, const std::function<void()>& body) {
+    std::vector<pid_t> kids;
+    for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
+        fflush(nullptr);
+        pid_t pid = fork();
+        if (pid < 0) { perror("fork"); exit(2); }
+        if (pid == 0) {
+            std::barrier<> block_bar(threads); g_block_barrier = &block_bar;
+            std::vector<std::barrier<>*> wb; for (int i = 0; i < threads / 32; ++i) wb.push_back(new std::barrier<>(32));
+            g_warp_barriers = wb; g_xchg.assign(threads, 0);
+            std::vector<std::thread> ts;
+            for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] {
+                threadIdx = {(unsigned)t, 0, 0}; blockIdx = {bx, by, 0}; gridDim = grid; g_smem = nullptr; g_smem_bytes = 0; body(); });
+            for (auto& th : ts) th.join();
+            _exit(0);
+        }
+        kids.push_back(pid);
+    }
+    for (pid_t pid : kids) { int st = 0; waitpid(pid, &st, 0); if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "block process failed (%d)\n", st); exit(3); } }
+}
+// Two launches on one scratch (zeroed once): the second must find it as the first left it (zero)
+// and give the same lists.
+template <class K> void run_topk(int n_q, int ld, int k, int n_blk, char** f) {
     auto sc = slurp(f[0]), pos = slurp(f[1]);
-    std::vector<int> idx((size_t)n_q * k, -7), count(n_q, -7);
-    run_grid({(unsigned)n_q, 1, 1}, K::THREADS, 0, [&] {
-        dsa_topk_impl<K>((const float*)sc.data(), (const int*)pos.data(), idx.data(), count.data(), n_q, ld, k); });
-    spit(f[2], idx.data(), idx.size() * 4);
-    spit(f[3], count.data(), count.size() * 4);
+    const size_t sw = n_blk > 1 ? (size_t)n_q * dsa_topk_detail::row_words(n_blk) : 0;
+    unsigned* scratch = shared_buf<unsigned>(sw + 16, 0);
+    for (size_t i = sw; i < sw + 16; ++i) scratch[i] = 0xdeadbeefu;  // guard words
+    int* idx = shared_buf<int>((size_t)n_q * k, 0);
+    int* count = shared_buf<int>(n_q, 0);
+    std::vector<int> first;
+    for (int launch = 0; launch < 2; ++launch) {
+        std::fill(idx, idx + (size_t)n_q * k, -7);
+        std::fill(count, count + n_q, -7);
+        auto body = [&] { dsa_topk_impl<K>((const float*)sc.data(), (const int*)pos.data(), idx, count, n_blk > 1 ? scratch : nullptr, n_q, ld, k); };
+        if (n_blk > 1) run_grid_concurrent({(unsigned)n_blk, (unsigned)n_q, 1}, K::THREADS, body);
+        else run_grid({1, (unsigned)n_q, 1}, K::THREADS, 0, body);
+        for (size_t i = 0; i < sw; ++i) if (scratch[i] != 0) { fprintf(stderr, "launch %d left scratch[%zu] = %u\n", launch, i, scratch[i]); exit(3); }
+        for (size_t i = sw; i < sw + 16; ++i) if (scratch[i] != 0xdeadbeefu) { fprintf(stderr, "scratch written past its size\n"); exit(3); }
+        std::vector<int> all(idx, idx + (size_t)n_q * k); all.insert(all.end(), count, count + n_q);
+        if (launch == 0) first = all;
+        else if (all != first) { fprintf(stderr, "the second launch gave other lists\n"); exit(3); }
+    }
+    spit(f[2], idx, (size_t)n_q * k * 4);
+    spit(f[3], count, (size_t)n_q * 4);
 }
 // The workspace (work_floats slots, the wrapper's size for work_split) is first used by a launch
 // with work_split splits, then by two with n_split: one workspace serves every split count up to
@@ -133,11 +189,12 @@ int main(int argc, char** argv) {
         default: return 4;
         }
     } else if (kind == 1) {
-        char** f = argv + 6;
+        char** f = argv + 7;
         switch (cfg) {
-        case 0: run_topk<TCfg<0, 256>>(a[0], a[1], a[2], f); break;
-        case 1: run_topk<TCfg<0, 1024>>(a[0], a[1], a[2], f); break;
-        case 2: run_topk<TCfg<64, 256>>(a[0], a[1], a[2], f); break;
+        case 0: run_topk<TCfg<0, 256>>(a[0], a[1], a[2], a[3], f); break;
+        case 1: run_topk<TCfg<0, 1024>>(a[0], a[1], a[2], a[3], f); break;
+        case 2: run_topk<TCfg<64, 256>>(a[0], a[1], a[2], a[3], f); break;
+        case 3: run_topk<TCfg<0, 512>>(a[0], a[1], a[2], a[3], f); break;
         default: return 4;
         }
     } else if (kind == 3) {
@@ -203,19 +260,25 @@ fn emulator_source() -> String {
         "",
         "dsa_indexer.cuh",
     );
-    let topk = strip(template("dsa_topk.cuh"));
+    let topk = splice(
+        &strip(template("dsa_topk.cuh")),
+        "__device__ __forceinline__ u32 load_volatile(",
+        "// All blocks of the row arrive;",
+        TOPK_GRID_HOST,
+        "dsa_topk.cuh",
+    );
     let mut mla = strip(template("mla_decode.cuh"));
     mla = splice(
         &mla,
-        "__device__ __forceinline__ u32 smem_addr(",
+        "__device__ __forceinline__ float ldcg(",
         "template <CacheType C> struct Elem;",
-        "inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, 16); }\ninline void commit() {}\ntemplate <int N> inline void wait() {}\ninline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
+        "inline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
         "mla_decode.cuh",
     );
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
-    let mla = mma_host::host_mla_tensor_core_path(&mla);
+    let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
     let sparse = strip(template("mla_sparse_decode.cuh"));
     let common_parts = [
         (
@@ -352,8 +415,19 @@ fn indexer_case(
         // error scales with its terms, and a sum over signed head weights can cancel (one
         // visible key makes the relative L2 that single value's relative error).
         let w_abs: Vec<f32> = w[t * nh..][..nh].iter().map(|v| v.abs()).collect();
-        let size = indexer_scores(&q[t * nh * hd..][..nh * hd], &w_abs, &kv[..n * hd], dims, &[p as usize]);
-        let diff: f64 = row[..n].iter().zip(&want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>().sqrt();
+        let size = indexer_scores(
+            &q[t * nh * hd..][..nh * hd],
+            &w_abs,
+            &kv[..n * hd],
+            dims,
+            &[p as usize],
+        );
+        let diff: f64 = row[..n]
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
         let norm: f64 = size.iter().map(|m| (*m as f64).powi(2)).sum::<f64>().sqrt();
         let err = if norm > 0.0 { diff / norm } else { diff };
         assert!(
@@ -370,7 +444,9 @@ fn indexer_case(
     }
 }
 
-fn topk_case(emu: &mut Emu, rng: &mut Rng, cfg: usize, k: usize, rows: &[(i64, u8)]) {
+/// `rows`: (position, kind) with kind 0 normal scores, 1 a palette of exact ties (±0, ±∞), 2 all
+/// equal; `n_blk` blocks per row (> 1: the blocks run concurrently and meet at barriers).
+fn topk_case(emu: &mut Emu, rng: &mut Rng, cfg: usize, k: usize, n_blk: usize, rows: &[(i64, u8)]) {
     let ld = rows.iter().map(|r| r.0.max(0) as usize).max().unwrap() + 2;
     let palette = [
         -1.0f32,
@@ -397,13 +473,14 @@ fn topk_case(emu: &mut Emu, rng: &mut Rng, cfg: usize, k: usize, rows: &[(i64, u
     }
     let pos: Vec<i32> = rows.iter().map(|r| r.0 as i32).collect();
     let outs = emu.run(
-        &strs(&[1, cfg, rows.len(), ld, k]),
+        &strs(&[1, cfg, rows.len(), ld, k, n_blk]),
         &[f32_bytes(&scores), i32_bytes(&pos)],
         2,
     );
     let (idx, count) = (read_i32(&outs[0]), read_i32(&outs[1]));
     for (t, &(p, kind)) in rows.iter().enumerate() {
-        let what = format!("dsa_topk emulation cfg {cfg} k {k} row {t} pos {p} kind {kind}");
+        let what =
+            format!("dsa_topk emulation cfg {cfg} k {k} n_blk {n_blk} row {t} pos {p} kind {kind}");
         let got = &idx[t * k..][..k];
         if p < 0 || p as usize >= ld {
             assert_eq!(count[t], -1, "{what}");
@@ -483,7 +560,9 @@ fn sparse_case(
     // bf16 caches take the tensor-core path: q and P rounded to bf16, ≈ 2e-3 expected (the
     // argument at attn_host_emulation's TOL_TENSOR_CORES); f32 caches: f32 arithmetic.
     let tol = if f32_cache { 1e-5 } else { 1e-2 };
-    eprintln!("mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel}: relative L2 {err:.2e} (tolerance {tol:e})");
+    eprintln!(
+        "mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel}: relative L2 {err:.2e} (tolerance {tol:e})"
+    );
     assert!(
         err <= tol,
         "mla_sparse_decode emulation cfg {cfg} nh {nh} p {p} sel {n_sel} split {n_split} (workspace first used by {work_split}): relative L2 {err:e} (MEMRA_SEED={})",
@@ -591,12 +670,14 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
     indexer_case(e, &mut rng, 1, 16, 64, &[40, 7], 41, 1, false);
     indexer_case(e, &mut rng, 2, 8, 32, &[50], 60, 1, true);
     indexer_case(e, &mut rng, 3, 32, 128, &[45, 80], 81, 1, true); // 64 threads: striding
-    // Top-k. cfg 0: generic, 256 threads; 1: generic, 1024 threads; 2: k = 64, 256 threads.
+    // Top-k. cfg 0: generic, 256 threads; 1: generic, 1024 threads; 2: k = 64, 256 threads;
+    // 3: generic, 512 threads. One block per row, then several meeting at barriers.
     topk_case(
         e,
         &mut rng,
         2,
         64,
+        1,
         &[(3000, 0), (3000, 1), (500, 2), (63, 0), (64, 1), (-1, 0)],
     );
     topk_case(
@@ -604,9 +685,15 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
         &mut rng,
         0,
         100,
+        1,
         &[(4999, 1), (2000, 0), (99, 1), (100, 2)],
     );
-    topk_case(e, &mut rng, 1, 37, &[(2500, 1), (1500, 0), (40, 2)]);
+    topk_case(e, &mut rng, 1, 37, 1, &[(2500, 1), (1500, 0), (40, 2)]);
+    topk_case(e, &mut rng, 2, 64, 3, &[(6000, 0), (5000, 1)]);
+    topk_case(e, &mut rng, 0, 300, 4, &[(7000, 2)]); // ties across every block
+    topk_case(e, &mut rng, 0, 300, 4, &[(9000, 1), (200, 0), (-1, 0)]);
+    topk_case(e, &mut rng, 3, 2048, 3, &[(2048, 0), (2047, 1)]); // 2049 keys; all visible
+    topk_case(e, &mut rng, 2, 64, 5, &[(100, 0)]); // blocks with empty chunks
     // Sparse MLA. cfg 0: GLM-5 64 × (512 + 64) bf16; 1: generic bf16; 2: generic f32.
     // The last argument but one: the split count that first uses the workspace (sized for it).
     sparse_case(e, &mut rng, 0, 64, 512, 64, 90, 37, 2, 2, false);

@@ -82,17 +82,42 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64, rng: &Rng) {
 
 /// As [`assert_close`] with the error measured against the size of the summed terms:
 /// ‖got − want‖ / ‖magnitude‖ ≤ tol, where magnitude[i] ≥ |want[i]| is Σ|term| of score i.
-fn assert_close_scaled(what: &str, got: &[f32], want: &[f32], magnitude: &[f32], tol: f64, rng: &Rng) {
-    let diff: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>().sqrt();
-    let size: f64 = magnitude.iter().map(|m| (*m as f64).powi(2)).sum::<f64>().sqrt();
+fn assert_close_scaled(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    magnitude: &[f32],
+    tol: f64,
+    rng: &Rng,
+) {
+    let diff: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let size: f64 = magnitude
+        .iter()
+        .map(|m| (*m as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let err = if size > 0.0 { diff / size } else { diff };
-    let bad: Vec<_> = got.iter().zip(want).enumerate().filter(|(_, (a, b))| a != b).take(5).collect();
+    let bad: Vec<_> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .take(5)
+        .collect();
     assert!(
         err <= tol && got.iter().all(|v| v.is_finite()),
         "{what}: error {err:e} of the summed terms' size > {tol:e} (MEMRA_SEED={}); first differences (index, (got, want)): {bad:?}",
         rng.seed()
     );
-    eprintln!("ok {what}: error {err:.2e} of the summed terms' size (relative L2 {:.2e})", rel_err(got, want));
+    eprintln!(
+        "ok {what}: error {err:.2e} of the summed terms' size (relative L2 {:.2e})",
+        rel_err(got, want)
+    );
 }
 
 /// Reference index scores for keys `0..n` (query at position n − 1), spread over the host's cores.
@@ -256,32 +281,93 @@ fn indexer_and_topk<C: KeyElem>(
     let want_sel = top_k(&scores[..n], TOP_K);
     let mut last = None;
     for k in &ks.topk {
-        let mut didx = up(s, &vec![i32::MIN; TOP_K]);
-        let mut dcount = up(s, &[i32::MIN]);
-        dsa_topk::dsa_topk(
-            k,
-            &dscores.as_view(),
-            &dpos.as_view(),
-            &mut didx.as_view_mut(),
-            &mut dcount.as_view_mut(),
-            &DsaTopkParams {
-                n_q: 1,
-                ld_scores: max_ctx,
-                k: TOP_K,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        check_selection(
-            k.name(),
-            &down(s, &didx),
-            down(s, &dcount)[0],
-            &want_sel,
-            rng,
-        );
-        last = Some((didx, dcount));
+        for n_blk in topk_blocks(gpu, 1, n) {
+            let (didx, dcount) = run_topk(gpu, k, &dscores, &dpos, 1, max_ctx, n_blk, rng);
+            check_selection(
+                &format!("{} n={n} n_blk={n_blk}", k.name()),
+                &down(s, &didx),
+                down(s, &dcount)[0],
+                &want_sel,
+                rng,
+            );
+            last = Some((didx, dcount));
+        }
     }
     let (didx, dcount) = last.expect("top-k kernels");
     (didx, dcount, want_sel)
+}
+
+/// dsa_topk with `n_blk` blocks per row on a fresh zeroed scratch, launched twice with poisoned
+/// outputs (the second launch must find the scratch as the first left it: zero, and give the
+/// same lists); returns the second launch's (idx, count) on the device.
+#[allow(clippy::too_many_arguments)]
+fn run_topk(
+    gpu: &Gpu,
+    k: &Kernel,
+    scores: &CudaSlice<f32>,
+    pos: &CudaSlice<i32>,
+    n_q: usize,
+    ld: usize,
+    n_blk: usize,
+    rng: &Rng,
+) -> (CudaSlice<i32>, CudaSlice<i32>) {
+    let s = gpu.stream();
+    let words = dsa_topk::scratch_words(n_q, n_blk);
+    let mut scratch = s.alloc_zeros::<u32>(words.max(1)).expect("alloc scratch");
+    let p = DsaTopkParams {
+        n_q,
+        ld_scores: ld,
+        k: TOP_K,
+        n_blk,
+    };
+    let mut first = None;
+    for launch in 0..2 {
+        let mut didx = up(s, &vec![i32::MIN; n_q * TOP_K]);
+        let mut dcount = up(s, &vec![i32::MIN; n_q]);
+        dsa_topk::dsa_topk(
+            k,
+            &scores.as_view(),
+            &pos.as_view(),
+            &mut didx.as_view_mut(),
+            &mut dcount.as_view_mut(),
+            &mut scratch.as_view_mut(),
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let left = down(s, &scratch);
+        if let Some(i) = left.iter().position(|&w| w != 0) {
+            panic!(
+                "{} n_blk {n_blk}: launch {launch} left scratch[{i}] = {} (MEMRA_SEED={})",
+                k.name(),
+                left[i],
+                rng.seed()
+            );
+        }
+        let got = (down(s, &didx), down(s, &dcount));
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert!(
+                *f == got,
+                "{} n_blk {n_blk}: a second launch on the same scratch gave other lists (MEMRA_SEED={})",
+                k.name(),
+                rng.seed()
+            ),
+        }
+        if launch == 1 {
+            return (didx, dcount);
+        }
+    }
+    unreachable!()
+}
+
+/// Blocks-per-row counts to try: one block, the wrappers' choice, and a few awkward ones.
+fn topk_blocks(gpu: &Gpu, n_q: usize, n: usize) -> Vec<usize> {
+    let sms = gpu.sm_count().expect("sm count");
+    let mut v = vec![1, dsa_topk::blocks_for(n_q, n, sms), 3, sms / n_q];
+    v.retain(|&b| b >= 1 && b * n_q <= sms);
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 #[track_caller]
@@ -518,34 +604,80 @@ fn gpu_dsa_topk_ties_and_batches() {
     let pos: Vec<i32> = rows.iter().map(|&(p, _)| p as i32).collect();
     let (dsc, dpos) = (up(s, &scores), up(s, &pos));
     for k in &topk {
-        let mut didx = up(s, &vec![i32::MIN; rows.len() * TOP_K]);
-        let mut dcount = up(s, &vec![i32::MIN; rows.len()]);
-        dsa_topk::dsa_topk(
-            k,
-            &dsc.as_view(),
-            &dpos.as_view(),
-            &mut didx.as_view_mut(),
-            &mut dcount.as_view_mut(),
-            &DsaTopkParams {
-                n_q: rows.len(),
-                ld_scores: ld,
-                k: TOP_K,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let (idx, count) = (down(s, &didx), down(s, &dcount));
-        for (t, &(p, kind)) in rows.iter().enumerate() {
-            let want = top_k(&scores[t * ld..][..=p], TOP_K);
-            check_selection(
-                &format!("{} row {t} (pos {p}, kind {kind})", k.name()),
-                &idx[t * TOP_K..][..TOP_K],
-                count[t],
-                &want,
-                &rng,
-            );
+        for n_blk in topk_blocks(&gpu, rows.len(), ld) {
+            let (didx, dcount) = run_topk(&gpu, k, &dsc, &dpos, rows.len(), ld, n_blk, &rng);
+            let (idx, count) = (down(s, &didx), down(s, &dcount));
+            for (t, &(p, kind)) in rows.iter().enumerate() {
+                let want = top_k(&scores[t * ld..][..=p], TOP_K);
+                check_selection(
+                    &format!("{} n_blk {n_blk} row {t} (pos {p}, kind {kind})", k.name()),
+                    &idx[t * TOP_K..][..TOP_K],
+                    count[t],
+                    &want,
+                    &rng,
+                );
+            }
         }
     }
     eprintln!("PASS gpu_dsa_topk_ties_and_batches");
+}
+
+/// dsa_topk alone at k = 2048 over 1, 7, 2047, 2048, 2049, 40000 and 131072 visible keys (the
+/// last three in a longer row), random scores, palette ties (±0, ±∞) and all-equal rows, with
+/// one block per row, the wrapper's block count and awkward ones (3, one per multiprocessor).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_topk_multiblock_lengths() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_topk_multiblock_lengths");
+    let topk = load_all(
+        &gpu,
+        &[
+            variant("dsa_topk", &[("k", V::I(TOP_K as i64))]),
+            variant("dsa_topk", &[]),
+        ],
+    );
+    let palette = [
+        -1.0f32,
+        -0.0,
+        0.0,
+        0.5,
+        2.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    for n in [1usize, 7, 2047, 2048, 2049, 40_000, 131_072] {
+        let ld = n + 17;
+        for kind in 0..3u8 {
+            let mut row = vec![f32::NAN; ld];
+            match kind {
+                0 => row[..n].copy_from_slice(&rng.normal_vec(n, 1.0)),
+                1 => row[..n]
+                    .iter_mut()
+                    .for_each(|v| *v = palette[rng.below(palette.len())]),
+                _ => row[..n].iter_mut().for_each(|v| *v = -3.5),
+            }
+            let want = top_k(&row[..n], TOP_K);
+            let (dsc, dpos) = (up(s, &row), up(s, &[(n - 1) as i32]));
+            for k in &topk {
+                for n_blk in topk_blocks(&gpu, 1, n) {
+                    let (didx, dcount) = run_topk(&gpu, k, &dsc, &dpos, 1, ld, n_blk, &rng);
+                    check_selection(
+                        &format!("{} n={n} kind {kind} n_blk={n_blk}", k.name()),
+                        &down(s, &didx),
+                        down(s, &dcount)[0],
+                        &want,
+                        &rng,
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "PASS gpu_dsa_topk_multiblock_lengths (MEMRA_SEED={})",
+        rng.seed()
+    );
 }
 
 /// Bad device positions / counts give NaN scores, count −1 and NaN attention; bad shapes are
@@ -597,23 +729,23 @@ fn gpu_dsa_bad_positions_and_shapes() {
             sc[max_ctx..].iter().all(|v| v.is_nan()),
             "row 1 (pos {bad}) not NaN"
         );
-        let mut didx = up(s, &vec![5i32; 2 * TOP_K]);
-        let mut dcount = up(s, &[5i32; 2]);
-        dsa_topk::dsa_topk(
-            &ks.topk[0],
-            &dsc.as_view(),
-            &dpos.as_view(),
-            &mut didx.as_view_mut(),
-            &mut dcount.as_view_mut(),
-            &DsaTopkParams {
-                n_q: 2,
-                ld_scores: max_ctx,
-                k: TOP_K,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(down(s, &dcount), vec![6, -1]);
-        assert!(down(s, &didx)[TOP_K..].iter().all(|&i| i == -1));
+        for n_blk in [1, 4] {
+            let (didx, dcount) = run_topk(
+                &gpu,
+                &ks.topk[0],
+                &dsc,
+                &dpos,
+                2,
+                max_ctx,
+                n_blk,
+                &Rng::new(0),
+            );
+            assert_eq!(down(s, &dcount), vec![6, -1], "n_blk {n_blk}");
+            assert!(
+                down(s, &didx)[TOP_K..].iter().all(|&i| i == -1),
+                "n_blk {n_blk}"
+            );
+        }
     }
     // Sparse attention with a count outside [1, min(max_ctx, top_k)].
     let d = KV_LORA + ROPE;
@@ -690,6 +822,15 @@ fn gpu_dsa_bad_positions_and_shapes() {
     }
     let mut didx1 = up(s, &vec![0i32; TOP_K - 1]);
     let mut dcount1 = up(s, &[0i32]);
+    let mut scratch = s
+        .alloc_zeros::<u32>(dsa_topk::scratch_words(1, 4))
+        .expect("alloc");
+    let one = DsaTopkParams {
+        n_q: 1,
+        ld_scores: max_ctx,
+        k: TOP_K,
+        n_blk: 1,
+    };
     refused(
         dsa_topk::dsa_topk(
             &ks.topk[0],
@@ -697,14 +838,26 @@ fn gpu_dsa_bad_positions_and_shapes() {
             &dpos.as_view(),
             &mut didx1.as_view_mut(),
             &mut dcount1.as_view_mut(),
-            &DsaTopkParams {
-                n_q: 1,
-                ld_scores: max_ctx,
-                k: TOP_K,
-            },
+            &mut scratch.as_view_mut(),
+            &one,
         ),
         "idx shorter than k",
     );
+    let mut didx = up(s, &vec![0i32; TOP_K]);
+    for (bad, what) in [(0, "n_blk 0"), (5, "scratch for 4 blocks, 5 asked")] {
+        refused(
+            dsa_topk::dsa_topk(
+                &ks.topk[0],
+                &dsc.as_view(),
+                &dpos.as_view(),
+                &mut didx.as_view_mut(),
+                &mut dcount1.as_view_mut(),
+                &mut scratch.as_view_mut(),
+                &DsaTopkParams { n_blk: bad, ..one },
+            ),
+            what,
+        );
+    }
     eprintln!("PASS gpu_dsa_bad_positions_and_shapes");
 }
 

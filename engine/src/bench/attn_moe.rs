@@ -40,7 +40,7 @@ pub(super) enum ExtraSet {
     Mla { q: CudaSlice<f32>, cache: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
     IndexKey { k: CudaSlice<f32>, pos: CudaSlice<i32> },
     Indexer { q: CudaSlice<f32>, w: CudaSlice<f32>, keys: CudaSlice<u16>, pos: CudaSlice<i32>, scores: CudaSlice<f32> },
-    Topk { scores: CudaSlice<f32>, pos: CudaSlice<i32>, idx: CudaSlice<i32>, count: CudaSlice<i32> },
+    Topk { scores: CudaSlice<f32>, pos: CudaSlice<i32>, idx: CudaSlice<i32>, count: CudaSlice<i32>, scratch: CudaSlice<u32> },
     Sparse { q: CudaSlice<f32>, idx: CudaSlice<i32>, count: CudaSlice<i32>, out: CudaSlice<f32> },
     Router { logits: CudaSlice<f32>, bias: CudaSlice<f32>, ids: CudaSlice<i32>, weights: CudaSlice<f32> },
     Moe { ids: CudaSlice<i32>, weights: CudaSlice<f32>, x: CudaSlice<f32>, y: CudaSlice<f32> },
@@ -126,7 +126,10 @@ pub(super) fn make_set(fill: &mut Filler, shape: &Shape) -> Result<Option<ExtraS
             scores: alloc(&s, ctx)?,
         },
         Shape::DsaTopk { ctx, k } => {
-            ExtraSet::Topk { scores: fill.f32s(ctx)?, pos: upload(fill, &[(ctx - 1) as i32])?, idx: alloc(&s, k)?, count: alloc(&s, 1)? }
+            // Enough for any multiprocessor count: blocks_for never exceeds this.
+            let most = ctx.div_ceil(dsa_topk::MIN_KEYS_PER_BLOCK).max(2);
+            let scratch = alloc(&s, dsa_topk::scratch_words(1, most))?;
+            ExtraSet::Topk { scores: fill.f32s(ctx)?, pos: upload(fill, &[(ctx - 1) as i32])?, idx: alloc(&s, k)?, count: alloc(&s, 1)?, scratch }
         }
         Shape::MlaSparseDecode { n_head, kv_lora, rope, ctx, k } => {
             let rows = distinct_sorted(&mut fill.rng, k, ctx);
@@ -258,9 +261,9 @@ pub(super) fn launch(
             };
             dsa_indexer::dsa_indexer(kernel, &q.slice(..), &w.slice(..), &keys.slice(..), &pos.slice(..), &mut scores.slice_mut(..), &p)
         }
-        (Shape::DsaTopk { ctx, k }, ExtraSet::Topk { scores, pos, idx, count }) => {
-            let p = DsaTopkParams { n_q: 1, ld_scores: ctx, k };
-            dsa_topk::dsa_topk(kernel, &scores.slice(..), &pos.slice(..), &mut idx.slice_mut(..), &mut count.slice_mut(..), &p)
+        (Shape::DsaTopk { ctx, k }, ExtraSet::Topk { scores, pos, idx, count, scratch }) => {
+            let p = DsaTopkParams { n_q: 1, ld_scores: ctx, k, n_blk: dsa_topk::blocks_for(1, ctx, sms) };
+            dsa_topk::dsa_topk(kernel, &scores.slice(..), &pos.slice(..), &mut idx.slice_mut(..), &mut count.slice_mut(..), &mut scratch.slice_mut(..), &p)
         }
         (Shape::MoeRouter { t, n_expert, n_used, sigmoid }, ExtraSet::Router { logits, bias, ids, weights }) => {
             let b = bias.slice(..);

@@ -296,6 +296,9 @@ struct Bufs {
     scores: CudaSlice<f32>,
     sel_idx: CudaSlice<i32>,
     sel_count: CudaSlice<i32>,
+    /// dsa_topk's blocks per row and its zeroed scratch (sized in `with_cache`).
+    topk_blk: usize,
+    topk_scratch: CudaSlice<u32>,
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
     ff: CudaSlice<f32>,
@@ -1183,6 +1186,7 @@ impl Net {
                         n_q: 1,
                         ld_scores: max_ctx,
                         k: top_k,
+                        n_blk: b.topk_blk,
                     };
                     dsa_topk::dsa_topk(
                         k.get(topk)?,
@@ -1190,6 +1194,7 @@ impl Net {
                         &pos_i,
                         &mut b.sel_idx.slice_mut(i * top_k..(i + 1) * top_k),
                         &mut b.sel_count.slice_mut(i..i + 1),
+                        &mut b.topk_scratch.slice_mut(..),
                         &p,
                     )?;
                 }
@@ -1269,6 +1274,8 @@ impl Bufs {
             scores: gpu::alloc(gpu, 1, "index scores")?,
             sel_idx: gpu::alloc(gpu, t * top_k, "DSA selection")?,
             sel_count: gpu::alloc(gpu, t, "DSA selection")?,
+            topk_blk: 1,
+            topk_scratch: gpu::alloc(gpu, 1, "DSA top-k scratch")?,
             gate: a(n_ff, "gate")?,
             up: a(n_ff, "up")?,
             ff: a(n_ff.max(nu * nf), "ffn")?,
@@ -1285,6 +1292,13 @@ impl Bufs {
         let c = &net.cfg;
         if c.indexer.is_some() {
             self.scores = gpu::alloc(gpu, max_ctx, "index scores")?;
+            // One query row per launch; the blocks adapt their chunks to the visible keys.
+            self.topk_blk = dsa_topk::blocks_for(1, max_ctx, net.sm_count);
+            self.topk_scratch = gpu::alloc(
+                gpu,
+                dsa_topk::scratch_words(1, self.topk_blk),
+                "DSA top-k scratch",
+            )?;
         }
         self.work = gpu::alloc(
             gpu,
