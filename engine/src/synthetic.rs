@@ -315,6 +315,17 @@ extern "C" __global__ void synth_bytes(unsigned char* out, u64 n, u64 seed) {
         else for (u64 b = i * 4; b < n; ++b) out[b] = (unsigned char)(h >> (8 * (b - i * 4)));
     }
 }
+// The bytes of a [rows × out_row_bytes] window of a tensor whose rows are full_row_bytes long,
+// starting at byte src0 of it: exactly the bytes synth_bytes writes there (one shard's slice).
+extern "C" __global__ void synth_bytes_slice(unsigned char* out, u64 rows, u64 out_row_bytes, u64 full_row_bytes,
+                                             u64 src0, u64 seed) {
+    u64 n = rows * out_row_bytes;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 src = src0 + (i / out_row_bytes) * full_row_bytes + i % out_row_bytes;
+        u32 h = hash32(seed ^ ((src / 4) * 0xd1b54a32d192ed03ULL));
+        out[i] = (unsigned char)(h >> (8 * (src % 4)));
+    }
+}
 // Each block's f16 scale fields (byte offsets even, blocks of even size).
 extern "C" __global__ void synth_scales(unsigned char* out, u64 n_blocks, u32 block_bytes, u32 n_fields,
                                         u32 off0, u32 bits0, u32 off1, u32 bits1) {
@@ -344,6 +355,7 @@ extern "C" __global__ void synth_values(void* out, u64 n, u64 seed, float center
 
 struct Fills {
     bytes: CudaFunction,
+    bytes_slice: CudaFunction,
     scales: CudaFunction,
     values: CudaFunction,
 }
@@ -399,6 +411,7 @@ impl SyntheticWeights {
         let get = |n: &str| module.load_function(n).map_err(drv("cuModuleGetFunction"));
         let f = Fills {
             bytes: get("synth_bytes")?,
+            bytes_slice: get("synth_bytes_slice")?,
             scales: get("synth_scales")?,
             values: get("synth_values")?,
         };
@@ -444,6 +457,74 @@ impl SyntheticWeights {
             self.values(gpu, k, n, seed ^ 1, 0.0, 1.7, 0)?;
         }
         Ok(())
+    }
+
+    /// Each block's f16 scale `fields` in `data` (whole blocks of `ty`).
+    fn set_scales(
+        &self,
+        gpu: &Gpu,
+        data: &mut CudaSlice<u8>,
+        ty: GgmlType,
+        fields: &[(u32, f32)],
+    ) -> Result<()> {
+        let f = self.fills(gpu)?;
+        let n_blocks = data.len() as u64 / ty.type_size();
+        let block_bytes = ty.type_size() as u32;
+        let n_fields = fields.len() as u32;
+        let (off0, bits0) = (fields[0].0, f16_bits(fields[0].1) as u32);
+        let (off1, bits1) = fields
+            .get(1)
+            .map_or((0, 0), |&(o, v)| (o, f16_bits(v) as u32));
+        let mut b = gpu.stream().launch_builder(&f.scales);
+        b.arg(data)
+            .arg(&n_blocks)
+            .arg(&block_bytes)
+            .arg(&n_fields)
+            .arg(&off0)
+            .arg(&bits0)
+            .arg(&off1)
+            .arg(&bits1);
+        unsafe { b.launch(launch_cfg(n_blocks)) }.map_err(drv("synth_scales"))?;
+        Ok(())
+    }
+
+    /// Rows `row0..row0 + rows`, elements `col0..col0 + cols` of each, of the block-quantized
+    /// tensor `t`: byte for byte the window of what [`WeightSource::upload`] generates for the
+    /// whole tensor (a multi-GPU shard, `crate::parallel::shard`). `col0` and `cols` must be
+    /// whole blocks; the scales keep the whole row's 1/√k.
+    pub fn upload_slice(
+        &self,
+        gpu: &Gpu,
+        t: &TensorInfo<'_>,
+        (row0, rows): (usize, usize),
+        (col0, cols): (usize, usize),
+    ) -> Result<DeviceTensor> {
+        let (ty, k) = (t.ggml_type, t.row_len());
+        let what = || format!("synthetic tensor '{}' rows {row0}+{rows} cols {col0}+{cols}", t.name);
+        let fields = scale_fields(ty, 1.0 / (k as f32).sqrt())
+            .ok_or_else(|| err(format!("{}: cannot generate slices of {} data", what(), ty.name())))?;
+        let bs = ty.block_size() as usize;
+        if col0 % bs != 0 || cols % bs != 0 || col0 + cols > k as usize || row0 + rows > t.n_rows() as usize {
+            return Err(err(format!("{}: not whole {}-element blocks inside [{}, {k}]", what(), bs, t.n_rows())));
+        }
+        let block = |e: usize| (e / bs) as u64 * ty.type_size();
+        let full_row = block(k as usize);
+        let out_row = block(cols);
+        let mut data = crate::models::gpu::alloc::<u8>(gpu, rows * out_row as usize, &what())?;
+        let (rows64, src0) = (rows as u64, row0 as u64 * full_row + block(col0));
+        let seed = tensor_seed(self.seed, t.name);
+        let f = self.fills(gpu)?;
+        let mut b = gpu.stream().launch_builder(&f.bytes_slice);
+        b.arg(&mut data)
+            .arg(&rows64)
+            .arg(&out_row)
+            .arg(&full_row)
+            .arg(&src0)
+            .arg(&seed);
+        unsafe { b.launch(launch_cfg(rows64 * out_row)) }.map_err(drv("synth_bytes_slice"))?;
+        self.set_scales(gpu, &mut data, ty, &fields)?;
+        self.progress(t);
+        Ok(DeviceTensor { name: t.name.to_string(), ty, k: cols, n: rows, data })
     }
 
     fn progress(&self, t: &TensorInfo<'_>) {
@@ -509,23 +590,7 @@ impl WeightSource for SyntheticWeights {
             let mut b = gpu.stream().launch_builder(&f.bytes);
             b.arg(&mut data).arg(&n).arg(&seed);
             unsafe { b.launch(launch_cfg(n.div_ceil(4))) }.map_err(drv("synth_bytes"))?;
-            let n_blocks = n / t.ggml_type.type_size();
-            let block_bytes = t.ggml_type.type_size() as u32;
-            let n_fields = fields.len() as u32;
-            let (off0, bits0) = (fields[0].0, f16_bits(fields[0].1) as u32);
-            let (off1, bits1) = fields
-                .get(1)
-                .map_or((0, 0), |&(o, v)| (o, f16_bits(v) as u32));
-            let mut b = gpu.stream().launch_builder(&f.scales);
-            b.arg(&mut data)
-                .arg(&n_blocks)
-                .arg(&block_bytes)
-                .arg(&n_fields)
-                .arg(&off0)
-                .arg(&bits0)
-                .arg(&off1)
-                .arg(&bits1);
-            unsafe { b.launch(launch_cfg(n_blocks)) }.map_err(drv("synth_scales"))?;
+            self.set_scales(gpu, &mut data, t.ggml_type, &fields)?;
         }
         self.progress(t);
         Ok(DeviceTensor {

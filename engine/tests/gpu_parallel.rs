@@ -274,3 +274,77 @@ fn too_few_gpus_is_an_error() {
             .contains("at least 1")
     );
 }
+
+#[test]
+fn expert_remap_kernel_compiles_for_sm90() {
+    use memra_engine::cuda::SmArch;
+    use memra_engine::cuda::nvrtc::{HeaderSet, compile_cubin};
+    if library::nvrtc_or_skip("expert_remap_kernel_compiles_for_sm90").is_none() {
+        return;
+    }
+    let cubin = compile_cubin(
+        "memra_ep_localize.cu",
+        parallel::rank::LOCALIZE,
+        &HeaderSet::new(&[]),
+        SmArch(90),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!cubin.report().spills(), "{}", cubin.log);
+}
+
+/// Each rank's synthetic window of every split tensor of a GLM-5 layer (dense and MoE) is byte
+/// for byte the same window of the 1-GPU tensor: what makes the 2-GPU model the 1-GPU model.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_synthetic_shards_are_windows_of_the_whole_tensor() {
+    use memra_engine::models::gpu::WeightSource;
+    use memra_engine::parallel::shard::{Cut, Shard, ShardSource, cut_of, window_bytes};
+    use memra_engine::synthetic::{SyntheticWeights, describe};
+    const TEST: &str = "gpu_synthetic_shards_are_windows_of_the_whole_tensor";
+    if Gpu::device_count() == 0 {
+        eprintln!("SKIP: {TEST}: needs a CUDA GPU, none visible");
+        return;
+    }
+    let seed = Rng::from_env_or_time(TEST).seed();
+    let desc = describe("glm-5", 4).unwrap();
+    let file = desc.open().unwrap();
+    let gpu = Gpu::new(0).unwrap_or_else(|e| panic!("{e}"));
+    let source = SyntheticWeights::new(&desc, seed);
+    let mut checked = 0;
+    for t in file.tensors() {
+        let layer_ok = t.name.starts_with("blk.2.")
+            || t.name.starts_with("blk.3.")
+            || t.name == "output.weight";
+        if !layer_ok || cut_of(t.name) == Cut::Whole {
+            continue;
+        }
+        let whole = source.upload(&gpu, &t).unwrap_or_else(|e| panic!("{e}"));
+        let whole = gpu.stream().clone_dtoh(&whole.data).unwrap();
+        for n_ranks in [2, 4, 8] {
+            for rank in [0, n_ranks - 1] {
+                let shard = Shard { rank, n_ranks };
+                let (rows, cols) = shard.window(&t).unwrap_or_else(|e| panic!("{e}"));
+                let part = ShardSource {
+                    src: &source,
+                    shard,
+                }
+                .upload(&gpu, &t)
+                .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!((part.n, part.k), (rows.1, cols.1), "{}", t.name);
+                let got = gpu.stream().clone_dtoh(&part.data).unwrap();
+                let want = window_bytes(&whole, &t, rows, cols).unwrap();
+                assert!(
+                    got == want,
+                    "{} rank {rank}/{n_ranks}: window bytes differ (MEMRA_SEED={seed})",
+                    t.name
+                );
+                checked += 1;
+            }
+        }
+    }
+    // blk.2 (dense): q_b, k_b, v_b, attn_output, ffn_gate, ffn_up, ffn_down; blk.3 (MoE): the
+    // four attention ones, three expert stacks, three shared-expert matrices; the LM head;
+    // × 3 splits × 2 ranks.
+    assert_eq!(checked, (7 + 10 + 1) * 3 * 2, "windows checked");
+    eprintln!("PASS: {checked} synthetic windows (2/4/8 ranks) equal the 1-GPU tensors' windows");
+}

@@ -27,6 +27,12 @@ pub fn load_with<B: AsRef<[u8]>>(
     source: &dyn WeightSource,
     opts: &GpuOptions,
 ) -> Result<MlaDecoder> {
+    MlaDecoder::load(path, source, mla_spec(path, file)?, opts)
+}
+
+/// The file's weights and semantics as an [`MlaSpec`] (also what each rank of a multi-GPU
+/// model starts from, `crate::parallel::sharded`).
+pub fn mla_spec<'f, B: AsRef<[u8]>>(path: &Path, file: &'f Gguf<B>) -> Result<MlaSpec<'f>> {
     let hp = GlmDsaHparams::from_gguf(file).map_err(|e| err(e.to_string()))?;
     let w = GlmDsaWeights::from_gguf(file, &hp).map_err(|e| err(e.to_string()))?;
     let sem = Reference::hparams_from_gguf(file).map_err(|e| err(e.to_string()))?;
@@ -81,12 +87,11 @@ pub fn load_with<B: AsRef<[u8]>>(
             )?,
         });
     }
-    let spec = MlaSpec {
+    Ok(MlaSpec {
         config,
         layers,
         token_embd: w.global.token_embd,
         output_norm: w.global.output_norm,
         output: Some(w.global.output),
-    };
-    MlaDecoder::load(path, source, spec, opts)
+    })
 }

@@ -21,6 +21,8 @@
 //! check every rank's setup at a barrier before the first collective ([`run_ranks`]).
 
 pub mod nccl;
+pub mod rank;
+pub mod shard;
 
 use std::ffi::c_int;
 use std::fmt;
@@ -255,6 +257,21 @@ impl Communicator {
         let (src, _s) = send.device_ptr(stream);
         let (dst, _d) = recv.device_ptr_mut(stream);
         // SAFETY: sizes checked above; both buffers live on this rank's device.
+        unsafe { self.gather(stream, src, dst, n) }
+    }
+
+    /// ncclAllGather of `n` f32 from `src` into `dst` (`n_ranks·n`).
+    ///
+    /// # Safety
+    /// Both device addresses are valid on this rank's device for those sizes.
+    unsafe fn gather(
+        &self,
+        stream: &CudaStream,
+        src: u64,
+        dst: u64,
+        n: usize,
+    ) -> Result<(), Error> {
+        // SAFETY: the caller's contract.
         let rc = unsafe {
             (self.nccl.api.all_gather)(
                 src as *const _,
@@ -266,6 +283,32 @@ impl Communicator {
             )
         };
         self.nccl.check("ncclAllGather", rc, Some(self.comm))
+    }
+
+    /// In place: `buf` is `n_ranks` equal blocks; each rank's own block (written before) ends up
+    /// in every rank's `buf` at its position.
+    pub fn all_gather_in_place_f32<B: DevicePtrMut<f32>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &mut B,
+    ) -> Result<(), Error> {
+        self.check_stream("ncclAllGather", stream)?;
+        let total = buf.len();
+        if total % self.n_ranks != 0 {
+            return Err(Error::Sizes {
+                call: "ncclAllGather",
+                detail: format!(
+                    "{total} elements do not split into {} equal blocks",
+                    self.n_ranks
+                ),
+            });
+        }
+        let n = total / self.n_ranks;
+        let (dst, _d) = buf.device_ptr_mut(stream);
+        let src = dst + (self.rank * n * std::mem::size_of::<f32>()) as u64;
+        // SAFETY: `dst` holds n_ranks·n f32 on this rank's device; send = recv + rank·n is
+        // NCCL's in-place all-gather.
+        unsafe { self.gather(stream, src, dst, n) }
     }
 }
 
