@@ -54,6 +54,7 @@ inline std::barrier<>* g_block_barrier;
 inline std::vector<std::barrier<>*> g_warp_barriers;
 inline std::vector<float> g_xchg(1024);
 inline unsigned char* g_smem;
+inline unsigned g_smem_bytes;
 #define thread_local_block
 #define __syncthreads() g_block_barrier->arrive_and_wait()
 #define __syncwarp() g_warp_barriers[threadIdx.x / 32]->arrive_and_wait()
@@ -214,15 +215,15 @@ fn emulator_source() -> String {
     let mut mla = strip(template("mla_decode.cuh"));
     mla = splice(
         &mla,
-        "__device__ __forceinline__ u32 smem_addr(",
+        "__device__ __forceinline__ float ldcg(",
         "template <CacheType C> struct Elem;",
-        "inline void cp16(void* smem, const void* gmem, int src_bytes) { memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, 16); }\ninline void commit() {}\ntemplate <int N> inline void wait() {}\ninline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
+        "inline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
         "mla_decode.cuh",
     );
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
-    let mla = mma_host::host_mla_tensor_core_path(&mla);
+    let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
     format!("{PRELUDE}\n{attn}\n{mla}\n{MAIN}")
 }
 

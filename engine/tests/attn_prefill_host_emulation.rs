@@ -75,15 +75,6 @@ inline float4 load_f4(const float* p) { float4 r; memcpy(&r, p, 16); return r; }
 }
 "#;
 
-const PTX_HOST_HEAD: &str = r#"namespace ptx {
-inline u32 smem_addr(const void* p) { return (u32)((const unsigned char*)p - g_smem); }
-inline u32 opaque(u32 x) { return x; }
-inline void cp16(u32 smem, const void* gmem, int src_bytes) { memset(g_smem + smem, 0, 16); memcpy(g_smem + smem, gmem, src_bytes); }
-inline void commit() {}
-inline void wait_all() {}
-inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
-"#;
-
 const MAIN: &str = r#"
 using namespace memra;
 template <int HD, int NH, int NKV, CacheType C> struct PCfg {
@@ -137,7 +128,7 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The template's body with its `ptx` namespace swapped for the host stand-ins.
+/// The template's body after the host stand-ins of mma.cuh's `ptx` namespace.
 fn emulator_source() -> String {
     let path = workspace_root().join("templates/memra/attn_prefill.cuh");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -150,14 +141,8 @@ fn emulator_source() -> String {
         (a, b)
     };
     let (body_a, body_b) = cut("namespace memra {", "#define MEMRA_DEFINE_ATTN_PREFILL");
-    let (ptx_a, ptx_b) = cut("namespace ptx {", "}  // namespace ptx");
     let smem_decl = "extern __shared__ __align__(16) u16 attn_prefill_smem[];";
-    let body = format!(
-        "{}{PTX_HOST_HEAD}{}\n{}",
-        &text[body_a..ptx_a],
-        mma_host::FNS,
-        &text[ptx_b..body_b]
-    );
+    let body = mma_host::with_host_ptx(&text[body_a..body_b]);
     assert!(body.contains(smem_decl), "{file}: no `{smem_decl}`");
     let body = body.replace(smem_decl, "u16* attn_prefill_smem = (u16*)g_smem;");
     format!("{PRELUDE}\n{body}\n{MAIN}")

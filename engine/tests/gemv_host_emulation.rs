@@ -1,12 +1,14 @@
 //! CPU emulation of the whole matvec and matmul kernels: the templates are compiled as host C++
 //! (the same cut as `gemv_host_units.rs`, plus stand-ins for the block-level CUDA features: one
 //! std::thread per CUDA thread, std::barrier for __syncthreads/__syncwarp, a per-warp exchange for
-//! shuffles, synchronous copies for cp.async, and ldmatrix / mma.sync m16n8k16 written from the
-//! PTX fragment layouts with bf16 round-to-nearest-even), run block by block, and compared with
+//! shuffles, synchronous copies for cp.async, and ldmatrix / mma.sync m16n8k16 from the shared
+//! `mma_host` module, bf16 round-to-nearest-even), run block by block, and compared with
 //! memra-reference (f32 path ≤ 1e-4, bf16 products ≤ 1e-2) on fresh random quantized weights,
 //! NaN-poisoned outputs and padded strides. It checks the pipeline, indexing and reduction logic
 //! that the GPU tests check, without a GPU; it says nothing about speed. Skips (one SKIP line)
 //! without a C++20 compiler.
+
+mod mma_host;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -78,37 +80,6 @@ inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
 }  // namespace async"#;
-
-const MMA_HOST: &str = r#"namespace mma {
-inline u16 bf16_rn(float f) { u32 u; memcpy(&u, &f, 4); if ((u & 0x7fffffff) > 0x7f800000) return (u >> 16) | 0x40; u32 r = u + 0x7fff + ((u >> 16) & 1); return r >> 16; }
-inline float bf16f(u16 h) { u32 u = (u32)h << 16; float f; memcpy(&f, &u, 4); return f; }
-inline u32 pack_bf16x2(float lo, float hi) { return (u32)bf16_rn(lo) | ((u32)bf16_rn(hi) << 16); }
-// Per-warp exchange slots.
-struct Slot { const void* p; u32 a[4]; u32 b[2]; float c[4]; };
-inline Slot* slots() { static Slot s[1024]; return s; }
-inline void ldmatrix_x4(u32 (&r)[4], const void* smem) {
-    int t = threadIdx.x, base = t & ~31, lane = t & 31;
-    slots()[t].p = smem; __syncwarp();
-    for (int i = 0; i < 4; ++i) {
-        const u16* row = (const u16*)slots()[base + 8 * i + lane / 4].p;
-        r[i] = (u32)row[2 * (lane % 4)] | ((u32)row[2 * (lane % 4) + 1] << 16);
-    }
-    __syncwarp(); }
-inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    int t = threadIdx.x, base = t & ~31, lane = t & 31;
-    Slot& s = slots()[t]; for (int i = 0; i < 4; ++i) s.a[i] = a[i]; s.b[0] = b0; s.b[1] = b1;
-    __syncwarp();
-    float A[16][16], B[16][8];
-    for (int l = 0; l < 32; ++l) { const Slot& q = slots()[base + l]; int g = l / 4, tt = l % 4;
-        auto lo = [](u32 v) { return bf16f(v & 0xffff); }; auto hi = [](u32 v) { return bf16f(v >> 16); };
-        A[g][2*tt] = lo(q.a[0]); A[g][2*tt+1] = hi(q.a[0]); A[g+8][2*tt] = lo(q.a[1]); A[g+8][2*tt+1] = hi(q.a[1]);
-        A[g][2*tt+8] = lo(q.a[2]); A[g][2*tt+9] = hi(q.a[2]); A[g+8][2*tt+8] = lo(q.a[3]); A[g+8][2*tt+9] = hi(q.a[3]);
-        B[2*tt][g] = lo(q.b[0]); B[2*tt+1][g] = hi(q.b[0]); B[2*tt+8][g] = lo(q.b[1]); B[2*tt+9][g] = hi(q.b[1]); }
-    __syncwarp();
-    int g = lane / 4, tt = lane % 4;
-    for (int e = 0; e < 4; ++e) { int row = g + (e / 2) * 8, col = 2 * tt + (e % 2); double acc = d[e];
-        for (int kk = 0; kk < 16; ++kk) acc += (double)A[row][kk] * B[kk][col]; d[e] = (float)acc; } }
-}  // namespace mma"#;
 
 const MATVEC_DRIVER: &str = r#"
 struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; static constexpr memra::QType QTYPE = memra::QType::QT;
@@ -234,7 +205,7 @@ fn emulator_source(matmul: bool) -> String {
             "#define MEMRA_DEFINE_MATMUL",
             "matmul.cuh",
         );
-        let mm_body = replace_namespace(mm_body, "mma", MMA_HOST, "matmul.cuh").replace(
+        let mm_body = mma_host::with_host_ptx(mm_body).replace(
             "extern __shared__ __align__(16) u8 matmul_smem[];",
             "u8* matmul_smem = g_smem;",
         );

@@ -37,6 +37,7 @@
 // kt while producing tile kt + 1, one barrier per k-tile.
 #pragma once
 #include "memra/matvec.cuh"
+#include "memra/mma.cuh"
 
 namespace memra {
 
@@ -60,30 +61,6 @@ template <class Cfg> struct MatmulGeometry {
     static_assert(BN * BK / 32 == Cfg::THREADS, "one thread dequantizes 32 elements of a k-tile");
     static_assert(Cfg::K == 0 || Cfg::K % U::BLOCK == 0, "K must be a multiple of the block size");
 };
-
-namespace mma {
-
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(async::smem_addr(smem)));
-}
-
-__device__ __forceinline__ void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-}  // namespace mma
 
 template <class Cfg>
 __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w, const float* __restrict__ x,
@@ -166,8 +143,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             }
             u16* da = dst_row + u_tile * UE + U::xa(o);
             u16* db = dst_row + u_tile * UE + U::xb(o);
-            *reinterpret_cast<uint2*>(da) = make_uint2(mma::pack_bf16x2(v[0], v[1]), mma::pack_bf16x2(v[2], v[3]));
-            *reinterpret_cast<uint2*>(db) = make_uint2(mma::pack_bf16x2(v[4], v[5]), mma::pack_bf16x2(v[6], v[7]));
+            *reinterpret_cast<uint2*>(da) = make_uint2(ptx::pack_bf16x2(v[0], v[1]), ptx::pack_bf16x2(v[2], v[3]));
+            *reinterpret_cast<uint2*>(db) = make_uint2(ptx::pack_bf16x2(v[4], v[5]), ptx::pack_bf16x2(v[6], v[7]));
         }
     };
     auto dequant = [&](int s, int tt, u16* ws) {
@@ -195,7 +172,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         for (int j = 0; j < XJ; ++j) {
             const int r = tid / 16 + 16 * j;
             *reinterpret_cast<uint2*>(xs + r * LD + 4 * (tid % 16)) =
-                make_uint2(mma::pack_bf16x2(xr[j].x, xr[j].y), mma::pack_bf16x2(xr[j].z, xr[j].w));
+                make_uint2(ptx::pack_bf16x2(xr[j].x, xr[j].y), ptx::pack_bf16x2(xr[j].z, xr[j].w));
         }
     };
 
@@ -217,15 +194,15 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         for (int kq = 0; kq < BK; kq += 16) {
             u32 a[G::MT][4];
 #pragma unroll
-            for (int i = 0; i < G::MT; ++i) mma::ldmatrix_x4(a[i], xs + (a_row + 16 * i) * LD + kq + a_col);
+            for (int i = 0; i < G::MT; ++i) ptx::ldmatrix_x4(a[i], xs + (a_row + 16 * i) * LD + kq + a_col);
 #pragma unroll
             for (int jj = 0; jj < G::NT / 2; ++jj) {
                 u32 b[4];
-                mma::ldmatrix_x4(b, ws + (b_row + 16 * jj) * LD + kq + b_col);
+                ptx::ldmatrix_x4(b, ws + (b_row + 16 * jj) * LD + kq + b_col);
 #pragma unroll
                 for (int i = 0; i < G::MT; ++i) {
-                    mma::bf16_16816(acc[i][2 * jj], a[i], b[0], b[1]);
-                    mma::bf16_16816(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                    ptx::bf16_16816(acc[i][2 * jj], a[i], b[0], b[1]);
+                    ptx::bf16_16816(acc[i][2 * jj + 1], a[i], b[2], b[3]);
                 }
             }
         }

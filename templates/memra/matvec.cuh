@@ -56,25 +56,21 @@
 // through Σx) once per scale group, and the LANES partial sums of a row meet in a shuffle.
 #pragma once
 #include "memra/common.cuh"
+#include "memra/mma.cuh"
 #include "memra/quant.cuh"
 
 namespace memra {
 
 // ---------------------------------------------------------------------------------------------
-// Async copies (sm_80+) and shared-memory helpers, shared with matmul.cuh.
+// Async copies (sm_80+) and shared-memory helpers, shared with matmul.cuh: mma.cuh's, plus a
+// copy that stops at its buffer's end.
 namespace async {
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
-// Copies `src_bytes` (0..16) bytes to shared memory and zero-fills the rest of the 16.
-__device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
+using ptx::commit;
+using ptx::cp16;
+using ptx::dynamic_smem_bytes;
+using ptx::smem_addr;
+using ptx::wait;
 
 // cp16 for a piece that may end past the buffer (`rest` bytes left in it): a full piece goes
 // async; the last, short one is read byte by byte so no 16-byte access crosses the allocation's
@@ -87,18 +83,6 @@ __device__ __forceinline__ void cp16_tail(void* smem, const void* gmem, long lon
     u8* d = (u8*)smem;
     const u8* g = (const u8*)gmem;
     for (int b = 0; b < 16; ++b) d[b] = b < rest ? g[b] : (u8)0;
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int PENDING> __device__ __forceinline__ void wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
-
-__device__ __forceinline__ u32 dynamic_smem_bytes() {
-    u32 r;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-    return r;
 }
 
 }  // namespace async

@@ -56,6 +56,7 @@
 //   Above 48 KiB: raise the function's limit (memra_engine::kernels::mla_decode::smem_bytes).
 #pragma once
 #include "memra/common.cuh"
+#include "memra/mma.cuh"
 
 namespace memra {
 namespace mla_detail {
@@ -67,19 +68,6 @@ constexpr int MAX_NJ = 4;     // 128-dim slices of the latent per lane (kv_lora 
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf() ? 0.0f : exp2f(m - M); }
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-// 16 bytes to shared memory; src_bytes 0 zero-fills.
-__device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // Global loads through L2 only: the partials other blocks of this launch wrote (L1 is not
 // coherent across multiprocessors).
@@ -236,9 +224,9 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
             int row = g;
             if constexpr (SPARSE) row = g < c1 ? idx[g] : -1;
             const bool ok = g < c1 && (!SPARSE || (row >= 0 && row < max_ctx));
-            cp16(dst + r * RS + c * 16, cb + (ok ? (i64)row * D * EB + c * 16 : 0), ok ? 16 : 0);
+            ptx::cp16(dst + r * RS + c * 16, cb + (ok ? (i64)row * D * EB + c * 16 : 0), ok ? 16 : 0);
         }
-        commit();
+        ptx::commit();
     };
 
     // Score-phase roles.
@@ -259,9 +247,9 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     for (int t = 0; t < n_tiles; ++t) {
         if (t + 1 < n_tiles) {
             load_tile(t + 1);
-            wait<1>();
+            ptx::wait<1>();
         } else {
-            wait<0>();
+            ptx::wait<0>();
         }
         __syncthreads();  // tile t (and q on the first pass) visible to all
         const char* kt = ks + (t & 1) * TR * RS;
@@ -386,51 +374,6 @@ using mla_detail::LOG2E;
 using mla_detail::neg_inf;
 constexpr int TN = 64;          // cache rows per tile
 constexpr int P_PITCH = TN * 2; // bytes per row of the bf16 P tile [HB][TN]
-
-namespace ptx {
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
-// 16 bytes global → shared (a shared-window address); src_bytes 0 zero-fills.
-__device__ __forceinline__ void cp16(u32 smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-__device__ __forceinline__ void wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem));
-}
-
-__device__ __forceinline__ void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-}  // namespace ptx
 
 // Byte offset of 16-byte chunk c of row r in a tile of `pitch`-byte rows (pitch a multiple of
 // 128): the chunk index is XORed with r mod 8, so the 8 rows an ldmatrix reads at one chunk

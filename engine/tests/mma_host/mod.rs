@@ -2,11 +2,13 @@
 //! .x4.trans, mma.sync.m16n8k16 bf16 → f32, cvt.rn.bf16x2), written from the PTX ISA fragment
 //! layouts, for the host emulation tests that compile templates as C++ on std::threads.
 //!
-//! [`FNS`] is a run of C++ functions to paste inside the namespace the template's wrappers live
-//! in (`mma` in matmul.cuh, `ptx` in attn_prefill.cuh). It expects, from the including prelude:
-//! `u16` / `u32`, `threadIdx` (thread_local, x = thread in block), `__syncwarp()` (a barrier of
-//! the 32 threads of a warp), `memcpy`, and `g_smem` (the block's shared-memory base, for the
-//! overloads taking a shared-window address as an offset from it). Warps exchange fragments
+//! [`host_ptx`] is the whole `namespace ptx` of templates/memra/mma.cuh on the host (the
+//! templates include mma.cuh; the emulators strip that include and paste this inside `namespace
+//! memra` instead); [`FNS`] is its tensor-core part alone. They expect, from the including
+//! prelude: `u16` / `u32`, `threadIdx` (thread_local, x = thread in block), `__syncwarp()` (a
+//! barrier of the 32 threads of a warp), `memcpy` / `memset`, `g_smem` (the block's
+//! shared-memory base: a shared-window address is an offset from it) and `g_smem_bytes` (its
+//! dynamic size). Warps exchange fragments
 //! through per-thread slots between two `__syncwarp()`s; mma accumulates the 16 products in
 //! f64 before rounding to f32 (the tensor core's f32 accumulation is at least as coarse).
 #![allow(dead_code)]
@@ -53,24 +55,38 @@ inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         for (int kk = 0; kk < 16; ++kk) acc += (double)A[row][kk] * B[kk][col]; d[e] = (float)acc; } }
 "#;
 
-/// mla_decode.cuh's tensor-core namespace (`mla_tc`) with its `ptx` wrappers swapped for the host
-/// stand-ins (mma_host) and its dynamic shared memory pointed at the emulated block's.
+/// mma.cuh's `namespace ptx` on the host: copies are synchronous (`src_bytes` copied, the rest
+/// of the 16 zeroed), so commit and wait do nothing.
+pub fn host_ptx() -> String {
+    format!(
+        "namespace ptx {{
+inline u32 smem_addr(const void* p) {{ return (u32)((const unsigned char*)p - g_smem); }}
+inline u32 opaque(u32 x) {{ return x; }}
+inline void cp16(void* smem, const void* gmem, int src_bytes) {{ memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, src_bytes); }}
+inline void cp16(u32 smem, const void* gmem, int src_bytes) {{ cp16(g_smem + smem, gmem, src_bytes); }}
+inline void commit() {{}}
+template <int PENDING> inline void wait() {{}}
+inline void wait_all() {{}}
+inline u32 dynamic_smem_bytes() {{ return g_smem_bytes; }}
+{FNS}}}  // namespace ptx
+"
+    )
+}
+
+/// `text` (a template cut or whole) with its `#include "memra/mma.cuh"` removed and
+/// [`host_ptx`] put in `namespace memra` at the front.
+pub fn with_host_ptx(text: &str) -> String {
+    format!(
+        "namespace memra {{\n{}}}  // namespace memra\n{}",
+        host_ptx(),
+        text.replace("#include \"memra/mma.cuh\"", "")
+    )
+}
+
+/// mla_decode.cuh's tensor-core path with its dynamic shared memory pointed at the emulated
+/// block's.
 pub fn host_mla_tensor_core_path(mla: &str) -> String {
-    let host_ptx = format!(
-        "namespace ptx {{\ninline u32 smem_addr(const void* p) {{ return (u32)((const unsigned char*)p - g_smem); }}\ninline void cp16(u32 smem, const void* gmem, int src_bytes) {{ memset(g_smem + smem, 0, 16); if (src_bytes) memcpy(g_smem + smem, gmem, 16); }}\ninline void commit() {{}}\ninline void wait_all() {{}}\n{}\n",
-        FNS
-    );
-    let a = mla
-        .find("namespace mla_tc {")
-        .expect("mla_decode.cuh: no `namespace mla_tc {`");
-    let b = a + mla[a..]
-        .find("namespace ptx {")
-        .expect("mla_decode.cuh: no `namespace ptx {` in mla_tc");
-    let c = b + mla[b..]
-        .find("}  // namespace ptx")
-        .expect("mla_decode.cuh: no `}  // namespace ptx` in mla_tc");
-    let out = format!("{}{host_ptx}{}", &mla[..b], &mla[c..]);
     let decl = "extern __shared__ __align__(128) unsigned char mla_tc_smem[];";
-    assert!(out.contains(decl), "mla_decode.cuh: no `{decl}`");
-    out.replace(decl, "unsigned char* mla_tc_smem = g_smem;")
+    assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
+    mla.replace(decl, "unsigned char* mla_tc_smem = g_smem;")
 }
