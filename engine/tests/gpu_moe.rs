@@ -12,7 +12,9 @@
 //!   block scale a NaN) except the selected experts, which hold random quantized weights, so an
 //!   output that used an unselected expert's bytes is NaN. plain / swiglu vs per-expert
 //!   `linear::matvec_gguf` (+ `act::swiglu`), down vs the f64 routing-weighted sum over the
-//!   kernel's own h; f32 path: ≤ 1e-4 relative L2.
+//!   kernel's own h; f32 path: ≤ 1e-4 relative L2. Every launch runs under three grids (one
+//!   block per tile, the resident grid, at most 2 blocks per slot walking all its tiles) whose
+//!   outputs must agree bit for bit.
 //!
 //! - moe_matvec on the integer path (XQ8 = 1): x and h quantized on the GPU by quantize_q8
 //!   (bytes equal to memra_reference::q8's), plain / swiglu / geglu / down vs `q8::matmul_gguf_q8`
@@ -32,6 +34,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use dense_common::{V, variant};
 use gpu_common::{down, gpu, load, token, up};
 use memra_engine::cuda::{Gpu, Kernel};
+use memra_engine::kernels::matvec::GridPolicy;
 use memra_engine::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use memra_engine::kernels::moe_router;
 use memra_engine::kernels::quantize_q8::Q8Activation;
@@ -425,7 +428,6 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
 
     let (dgv, duv, didv) = (gate.dev.slice(..), upw.dev.slice(..), dids.slice(..));
     let dxv = xq.as_ref().map_or_else(|| dx.slice(..), |q| q.view());
-    let mut dy = up(s, &vec![f32::NAN; slots * nf]);
     let inp = MoeMatvecInputs {
         w: &dgv,
         w_up: None,
@@ -433,13 +435,10 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         weights: None,
         x: &dxv,
     };
-    moe_matvec::moe_matvec(&ks.plain, &inp, &mut dy.slice_mut(..), dims)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let got = down(s, &dy);
+    let got = launch_grids(gpu, &ks.plain, &inp, dims, slots * nf, &tag(&ks.plain));
     let err = rel_err(&got, &g_ref);
     assert!(err <= F32_TOL, "{}: plain rel L2 {err:e}", tag(&ks.plain));
 
-    let mut dh = up(s, &vec![f32::NAN; slots * nf]);
     let inp = MoeMatvecInputs {
         w: &dgv,
         w_up: Some(&duv),
@@ -447,16 +446,13 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         weights: None,
         x: &dxv,
     };
-    moe_matvec::moe_matvec(&ks.swiglu, &inp, &mut dh.slice_mut(..), dims)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let h = down(s, &dh);
+    let h = launch_grids(gpu, &ks.swiglu, &inp, dims, slots * nf, &tag(&ks.swiglu));
+    let dh = up(s, &h);
     let err = rel_err(&h, &h_ref);
     assert!(err <= F32_TOL, "{}: swiglu rel L2 {err:e}", tag(&ks.swiglu));
     if let Some(kg) = &ks.geglu {
-        let mut dgg = up(s, &vec![f32::NAN; slots * nf]);
-        moe_matvec::moe_matvec(kg, &inp, &mut dgg.slice_mut(..), dims)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let err = rel_err(&down(s, &dgg), &geglu_ref);
+        let gg = launch_grids(gpu, kg, &inp, dims, slots * nf, &tag(kg));
+        let err = rel_err(&gg, &geglu_ref);
         assert!(err <= F32_TOL, "{}: geglu rel L2 {err:e}", tag(kg));
     }
 
@@ -482,7 +478,6 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         .map(|qk| quantize_rows_q8(gpu, qk, &dh, nf, slots, rng));
     let (ddv, dwv) = (downw.dev.slice(..), dwts.slice(..));
     let dhv = hq.as_ref().map_or_else(|| dh.slice(..), |q| q.view());
-    let mut dout = up(s, &vec![f32::NAN; n_tokens * ke]);
     let inp = MoeMatvecInputs {
         w: &ddv,
         w_up: None,
@@ -497,9 +492,7 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         ldy: ke,
         ..dims
     };
-    moe_matvec::moe_matvec(&ks.down, &inp, &mut dout.slice_mut(..), ddims)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let got = down(s, &dout);
+    let got = launch_grids(gpu, &ks.down, &inp, ddims, n_tokens * ke, &tag(&ks.down));
     let err = rel_err(&got, &want);
     assert!(err <= F32_TOL, "{}: down rel L2 {err:e}", tag(&ks.down));
     println!(
@@ -510,6 +503,43 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
         pool.len(),
         gate.bytes() as f64 / 1e6
     );
+}
+
+/// Launches `k` with one block per tile, then with the resident grid and with at most 2 blocks
+/// (each block walking many tiles with one pipeline), output NaN-poisoned each time: the three
+/// outputs must agree bit for bit (a row's sums do not depend on which block computes them).
+/// Returns the output.
+fn launch_grids(
+    gpu: &Gpu,
+    k: &Kernel,
+    inp: &MoeMatvecInputs<'_, '_>,
+    dims: MoeDims,
+    len: usize,
+    what: &str,
+) -> Vec<f32> {
+    let s = gpu.stream();
+    let mut first: Option<Vec<f32>> = None;
+    for grid in [
+        GridPolicy::PerTile,
+        GridPolicy::Resident,
+        GridPolicy::AtMost(2),
+    ] {
+        let mut dy = up(s, &vec![f32::NAN; len]);
+        moe_matvec::moe_matvec_with(k, inp, &mut dy.slice_mut(..), dims, grid)
+            .unwrap_or_else(|e| panic!("{what} {grid:?}: {e}"));
+        let got = down(s, &dy);
+        match &first {
+            None => first = Some(got),
+            Some(f) => {
+                let same = f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{what}: grid {grid:?} differs from one block per tile"
+                );
+            }
+        }
+    }
+    first.expect("three launches ran")
 }
 
 fn run_shapes(test: &str, shapes: &[MoeShape]) {

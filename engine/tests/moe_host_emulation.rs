@@ -2,7 +2,8 @@
 //! compiled as host C++ on std::threads (engine/tests/emu_common: barriers, shuffles,
 //! synchronous cp.async), blocks run one after another, compared with memra-reference on fresh
 //! random inputs (seed printed; replay with `MEMRA_SEED=<seed>`), NaN-poisoned outputs, padded
-//! strides, fewer grid rows than slots (grid-stride path) and an out-of-range expert id (its
+//! strides, fewer grid rows than slots and (generic variants) fewer grid columns than tiles
+//! (grid-stride paths: a block walks several tiles with one pipeline) and an out-of-range expert id (its
 //! outputs must be NaN, nothing else touched). Every QType generic; Q4_K, Q8_0 and Q6_K also
 //! specialized. Dense gated FFNs as one expert (n_expert = n_used = 1, ids = [0]): Gemma 3's
 //! geglu at 640 → 2048 Q5_0 and swiglu, specialized and generic. LANES 16 (the specs' variants
@@ -34,18 +35,19 @@ template <int KD, int ND, MoeMode M, int A> struct MCfg {
     static constexpr int K = KD, N = ND; static constexpr QType QTYPE = QType::QT; static constexpr MoeMode MODE = M;
     static constexpr int THREADS = 256, LANES = 16, ROWS_PER_GROUP = 2, STAGES = 3, ACCUMULATE = A, XQ8 = XQ8V; };
 template <int NE, int NU, Gating G> struct RCfg { static constexpr int N_EXPERT = NE, N_USED = NU; static constexpr Gating GATING = G; static constexpr int THREADS = 64; };
-// args: k n n_tokens n_used n_expert ldx ldy grid_y_max w w_up ids weights x y(in/out)
+// args: k n n_tokens n_used n_expert ldx ldy grid_y_max grid_x_max w w_up ids weights x y(in/out)
 template <class C> int moe(char** a) {
-    int k = atoi(a[0]), n = atoi(a[1]), nt = atoi(a[2]), nu = atoi(a[3]), ne = atoi(a[4]), ldx = atoi(a[5]), ldy = atoi(a[6]), gy_max = atoi(a[7]);
-    auto w = slurp(a[8]), wu = slurp(a[9]), ids = slurp(a[10]), wts = slurp(a[11]), x = slurp(a[12]), y = slurp(a[13]);
+    int k = atoi(a[0]), n = atoi(a[1]), nt = atoi(a[2]), nu = atoi(a[3]), ne = atoi(a[4]), ldx = atoi(a[5]), ldy = atoi(a[6]), gy_max = atoi(a[7]), gx_max = atoi(a[8]);
+    auto w = slurp(a[9]), wu = slurp(a[10]), ids = slurp(a[11]), wts = slurp(a[12]), x = slurp(a[13]), y = slurp(a[14]);
     auto* wp = aligned_copy<unsigned char>(w); auto* wup = aligned_copy<unsigned char>(wu);
     auto* xp = aligned_copy<float>(x); auto* yp = aligned_copy<float>(y);
     using G = MatvecGeometry<MoeMatvecGeometryCfg<C>>;
     int tile_rows = moe_detail::PAIRED_MODE<C::MODE> ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
-    Dim3 grid{(unsigned)((tile_rows + G::ROWS - 1) / G::ROWS), (unsigned)std::min(slots, gy_max), 1};
+    // gx_max < tiles: each block walks several tiles of its slot (the resident grid's path).
+    Dim3 grid{(unsigned)std::min((tile_rows + G::ROWS - 1) / G::ROWS, gx_max), (unsigned)std::min(slots, gy_max), 1};
     run_grid(grid, C::THREADS, G::SMEM, [&] {
         moe_matvec_impl<C>(wp, wup, (const int*)ids.data(), (const float*)wts.data(), xp, yp, k, n, nt, nu, ne, ldx, ldy); });
-    spit(a[13], yp, y.size());
+    spit(a[14], yp, y.size());
     return 0; }
 // args: n_tokens n_expert n_used norm scale logits bias|- ids_out weights_out
 template <class C> int router(char** a) {
@@ -180,7 +182,7 @@ fn launch(
     defines: &[String],
     mode: &str,
     spec: bool,
-    d: [usize; 8],
+    d: [usize; 9],
     w: &[u8],
     w_up: &[u8],
     ids: &[i32],
@@ -295,8 +297,12 @@ fn moe_modes_match_reference(test: &str, xq8: bool) {
         let x = rng.normal_vec((c.n_tokens - 1) * ldx + kk, 1.0);
         let (x_dev, ldx_dev) = device_rows(xq8, &x, c.n_tokens, kk, ldx);
         for variant_spec in if spec { vec![true, false] } else { vec![false] } {
+            // Specialized: one block per tile; generic: two blocks per slot walk its tiles.
+            let grid_x_max = if variant_spec { 1 << 20 } else { 2 };
             let what = |m: &str| {
-                format!("{m} {ty:?} k={kk} n={nn} spec={variant_spec} (MEMRA_SEED={seed})")
+                format!(
+                    "{m} {ty:?} k={kk} n={nn} spec={variant_spec} grid.x<={grid_x_max} (MEMRA_SEED={seed})"
+                )
             };
             // plain and swiglu: y[s] over slots.
             let y0 = vec![f32::NAN; (slots - 1) * ldy + nn];
@@ -309,6 +315,7 @@ fn moe_modes_match_reference(test: &str, xq8: bool) {
                 ldx_dev,
                 ldy,
                 c.grid_y_max,
+                grid_x_max,
             ];
             let plain = launch(
                 &mut b,
@@ -403,7 +410,9 @@ fn moe_modes_match_reference(test: &str, xq8: bool) {
             let h = rng.normal_vec((slots - 1) * ldh + nn, 1.0);
             let (h_dev, ldh_dev) = device_rows(xq8, &h, slots, nn, ldh);
             let ldo = kk + 1;
-            let dd = [nn, kk, c.n_tokens, c.n_used, c.n_expert, ldh_dev, ldo, 2];
+            let dd = [
+                nn, kk, c.n_tokens, c.n_used, c.n_expert, ldh_dev, ldo, 2, grid_x_max,
+            ];
             let modes: &[&str] = if variant_spec {
                 &["down"]
             } else {
@@ -501,7 +510,8 @@ fn dense_gated_ffn_as_one_expert_matches_reference() {
         let x = rng.normal_vec((n_tokens - 1) * ldx + kk, 1.0);
         let ids = vec![0i32; n_tokens];
         let y0 = vec![f32::NAN; (n_tokens - 1) * ldy + nn];
-        let d = [kk, nn, n_tokens, 1, 1, ldx, ldy, 2];
+        // Three blocks per slot walk its 2·2048 / 32 = 128 tiles.
+        let d = [kk, nn, n_tokens, 1, 1, ldx, ldy, 2, 3];
         for spec in [true, false] {
             for mode in ["geglu", "swiglu"] {
                 let what = format!(

@@ -34,10 +34,13 @@
 //   y: Plain/Swiglu/Geglu [n_tokens·n_used][ldy], Down [n_tokens][ldy].
 //   An id outside [0, n_expert) makes the outputs it feeds NaN (ids come from the device).
 //
-// Launch geometry: R = THREADS / LANES · ROWS_PER_GROUP tile rows per block; Plain: grid
-//   (ceil(N / R), n_tokens·n_used); Swiglu / Geglu: (ceil(2N / R), n_tokens·n_used) (tile row 2n = gate
-//   row n, 2n + 1 = up row n); Down: (ceil(N / R), n_tokens). grid.y ≤ 65535. Block THREADS,
-//   dynamic shared memory = matvec's with BATCH 1 (MatvecGeometry<MoeMatvecGeometryCfg<Cfg>>::SMEM).
+// Launch geometry: R = THREADS / LANES · ROWS_PER_GROUP tile rows per block; tiles per slot
+//   T = ceil(N / R) (Plain, Down) or ceil(2N / R) (Swiglu / Geglu: tile row 2n = gate row n,
+//   2n + 1 = up row n); grid (G, S) for any 1 ≤ G ≤ T and 1 ≤ S ≤ slots (n_tokens·n_used;
+//   Down: n_tokens), S ≤ 65535: block (x, y) computes tiles x, x + G, … of slots y, y + S, …,
+//   its cp.async pipeline running across the tiles of a slot as in matvec (G = T: one tile per
+//   block; the wrapper's resident policy launches G = balanced resident blocks / S). Block
+//   THREADS, dynamic shared memory = matvec's with BATCH 1 (MatvecGeometry<MoeMatvecGeometryCfg<Cfg>>::SMEM).
 #pragma once
 #include "memra/matvec.cuh"
 #include "memra/swiglu.cuh"
@@ -140,6 +143,12 @@ template <class Cfg> struct CombineRows {
     }
 };
 
+// NaN into the outputs of this block's tiles (x, x + G, …; `per` output rows each) of y[0, n).
+template <int THREADS> __device__ __forceinline__ void nan_tiles(float* y, int n, int per) {
+    for (int t = blockIdx.x; t * per < n; t += gridDim.x)
+        for (int r = t * per + (int)threadIdx.x; r < n && r < (t + 1) * per; r += THREADS) y[r] = __int_as_float(0x7fc00000);
+}
+
 }  // namespace moe_detail
 
 template <class Cfg>
@@ -155,7 +164,6 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
     if (G::XQ8_FUSED) __trap();           // XQ8 = 2 is matvec's only (the wrapper refuses it)
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
     const i64 w_total = (i64)n_expert * N * ((i64)(K / U::BLOCK) * U::BYTES);
-    const int tid = threadIdx.x;
     if constexpr (Cfg::MODE == MoeMode::Down) {
         for (int b = blockIdx.y; b < n_tokens; b += gridDim.y) {
             const int* tid_ids = ids + (i64)b * n_used;
@@ -166,13 +174,12 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
                 ok = ok && e >= 0 && e < n_expert;
             }
             if (!ok) {  // block-uniform: NaN rows make a bad id visible
-                for (int r = blockIdx.x * G::ROWS + tid; r < N && r < (int)(blockIdx.x + 1) * G::ROWS; r += Cfg::THREADS)
-                    yb[r] = __int_as_float(0x7fc00000);
+                moe_detail::nan_tiles<Cfg::THREADS>(yb, N, G::ROWS);
                 continue;
             }
             const moe_detail::CombineRows<Cfg> src{w, tid_ids, weights + (i64)b * n_used, x + (i64)b * n_used * ldx, yb,
                                                    w_total, N, n_used, ldx};
-            matvec_detail::run<GC, 1>(1, src, k, N);
+            matvec_detail::run<GC, 1>(1, src, k, N, gridDim.x);
             __syncthreads();  // the next token's prologue reuses the stage slots
         }
     } else {
@@ -181,13 +188,11 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
             const int e = __ldg(ids + s);
             float* ys = y + (i64)s * ldy;
             if (e < 0 || e >= n_expert) {
-                const int per = moe_detail::PAIRED_MODE<Cfg::MODE> ? G::ROWS / 2 : G::ROWS;
-                for (int r = blockIdx.x * per + tid; r < N && r < (int)(blockIdx.x + 1) * per; r += Cfg::THREADS)
-                    ys[r] = __int_as_float(0x7fc00000);
+                moe_detail::nan_tiles<Cfg::THREADS>(ys, N, moe_detail::PAIRED_MODE<Cfg::MODE> ? G::ROWS / 2 : G::ROWS);
                 continue;
             }
             const moe_detail::ExpertRows<Cfg> src{w, w_up, x + (i64)(s / n_used) * ldx, ys, w_total, (i64)e * N, N};
-            matvec_detail::run<GC, 1>(1, src, k, tile_rows);
+            matvec_detail::run<GC, 1>(1, src, k, tile_rows, gridDim.x);
             __syncthreads();
         }
     }

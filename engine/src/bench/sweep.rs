@@ -8,8 +8,15 @@
 //!    ≤ 1e-4, NaN-poisoned output), so a fast wrong kernel cannot win: failures are printed, kept
 //!    in the JSON with `"ok": false` and never ranked;
 //! 2. timed: `--warmup` launches, then `--iters` launches each between two CUDA events, each
-//!    preceded (outside the events) by a memset of twice the L2 size, so every launch reads its
-//!    weights from HBM (L2 flushed; one buffer set); the median is reported.
+//!    preceded (outside the events) by a *clean* L2 flush: a read pass over a never-written
+//!    buffer of twice the L2 size (a bf16 matvec whose output is a few KB), so every launch reads
+//!    its weights from HBM and the L2 it finds holds no dirty lines; the median is reported.
+//!    (`memra bench`'s flush is a memset of 2 × L2: it leaves L2 full of dirty lines, so a launch's
+//!    first ~L2-size of misses each also write a line back — weights under ~60 MB read at about
+//!    half the copy rate. Each case also times its default tuning that way: `dirty_flush_us`.)
+//!    `floor_us` (top level) is the same harness around the smallest matvec launch (one block,
+//!    16 bytes of weight): event, launch and completion cost that no kernel can go below;
+//!    `pct_copy_net` rates a candidate's bytes over its time minus that floor.
 //!
 //! The copy bandwidth (1 GiB device-to-device, read + write) is measured in the same run and
 //! every figure is also given as % of it. Bytes per launch: weight bytes + 4·K·batch (x) +
@@ -38,13 +45,15 @@ use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use super::{
-    BenchArgs, alloc, commit, copy_bandwidth, driver_version, drv, l2_bytes, median, tile,
+    BenchArgs, alloc, commit, copy_bandwidth, driver_version, drv, l2_bytes, median, record, tile,
     time_launches, token, utc_now, weight_bytes,
 };
 use crate::cuda::{Error, Gpu, Kernel, Kernels};
 use crate::kernels::matvec::{self, GridPolicy, MatvecTuning};
 use crate::kernels::quantize_q8;
 use crate::kernels::registry::{KernelVariant, Param};
+
+pub mod moe;
 
 /// Distinct random weight rows tiled over N (prime, so tile-periodic indexing bugs still show).
 const PATTERN_ROWS: usize = 509;
@@ -55,6 +64,15 @@ const MAX_SMEM: u32 = 232_448;
 const BATCHES: [usize; 2] = [1, 4];
 /// Tunings (the first of [`candidate_tunings`]) also run with `xq8` on integer-path types.
 const XQ8_CANDIDATES: usize = 5;
+/// Batch 1: further tunings also run with `xq8` (the deeper / taller ones, more bytes in flight).
+const XQ8_EXTRA_BATCH1: [(u32, u32, u32, u32); 4] = [
+    (512, 32, 2, 3),
+    (256, 32, 4, 4),
+    (512, 32, 2, 4),
+    (128, 32, 4, 4),
+];
+/// Row length of the clean-flush read pass (bf16: 16 KiB per row).
+const FLUSH_K: usize = 8192;
 const TYPES: [GgmlType; 5] = [
     GgmlType::Q4_K,
     GgmlType::Q8_0,
@@ -73,7 +91,7 @@ pub struct SweepShape {
     pub types: &'static [GgmlType],
 }
 
-pub const SHAPES: [SweepShape; 9] = [
+pub const SHAPES: [SweepShape; 11] = [
     SweepShape {
         model: "glm-5",
         tensor: "attn_q_a / kv_a (6144→2048)",
@@ -101,6 +119,21 @@ pub const SHAPES: [SweepShape; 9] = [
         k: 2048,
         n: 6144,
         types: &TYPES,
+    },
+    // Few-row projections: a few MB or less, bound by the launch and one DRAM round trip.
+    SweepShape {
+        model: "glm-5",
+        tensor: "attn_kv_a_mqa (6144→576)",
+        k: 6144,
+        n: 576,
+        types: &TYPES,
+    },
+    SweepShape {
+        model: "glm-5",
+        tensor: "indexer.proj (6144→32)",
+        k: 6144,
+        n: 32,
+        types: &[GgmlType::Q8_0, GgmlType::BF16],
     },
     SweepShape {
         model: "qwen3-8b",
@@ -152,6 +185,18 @@ pub fn candidate_tunings(batch: usize) -> Vec<MatvecTuning> {
             (512, 32, 1, 3),
             (512, 32, 2, 3),
             (256, 16, 1, 4),
+            // More bytes in flight per SM (taller tiles, deeper pipelines): one resident block
+            // of R rows keeps (STAGES − 1)·R row chunks (~1.1 KB each for Q4_K) in flight.
+            (256, 32, 4, 4),
+            (512, 32, 2, 4),
+            (128, 32, 4, 4),
+            (256, 32, 2, 5),
+            (128, 32, 2, 6),
+            (512, 32, 4, 2),
+            // Few-row matrices: 2- and 1-row blocks spread N = 576 over all SMs (4-row tiles
+            // leave some SMs two tiles, others none) with the whole row in flight.
+            (64, 32, 1, 4),
+            (32, 32, 1, 4),
         ]
     } else {
         &[
@@ -194,14 +239,25 @@ fn tuning_label(t: &MatvecTuning) -> String {
     )
 }
 
-/// The f32 candidates, then (integer-path types) the first [`XQ8_CANDIDATES`] with `xq8`
-/// (x quantized by a quantize_q8 launch) and with `xq8` + `fuse_x` (quantized in each block).
+/// The f32 candidates, then (integer-path types) the first [`XQ8_CANDIDATES`] and, at batch 1,
+/// those of [`XQ8_EXTRA_BATCH1`] with `xq8` (x quantized by a quantize_q8 launch) and with
+/// `xq8` + `fuse_x` (quantized in each block).
 fn candidates_for(ty: GgmlType, batch: usize) -> Vec<MatvecTuning> {
     let f32_path = candidate_tunings(batch);
     let mut q8_path: Vec<MatvecTuning> = Vec::new();
     if matvec::int_dot(ty) {
+        let extra = f32_path.iter().skip(XQ8_CANDIDATES).filter(|t| {
+            batch == 1
+                && XQ8_EXTRA_BATCH1.contains(&(t.threads, t.lanes, t.rows_per_group, t.stages))
+        });
+        let picked: Vec<MatvecTuning> = f32_path
+            .iter()
+            .take(XQ8_CANDIDATES)
+            .chain(extra)
+            .copied()
+            .collect();
         for fuse_x in [false, true] {
-            q8_path.extend(f32_path.iter().take(XQ8_CANDIDATES).map(|t| MatvecTuning {
+            q8_path.extend(picked.iter().map(|t| MatvecTuning {
                 xq8: true,
                 fuse_x,
                 ..*t
@@ -545,17 +601,30 @@ fn check(
     buf: &mut Buffers,
     grid: GridPolicy,
 ) -> Result<f64, Error> {
-    let s = gpu.stream();
-    let nan = vec![f32::NAN; buf.y.len()];
-    s.memcpy_htod(nan.as_slice(), &mut buf.y)
-        .map_err(drv("cuMemcpyHtoD (NaN poison)"))?;
+    poison(gpu, &mut buf.y)?;
     launch(kernel, qk, case, buf, grid)?;
-    let got = s.clone_dtoh(&buf.y).map_err(drv("cuMemcpyDtoH (y)"))?;
     let want = if matvec::tuning(kernel)?.xq8 {
         &buf.want_q8
     } else {
         &buf.want
     };
+    err_vs(gpu, &buf.y, want)
+}
+
+/// Fills `y` with NaN (so an output the kernel does not write fails the check).
+fn poison(gpu: &Gpu, y: &mut CudaSlice<f32>) -> Result<(), Error> {
+    let nan = vec![f32::NAN; y.len()];
+    gpu.stream()
+        .memcpy_htod(nan.as_slice(), y)
+        .map_err(drv("cuMemcpyHtoD (NaN poison)"))
+}
+
+/// Relative L2 error of `y` (read back) against `want`.
+fn err_vs(gpu: &Gpu, y: &CudaSlice<f32>, want: &[f32]) -> Result<f64, Error> {
+    let got = gpu
+        .stream()
+        .clone_dtoh(y)
+        .map_err(drv("cuMemcpyDtoH (y)"))?;
     Ok(rel_err(&got, want))
 }
 
@@ -573,12 +642,181 @@ fn blocks(kernel: &Kernel, case: &SweepCase, grid: GridPolicy) -> u32 {
         .0
 }
 
-/// `memra bench --sweep matvec`.
-pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Error>> {
-    if family != matvec::FAMILY {
-        return Err(format!("--sweep {family}: only `matvec` has a sweep").into());
+/// The clean L2 flush: a bf16 matvec (the default generic variant) over a buffer of at least
+/// twice the L2 size that nothing writes after setup, so the lines it leaves in L2 are clean;
+/// it writes one float per 16 KiB row.
+struct L2Cleaner<'k> {
+    kernel: &'k Kernel,
+    w: CudaSlice<u8>,
+    x: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+    rows: usize,
+}
+
+impl<'k> L2Cleaner<'k> {
+    fn new(gpu: &Gpu, kernel: &'k Kernel, l2: usize) -> Result<Self, Error> {
+        let s = gpu.stream();
+        let rows = (2 * l2).div_ceil(2 * FLUSH_K);
+        let mut c = L2Cleaner {
+            kernel,
+            w: alloc::<u8>(s, rows * 2 * FLUSH_K)?,
+            x: alloc::<f32>(s, FLUSH_K)?,
+            y: alloc::<f32>(s, rows)?,
+            rows,
+        };
+        // The zeroing memset left dirty lines; two passes write them back.
+        c.run()?;
+        c.run()?;
+        gpu.sync()?;
+        Ok(c)
     }
-    let cases = plan();
+
+    fn run(&mut self) -> Result<(), Error> {
+        self.launch(FLUSH_K, self.rows)
+    }
+
+    /// The bf16 matvec over the first `rows` rows of `k` elements.
+    fn launch(&mut self, k: usize, rows: usize) -> Result<(), Error> {
+        matvec::matvec_with(
+            self.kernel,
+            &self.w.slice(..),
+            &self.x.slice(..),
+            &mut self.y.slice_mut(..),
+            k,
+            rows,
+            1,
+            k,
+            rows,
+            GridPolicy::Resident,
+        )
+    }
+}
+
+/// The variant [`L2Cleaner`] launches: the default batch-1 tuning, generic, bf16.
+fn cleaner_variant() -> &'static KernelVariant {
+    use std::sync::OnceLock;
+    static V: OnceLock<&'static KernelVariant> = OnceLock::new();
+    V.get_or_init(|| render(GgmlType::BF16, None, &candidate_tunings(1)[0]))
+}
+
+/// [`time_launches`] with the clean flush before every timed launch (outside the events).
+fn time_clean(
+    gpu: &Gpu,
+    warmup: u32,
+    iters: u32,
+    cleaner: &mut L2Cleaner<'_>,
+    f: &mut dyn FnMut() -> Result<(), Error>,
+) -> Result<Vec<f64>, Error> {
+    let s = gpu.stream();
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut events = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        cleaner.run()?;
+        let start = record(s)?;
+        f()?;
+        events.push((start, record(s)?));
+    }
+    let mut us = Vec::with_capacity(events.len());
+    for (start, end) in &events {
+        us.push(
+            start
+                .elapsed_ms(end)
+                .map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64
+                * 1e3,
+        );
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(us)
+}
+
+/// Times a candidate that was checked once (`checked`: its relative L2 error against the oracle,
+/// or the launch error) with the clean flush, if it passed; prints ERROR / WRONG lines (`what`
+/// describes the case). A launch error is this candidate's failure, not the sweep's (a sticky
+/// one fails the rest too, each with its message). Returns (rel_err, ok, median_us, min_us),
+/// the times NaN unless ok.
+#[allow(clippy::too_many_arguments)]
+fn time_checked(
+    gpu: &Gpu,
+    args: &BenchArgs,
+    cleaner: &mut L2Cleaner<'_>,
+    name: &str,
+    grid: &str,
+    what: &str,
+    checked: Result<f64, Error>,
+    launch: &mut dyn FnMut() -> Result<(), Error>,
+) -> (f64, bool, f64, f64) {
+    let (err, launched) = match checked {
+        Ok(err) => (err, true),
+        Err(e) => {
+            eprintln!("ERROR {name} ({grid}): {e}");
+            (f64::INFINITY, false)
+        }
+    };
+    if err > TOLERANCE {
+        if launched {
+            eprintln!(
+                "WRONG {name} ({grid}) {what}: relative L2 error {err:e} > {TOLERANCE:e} (inf: NaN/inf in the output)"
+            );
+        }
+        return (err, false, f64::NAN, f64::NAN);
+    }
+    match time_clean(gpu, args.warmup, args.iters, cleaner, launch) {
+        Ok(us) => (err, true, median(&us), us[0]),
+        Err(e) => {
+            eprintln!("ERROR {name} ({grid}) while timing: {e}");
+            (err, false, f64::NAN, f64::NAN)
+        }
+    }
+}
+
+/// Median µs of `launch` after `memra bench`'s flush (a 2 × L2 memset: L2 left dirty).
+fn time_dirty(
+    gpu: &Gpu,
+    args: &BenchArgs,
+    flush: &mut CudaSlice<u8>,
+    launch: &mut dyn FnMut() -> Result<(), Error>,
+) -> Option<f64> {
+    time_launches(gpu, args.warmup, args.iters, flush, &mut |_| launch())
+        .map(|us| median(&us))
+        .ok()
+}
+
+/// The harness floor: the smallest matvec launch (bf16 1 × 8: one block, 16 bytes of weight)
+/// timed as the candidates are. Median µs.
+fn floor_us(gpu: &Gpu, args: &BenchArgs, cleaner: &mut L2Cleaner<'_>) -> Result<f64, Error> {
+    let mut probe = L2Cleaner {
+        kernel: cleaner.kernel,
+        w: alloc::<u8>(gpu.stream(), 16)?,
+        x: alloc::<f32>(gpu.stream(), 8)?,
+        y: alloc::<f32>(gpu.stream(), 1)?,
+        rows: 1,
+    };
+    let us = time_clean(gpu, args.warmup, args.iters, cleaner, &mut || {
+        probe.launch(8, 1)
+    })?;
+    Ok(median(&us))
+}
+
+/// `memra bench --sweep matvec` (and `--sweep moe_matvec`: [`moe::run`]).
+pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Error>> {
+    if family == crate::kernels::moe_matvec::FAMILY {
+        return moe::run(args);
+    }
+    if family != matvec::FAMILY {
+        return Err(
+            format!("--sweep {family}: only `matvec` and `moe_matvec` have a sweep").into(),
+        );
+    }
+    let mut cases = plan();
+    // `--arch MODEL` keeps one model's shapes (glm-5, qwen3-8b, gemma3-270m): shorter runs.
+    if let Some(model) = &args.arch {
+        cases.retain(|c| c.shape.model == model.as_str());
+        if cases.is_empty() {
+            return Err(format!("--sweep matvec --arch {model}: no shapes of that model (glm-5, qwen3-8b, gemma3-270m)").into());
+        }
+    }
     if args.list {
         list(&cases);
         return Ok(());
@@ -592,6 +830,7 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
         .flat_map(|c| c.candidates.iter().flat_map(|(_, s, g)| [*s, *g]))
         .collect();
     all.push(quantize_variant());
+    all.push(cleaner_variant());
     all.sort_by_key(|v| v.name);
     all.dedup_by_key(|v| v.name);
     eprintln!(
@@ -610,13 +849,19 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
     eprintln!("copy bandwidth (1 GiB device-to-device, read + write): {copy_gbps:.0} GB/s");
 
     let mut flush = alloc::<u8>(gpu.stream(), 2 * l2)?;
+    let mut cleaner = L2Cleaner::new(&gpu, kernels.get(cleaner_variant().name)?, l2)?;
+    let floor = floor_us(&gpu, args, &mut cleaner)?;
+    eprintln!(
+        "harness floor (bf16 matvec 1x8, clean flush, events): {floor:.2} us; timed launches follow a clean flush (read pass over {} MiB)",
+        cleaner.rows * 2 * FLUSH_K >> 20
+    );
     let mut rng = Rng::from_env_or_time("memra bench --sweep");
     eprintln!(
         "seed {} (replay with MEMRA_SEED={})",
         rng.seed(),
         rng.seed()
     );
-    let mut results: Vec<(usize, Vec<Measured>)> = Vec::new();
+    let mut results: Vec<CaseResult> = Vec::new();
     let mut failures = 0usize;
     for (ci, case) in cases.iter().enumerate() {
         let mut buf = prepare(&gpu, case, &mut rng)
@@ -627,33 +872,19 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
                 let kernel = kernels.get(v.name)?;
                 for grid in ["tile", "resident"] {
                     let p = policy(grid);
-                    // A launch error is this candidate's failure, not the sweep's (a sticky
-                    // one fails the rest too, each with its message).
-                    let (err, launched) = match check(&gpu, kernel, qk, case, &mut buf, p) {
-                        Ok(err) => (err, true),
-                        Err(e) => {
-                            eprintln!("ERROR {} ({grid}): {e}", v.name);
-                            (f64::INFINITY, false)
-                        }
-                    };
-                    let mut ok = err <= TOLERANCE;
-                    let (mut median_us, mut min_us) = (f64::NAN, f64::NAN);
-                    if ok {
-                        match time_launches(&gpu, args.warmup, args.iters, &mut flush, &mut |_| {
-                            launch(kernel, qk, case, &mut buf, p)
-                        }) {
-                            Ok(us) => (median_us, min_us) = (median(&us), us[0]),
-                            Err(e) => {
-                                eprintln!("ERROR {} ({grid}) while timing: {e}", v.name);
-                                ok = false;
-                            }
-                        }
-                    } else if launched {
-                        eprintln!(
-                            "WRONG {} ({grid}) k={} n={} batch={}: relative L2 error {err:e} > {TOLERANCE:e} (inf: NaN/inf in the output)",
-                            v.name, case.shape.k, case.shape.n, case.batch
-                        );
-                    }
+                    let checked = check(&gpu, kernel, qk, case, &mut buf, p);
+                    let what =
+                        format!("k={} n={} batch={}", case.shape.k, case.shape.n, case.batch);
+                    let (err, ok, median_us, min_us) = time_checked(
+                        &gpu,
+                        args,
+                        &mut cleaner,
+                        v.name,
+                        grid,
+                        &what,
+                        checked,
+                        &mut || launch(kernel, qk, case, &mut buf, p),
+                    );
                     failures += usize::from(!ok);
                     measured.push(Measured {
                         variant: v.name,
@@ -669,25 +900,51 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
                 }
             }
         }
-        let summary = summarize(case, &measured, copy_gbps);
-        eprintln!("[{}/{}] {summary}", ci + 1, cases.len());
-        results.push((ci, measured));
+        // The default tuning (specialized, resident) once more after `memra bench`'s memset
+        // flush (dirty L2), to show what that flush costs at this size.
+        let dirty_us = match case.candidates.first() {
+            Some((_, spec, _)) if measured.first().is_some_and(|m| m.ok) => {
+                let kernel = kernels.get(spec.name)?;
+                time_dirty(&gpu, args, &mut flush, &mut || {
+                    launch(kernel, qk, case, &mut buf, GridPolicy::Resident)
+                })
+            }
+            _ => None,
+        };
+        let summary = summarize(case, &measured, copy_gbps, floor);
+        eprintln!(
+            "[{}/{}] {summary} | default after a dirty (memset) flush: {}",
+            ci + 1,
+            cases.len(),
+            dirty_us.map_or("-".into(), |us| format!("{us:.2} us"))
+        );
+        results.push((ci, measured, dirty_us));
         drop(buf);
         // Rewritten after every case, so a run cut short still leaves what it measured.
         if let Some(path) = &args.json {
-            write_json(path, args, &gpu, &driver, copy_gbps, &cases, &results)?;
+            let h = Harness {
+                copy: copy_gbps,
+                floor,
+                driver: &driver,
+            };
+            write_json(path, args, &gpu, &h, &cases, &results)?;
         }
     }
     drop(flush);
 
-    let text = table(&cases, &results, copy_gbps);
+    let text = table(&cases, &results, copy_gbps, floor);
     println!(
-        "copy bandwidth: {copy_gbps:.0} GB/s (L2 flushed before every timed launch; median of {} launches)",
+        "copy bandwidth: {copy_gbps:.0} GB/s (clean L2 flush before every timed launch; median of {} launches); harness floor {floor:.2} us",
         args.iters
     );
     print!("{text}");
     if let Some(path) = &args.json {
-        write_json(path, args, &gpu, &driver, copy_gbps, &cases, &results)?;
+        let h = Harness {
+            copy: copy_gbps,
+            floor,
+            driver: &driver,
+        };
+        write_json(path, args, &gpu, &h, &cases, &results)?;
         eprintln!("wrote {}", path.display());
     }
     if failures > 0 {
@@ -698,6 +955,22 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
 
 fn gbps(bytes: u64, us: f64) -> f64 {
     bytes as f64 / (us * 1e-6) / 1e9
+}
+
+/// % of copy over the time above the harness floor (the part a kernel can shorten); None when
+/// the time is not above the floor.
+fn pct_net(bytes: u64, us: f64, floor: f64, copy: f64) -> Option<f64> {
+    (us > floor).then(|| 100.0 * gbps(bytes, us - floor) / copy)
+}
+
+/// A case's index, its measured candidates and its default tuning's median after a memset flush.
+type CaseResult = (usize, Vec<Measured>, Option<f64>);
+
+/// Run-wide figures the report carries.
+struct Harness<'a> {
+    copy: f64,
+    floor: f64,
+    driver: &'a str,
 }
 
 fn best<'a>(m: &'a [Measured], specialized: bool) -> Option<&'a Measured> {
@@ -713,14 +986,15 @@ fn baseline(m: &[Measured]) -> Option<&Measured> {
         .find(|r| r.ok && r.specialized && r.grid == "tile" && r.tuning == default)
 }
 
-fn summarize(case: &SweepCase, m: &[Measured], copy: f64) -> String {
+fn summarize(case: &SweepCase, m: &[Measured], copy: f64, floor: f64) -> String {
     let bytes = case.bytes();
     let fmt = |r: Option<&Measured>| {
         r.map(|r| {
             format!(
-                "{:.2} us {:.1}% ({} {})",
+                "{:.2} us {:.1}% (net of floor {}) ({} {})",
                 r.median_us,
                 100.0 * gbps(bytes, r.median_us) / copy,
+                pct_net(bytes, r.median_us, floor, copy).map_or("-".into(), |p| format!("{p:.1}%")),
                 tuning_label(&r.tuning),
                 r.grid
             )
@@ -747,7 +1021,7 @@ fn summarize(case: &SweepCase, m: &[Measured], copy: f64) -> String {
     )
 }
 
-fn table(cases: &[SweepCase], results: &[(usize, Vec<Measured>)], copy: f64) -> String {
+fn table(cases: &[SweepCase], results: &[CaseResult], copy: f64, floor: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -765,7 +1039,7 @@ fn table(cases: &[SweepCase], results: &[(usize, Vec<Measured>)], copy: f64) -> 
         "%copy",
         "rel_err"
     );
-    for (ci, m) in results {
+    for (ci, m, _) in results {
         let c = &cases[*ci];
         let bytes = c.bytes();
         for r in m {
@@ -792,8 +1066,13 @@ fn table(cases: &[SweepCase], results: &[(usize, Vec<Measured>)], copy: f64) -> 
         out,
         "\nsummary (best correct candidate per case; default/tile = default tuning, one block per tile = the previous launch):"
     );
-    for (ci, m) in results {
-        let _ = writeln!(out, "{}", summarize(&cases[*ci], m, copy));
+    for (ci, m, dirty) in results {
+        let _ = writeln!(
+            out,
+            "{} | default after a memset flush {}",
+            summarize(&cases[*ci], m, copy, floor),
+            dirty.map_or("-".into(), |us| format!("{us:.2} us"))
+        );
     }
     out
 }
@@ -802,11 +1081,11 @@ fn write_json(
     path: &Path,
     args: &BenchArgs,
     gpu: &Gpu,
-    driver: &str,
-    copy: f64,
+    h: &Harness<'_>,
     cases: &[SweepCase],
-    results: &[(usize, Vec<Measured>)],
+    results: &[CaseResult],
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let (copy, floor, driver) = (h.copy, h.floor, h.driver);
     let row = |c: &SweepCase, r: &Measured| -> Value {
         let g = gbps(c.bytes(), r.median_us);
         json!({
@@ -818,11 +1097,12 @@ fn write_json(
             "min_us": if r.ok { json!(r.min_us) } else { Value::Null },
             "gbps": if r.ok { json!(g) } else { Value::Null },
             "pct_copy": if r.ok { json!(100.0 * g / copy) } else { Value::Null },
+            "pct_copy_net": if r.ok { json!(pct_net(c.bytes(), r.median_us, floor, copy)) } else { Value::Null },
         })
     };
     let cases_json: Vec<Value> = results
         .iter()
-        .map(|(ci, m)| {
+        .map(|(ci, m, dirty)| {
             let c = &cases[*ci];
             let pick = |r: Option<&Measured>| {
                 r.map(|r| json!({ "variant": r.variant, "grid": r.grid, "median_us": r.median_us }))
@@ -832,6 +1112,7 @@ fn write_json(
                 "dtype": c.ty.name(), "batch": c.batch, "bytes": c.bytes(),
                 "best_specialized": pick(best(m, true)), "best_generic": pick(best(m, false)),
                 "baseline_default_per_tile": pick(baseline(m)),
+                "dirty_flush_us": dirty,
                 "candidates": m.iter().map(|r| row(c, r)).collect::<Vec<_>>(),
             })
         })
@@ -840,6 +1121,7 @@ fn write_json(
         "tool": "memra bench --sweep matvec", "commit": commit(args), "date": utc_now(),
         "device": gpu.name(), "sm": gpu.arch().to_string(), "driver": driver,
         "copy_gbps": copy, "iters": args.iters, "warmup": args.warmup, "l2_flushed": true,
+        "flush": "clean: a read pass over a never-written buffer of 2 x L2 before every timed launch", "floor_us": floor,
         "cases_planned": cases.len(), "cases_done": results.len(), "tolerance_rel_l2": TOLERANCE, "pattern_rows": PATTERN_ROWS, "cases": cases_json,
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
@@ -854,8 +1136,19 @@ mod tests {
     #[test]
     fn plan_covers_the_shapes_and_every_candidate_fits() {
         let cases = plan();
-        // 8 shapes × 5 types minus Q4_K/Q6_K at K = 640 (one shape), + lm_head Q8_0; × 2 batches.
-        assert_eq!(cases.len(), (8 * 5 - 2 + 1) * 2);
+        // 9 shapes × 5 types minus Q4_K/Q6_K at K = 640 (one shape), + lm_head Q8_0, + the
+        // 32-row projection in 2 types; × 2 batches.
+        assert_eq!(cases.len(), (9 * 5 - 2 + 1 + 2) * 2);
+        // Batch 1: the taller / deeper tunings also run on the integer path.
+        let q4k = cases
+            .iter()
+            .find(|c| c.ty == GgmlType::Q4_K && c.batch == 1)
+            .unwrap();
+        for fuse_x in [false, true] {
+            assert!(q4k.candidates.iter().any(|(t, ..)| t.xq8
+                && t.fuse_x == fuse_x
+                && (t.threads, t.rows_per_group, t.stages) == (256, 4, 4)));
+        }
         for c in &cases {
             assert!(
                 !c.candidates.is_empty(),

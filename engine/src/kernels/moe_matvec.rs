@@ -11,7 +11,7 @@ use memra_gguf::GgmlType;
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks::{self, GRID_Y_MAX};
 use crate::kernels::launch::{KernelArgs, launch};
-use crate::kernels::matvec::{self, MatvecTuning};
+use crate::kernels::matvec::{self, GridPolicy, MatvecTuning};
 
 pub const FAMILY: &str = "moe_matvec";
 
@@ -94,13 +94,29 @@ pub fn launch_config(
     n_tokens: usize,
     n_used: usize,
 ) -> LaunchConfig {
+    launch_config_blocks(geo, mode, n, n_tokens, n_used, usize::MAX)
+}
+
+/// [`launch_config`] with at most about `max_blocks` blocks in all: grid.x per slot is
+/// `matvec::balanced_blocks(tiles, max_blocks / grid.y)`, so each block walks the same number of
+/// its slot's tiles (±1) with its pipeline never drained between them.
+pub fn launch_config_blocks(
+    geo: &matvec::MatvecGeometry,
+    mode: Mode,
+    n: usize,
+    n_tokens: usize,
+    n_used: usize,
+    max_blocks: usize,
+) -> LaunchConfig {
     let (tile_rows, slots) = match mode {
         Mode::Plain => (n, n_tokens * n_used),
         Mode::Swiglu | Mode::Geglu => (2 * n, n_tokens * n_used),
         Mode::Down => (n, n_tokens),
     };
-    let mut cfg = matvec::launch_config(geo, tile_rows);
-    cfg.grid_dim.1 = checks::grid_dim(slots, 1, GRID_Y_MAX);
+    let grid_y = checks::grid_dim(slots, 1, GRID_Y_MAX);
+    let per_slot = (max_blocks / grid_y.max(1) as usize).max(1);
+    let mut cfg = matvec::launch_config_blocks(geo, tile_rows, per_slot);
+    cfg.grid_dim.1 = grid_y;
     cfg
 }
 
@@ -129,11 +145,24 @@ pub struct MoeDims {
 
 /// Runs the variant's mode (module doc). Ids are read on the device: one outside
 /// `[0, n_expert)` makes the outputs it feeds NaN instead of reading out of bounds.
+/// Grid: [`GridPolicy::PerTile`] (one block per tile of each slot).
 pub fn moe_matvec(
     kernel: &Kernel,
     inp: &MoeMatvecInputs<'_, '_>,
     y: &mut CudaViewMut<'_, f32>,
     d: MoeDims,
+) -> Result<(), Error> {
+    moe_matvec_with(kernel, inp, y, d, GridPolicy::PerTile)
+}
+
+/// [`moe_matvec`] with an explicit grid policy (`Resident`: the blocks the device holds at
+/// once, shared out over the slots; benchmarks compare them).
+pub fn moe_matvec_with(
+    kernel: &Kernel,
+    inp: &MoeMatvecInputs<'_, '_>,
+    y: &mut CudaViewMut<'_, f32>,
+    d: MoeDims,
+    grid: GridPolicy,
 ) -> Result<(), Error> {
     let MoeDims {
         k,
@@ -243,6 +272,11 @@ pub fn moe_matvec(
         checks::invalid(kernel, format!("{} experts are not supported", ty.name()))
     })?;
     matvec::allow_smem(kernel, geo.smem_bytes)?;
+    let max_blocks = match grid {
+        GridPolicy::PerTile => usize::MAX,
+        GridPolicy::Resident => matvec::resident_blocks(kernel, &geo)?,
+        GridPolicy::AtMost(b) => b.max(1) as usize,
+    };
     let mut args = MoeMatvecArgs {
         w: inp.w.slice(..),
         w_up,
@@ -262,11 +296,12 @@ pub fn moe_matvec(
     // SAFETY: w (and w_up in Swiglu / Geglu) hold n_expert·n rows of row_bytes(qtype, k) bytes, 16-byte
     // aligned; the kernel reads only rows of experts in [0, n_expert) (it checks every id); ids
     // (and weights in Down) hold n_tokens·n_used entries, x and y the rows of this mode at
-    // their strides (checked); the dynamic shared memory matches MatvecGeometry with BATCH 1.
+    // their strides (checked); the dynamic shared memory matches MatvecGeometry with BATCH 1;
+    // any grid of 1..=tiles × 1..=slots blocks covers every tile (the kernel strides over both).
     unsafe {
         launch(
             kernel,
-            launch_config(&geo, mode, n, n_tokens, n_used),
+            launch_config_blocks(&geo, mode, n, n_tokens, n_used, max_blocks),
             &mut args,
         )
     }
