@@ -97,19 +97,20 @@ template <class T> static T* shared_buf(size_t n, unsigned char fill) {
     memset(p, fill, n * sizeof(T) + 64); return (T*)p; }
 // A grid whose blocks wait for each other (dsa_topk's row barrier): every block runs at once, in
 // its own process (the template's __shared__ statics and the block barriers stay per block).
-static void run_grid_concurrent(Dim3 grid, int threads, const std::function<void()>& body) {
+static void run_grid_concurrent(Dim3 grid, int threads, unsigned smem, const std::function<void()>& body) {
     std::vector<pid_t> kids;
     for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
         fflush(nullptr);
         pid_t pid = fork();
         if (pid < 0) { perror("fork"); exit(2); }
         if (pid == 0) {
+            std::vector<unsigned char> sm(smem + 64, 0xCD);
             std::barrier<> block_bar(threads); g_block_barrier = &block_bar;
             std::vector<std::barrier<>*> wb; for (int i = 0; i < threads / 32; ++i) wb.push_back(new std::barrier<>(32));
             g_warp_barriers = wb; g_xchg.assign(threads, 0);
             std::vector<std::thread> ts;
             for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] {
-                threadIdx = {(unsigned)t, 0, 0}; blockIdx = {bx, by, 0}; gridDim = grid; g_smem = nullptr; g_smem_bytes = 0; body(); });
+                threadIdx = {(unsigned)t, 0, 0}; blockIdx = {bx, by, 0}; gridDim = grid; g_smem = sm.data(); g_smem_bytes = smem; body(); });
             for (auto& th : ts) th.join();
             _exit(0);
         }
@@ -131,7 +132,7 @@ template <class K> void run_topk(int n_q, int ld, int k, int n_blk, char** f) {
         std::fill(idx, idx + (size_t)n_q * k, -7);
         std::fill(count, count + n_q, -7);
         auto body = [&] { dsa_topk_impl<K>((const float*)sc.data(), (const int*)pos.data(), idx, count, n_blk > 1 ? scratch : nullptr, n_q, ld, k); };
-        if (n_blk > 1) run_grid_concurrent({(unsigned)n_blk, (unsigned)n_q, 1}, K::THREADS, body);
+        if (n_blk > 1) run_grid_concurrent({(unsigned)n_blk, (unsigned)n_q, 1}, K::THREADS, 0, body);
         else run_grid({1, (unsigned)n_q, 1}, K::THREADS, 0, body);
         for (size_t i = 0; i < sw; ++i) if (scratch[i] != 0) { fprintf(stderr, "launch %d left scratch[%zu] = %u\n", launch, i, scratch[i]); exit(3); }
         for (size_t i = sw; i < sw + 16; ++i) if (scratch[i] != 0xdeadbeefu) { fprintf(stderr, "scratch written past its size\n"); exit(3); }
@@ -148,8 +149,10 @@ template <class K> void run_topk(int n_q, int ld, int k, int n_blk, char** f) {
 template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int idx_cap, int n_split, int work_split, int work_floats, float scale, int eb, char** f) {
     auto q = slurp(f[0]), c = slurp(f[1]), ix = slurp(f[2]), cnt = slurp(f[3]);
     // 16 guard slots past the wrapper's size: the kernel must not touch them.
-    std::vector<float> out((size_t)nh * kvl), work((size_t)work_floats + 16, 0.0f);
-    std::fill(work.begin() + work_floats, work.end(), -7.0f);
+    std::vector<float> out((size_t)nh * kvl);
+    // Shared with the block processes of the phase-3 launch.
+    float* work = shared_buf<float>((size_t)work_floats + 16, 0);
+    std::fill(work + work_floats, work + work_floats + 16, -7.0f);
     int D = kvl + rope;
     // bf16: the tensor-core form (Q, two 64-row tiles, P; rows of D rounded up to 64); f32: CUDA cores.
     unsigned smem = eb == 2 ? (64 + 128) * ((D + 63) / 64 * 128) + 64 * 128 + 1536
@@ -158,19 +161,26 @@ template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int i
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
         run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, s, scale, 0); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work, nh, kvl, rope, max_ctx, idx_cap, s, scale, 0); });
     }
     // Phases 1 (partials) + 2 (merge over 3 blocks per head block): the same bits as phase 0.
     if (n_split > 1) {
         std::vector<float> two(out.size(), NAN);
         run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1); });
         run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2); });
         if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
+        // Phase 3: partials, a barrier per head block, the merge spread over the blocks (which
+        // therefore run at once), in one launch: the same bits again.
+        float* three = shared_buf<float>(out.size(), 0);
+        std::fill(three, three + out.size(), NAN);
+        run_grid_concurrent({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), three, work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 3); });
+        if (memcmp(three, out.data(), out.size() * 4) != 0) { fprintf(stderr, "phase 3 differs from phase 0\n"); exit(3); }
     }
     // Counters (and their padding) at the front, back at zero.
-    const unsigned* ctr = (const unsigned*)work.data();
+    const unsigned* ctr = (const unsigned*)work;
     for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
     for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     spit(f[4], out.data(), out.size() * 4);
@@ -279,7 +289,13 @@ fn emulator_source() -> String {
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
     let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
-    let sparse = strip(template("mla_sparse_decode.cuh"));
+    let sparse = splice(
+        &strip(template("mla_sparse_decode.cuh")),
+        "__device__ __forceinline__ u32 load_volatile(",
+        "// end of grid-scope primitives",
+        TOPK_GRID_HOST,
+        "mla_sparse_decode.cuh",
+    );
     let common_parts = [
         (
             "// Store one f32 as the cache element type.",

@@ -430,8 +430,11 @@ fn check_sparse(
     };
     let want = attention(&q, &c_vals[..n * d], &latent, n, shape, &mask, SCALE);
     let (dq, dc, dpos) = (up(s, &q), up(s, &c_bits), up(s, &[(n - 1) as i32]));
-    let auto = mla_sparse_decode::splits_for(sel.len(), N_HEAD, SMS);
-    let mut splits = vec![1, 3, auto];
+    let sms = gpu.sm_count().expect("sm count");
+    let auto = mla_sparse_decode::splits_for(sel.len(), N_HEAD, sms);
+    // 1: direct; 3: last-block merge; 8 and auto: one launch with a barrier and a spread merge
+    // (phase 3); sms + 1 (more blocks than fit at once): partials then a merge launch.
+    let mut splits = vec![1, 3, 8, auto, sms + 1];
     splits.sort_unstable();
     splits.dedup();
     let mut work = s
@@ -844,6 +847,25 @@ fn gpu_dsa_bad_positions_and_shapes() {
         "idx shorter than k",
     );
     let mut didx = up(s, &vec![0i32; TOP_K]);
+    let too_many = gpu.sm_count().expect("sm count") + 1;
+    let mut big = s
+        .alloc_zeros::<u32>(dsa_topk::scratch_words(1, too_many))
+        .expect("alloc");
+    refused(
+        dsa_topk::dsa_topk(
+            &ks.topk[0],
+            &dsc.as_view(),
+            &dpos.as_view(),
+            &mut didx.as_view_mut(),
+            &mut dcount1.as_view_mut(),
+            &mut big.as_view_mut(),
+            &DsaTopkParams {
+                n_blk: too_many,
+                ..one
+            },
+        ),
+        "more blocks than multiprocessors",
+    );
     for (bad, what) in [(0, "n_blk 0"), (5, "scratch for 4 blocks, 5 asked")] {
         refused(
             dsa_topk::dsa_topk(

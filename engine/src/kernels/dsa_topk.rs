@@ -118,6 +118,19 @@ pub fn dsa_topk(
             ),
         ));
     }
+    if p.n_blk > 1 {
+        // The blocks of a row wait for each other: all must be resident at once.
+        let sms = crate::kernels::mla_sparse_decode::sm_count(kernel)?;
+        if p.n_blk.saturating_mul(p.n_q) > sms {
+            return Err(checks::invalid(
+                kernel,
+                format!(
+                    "n_blk={} x n_q={} blocks exceed the {sms} multiprocessors (they must all be resident: use blocks_for)",
+                    p.n_blk, p.n_q
+                ),
+            ));
+        }
+    }
     checks::check_len(
         kernel,
         "scratch",

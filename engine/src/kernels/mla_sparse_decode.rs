@@ -2,7 +2,7 @@
 //! (model-specs §8.4 step 9); mla_decode's kernel body with a row list
 //! (templates/memra/mla_sparse_decode.cuh). Shapes, workspace and shared memory as mla_decode.
 
-use cudarc::driver::{CudaView, CudaViewMut};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks;
@@ -38,6 +38,28 @@ pub fn splits_for(top_k: usize, n_head: usize, sm_count: usize) -> usize {
     mla_decode::splits_for(top_k, n_head, sm_count)
 }
 
+/// Multiprocessors of the device a kernel runs on.
+pub(crate) fn sm_count(kernel: &Kernel) -> Result<usize, Error> {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    let n = kernel
+        .stream()
+        .context()
+        .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| Error::driver("cuDeviceGetAttribute(multiprocessor count)", e))?;
+    Ok(n.max(1) as usize)
+}
+
+/// The launches for `p`: above mla_decode's last-block-merge limit, one phase-3 launch (partials,
+/// a barrier per head block, the merge spread over the blocks) when every block fits on the
+/// device at once (`sms` multiprocessors, one block each), else mla_decode's phases 1 + 2.
+pub fn phases(p: &MlaDecodeParams, smem: usize, sms: usize) -> Vec<(i32, LaunchConfig)> {
+    let blocks = p.n_split * p.n_head.div_ceil(mla_decode::HEADS_PER_BLOCK);
+    if p.n_split > mla_decode::LAST_BLOCK_COMBINE_MAX && blocks <= sms {
+        return vec![(3, mla_decode::launch_config(p, smem))];
+    }
+    mla_decode::phases(p, smem)
+}
+
 /// Absorbed MLA decode for one token over the rows `idx[0..count[0])` (dsa_topk's outputs):
 /// `q` `[n_head, kv_lora + rope]`, `cache` `[max_ctx, kv_lora + rope]`, `idx` at least `top_k`
 /// ints (the selection capacity; a count above it gives NaN), `out` `[n_head, kv_lora]`; `work` as mla_decode.
@@ -59,7 +81,7 @@ pub fn mla_sparse_decode<C: CacheElem>(
     }
     checks::check_len(kernel, "idx", idx.len(), top_k)?;
     let smem = mla_decode::check_launch(kernel, q, cache, out, work, p)?;
-    for (phase, cfg) in mla_decode::phases(p, smem) {
+    for (phase, cfg) in phases(p, smem, sm_count(kernel)?) {
         let mut args = MlaSparseDecodeArgs {
             q: q.slice(..),
             cache: cache.slice(..),
@@ -76,7 +98,7 @@ pub fn mla_sparse_decode<C: CacheElem>(
             scale: p.scale,
             phase,
         };
-        // SAFETY: as mla_decode; the kernel reads idx[0..count) only for count ≤ idx_cap = top_k
+        // SAFETY: as mla_decode (phase 3: all blocks resident, `phases` checked); the kernel reads idx[0..count) only for count ≤ idx_cap = top_k
         // ≤ idx.len() (else it writes NaN without reading), and no cache row outside [0, max_ctx).
         unsafe { launch(kernel, cfg, &mut args)? }
     }
