@@ -12,197 +12,33 @@
 //!
 //! Each test needs a CUDA GPU and is ignored otherwise.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "gpu_common/forward.rs"]
+mod forward;
 
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use memra_codegen::dims;
 use memra_codegen::fixture;
-use memra_codegen::spec::ArchSpec;
+use memra_codegen::spec::{ArchSpec, Value};
 use memra_engine::kernels::registry::Policy;
-use memra_engine::models::{self, GpuModel, GpuOptions};
-use memra_gguf::Gguf;
-use memra_reference::compare::logit_verdict;
-use memra_reference::models::{Deepseek2, Deepseek2Cache, GlmDsa, GlmDsaCache};
 use memra_reference::Rng;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use forward::{
+    check_decode, check_prefill, load, load_ctx, micro, random_prompt, root, with_u32, Cpu,
+};
 
-/// The micro model of `arch` written to a temp file.
-fn micro(arch: &str, seed: u64) -> PathBuf {
-    let spec = ArchSpec::load(&root().join(format!("specs/{arch}.toml")))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let bytes = fixture::micro_model(&spec, seed).unwrap_or_else(|e| panic!("{e}"));
-    let path = std::env::temp_dir().join(format!(
-        "memra-micro-{arch}-{seed}-{}.gguf",
-        std::process::id()
-    ));
-    std::fs::write(&path, bytes).unwrap();
-    path
-}
+/// Each kernel policy, with and without CUDA graphs.
+const SETTINGS: [(Policy, bool); 4] = [
+    (Policy::Best, true),
+    (Policy::GenericOnly, false),
+    (Policy::Best, false),
+    (Policy::GenericOnly, true),
+];
 
-/// A copy of the GGUF at `path` with metadata `key` set to `value` (written beside it).
-fn with_u32(path: &Path, key: &str, value: u32) -> PathBuf {
-    let file = Gguf::parse(std::fs::read(path).unwrap()).unwrap();
-    let mut w = memra_gguf::GgufWriter::new();
-    for (k, v) in file.metadata() {
-        if k == key {
-            w.add_meta(k, value);
-        } else {
-            w.add_meta(k, v);
-        }
-    }
-    for t in file.tensors().iter() {
-        w.add_tensor_bytes(
-            t.name,
-            t.dims.as_slice(),
-            t.ggml_type,
-            file.tensor_data(t).to_vec(),
-        )
-        .unwrap();
-    }
-    let out = path.with_extension(format!("{key}-{value}.gguf"));
-    std::fs::write(&out, w.to_bytes().unwrap()).unwrap();
-    out
-}
-
-enum Cpu {
-    GlmDsa(GlmDsa, GlmDsaCache),
-    Deepseek2(Deepseek2, Deepseek2Cache),
-}
-
-impl Cpu {
-    fn load(arch: &str, path: &Path) -> Cpu {
-        let file = Gguf::parse(std::fs::read(path).unwrap()).unwrap();
-        match arch {
-            "glm-dsa" => {
-                let m = GlmDsa::from_gguf(&file).unwrap();
-                let c = m.new_cache();
-                Cpu::GlmDsa(m, c)
-            }
-            "deepseek2" => {
-                let m = Deepseek2::from_gguf(&file).unwrap();
-                let c = m.new_cache();
-                Cpu::Deepseek2(m, c)
-            }
-            other => panic!("no CPU forward wired for {other}"),
-        }
-    }
-
-    fn forward(&mut self, tokens: &[u32]) -> Vec<f32> {
-        match self {
-            Cpu::GlmDsa(m, c) => m.forward(c, tokens, false).unwrap(),
-            Cpu::Deepseek2(m, c) => m.forward(c, tokens, false).unwrap(),
-        }
-    }
-
-    fn reset(&mut self) {
-        match self {
-            Cpu::GlmDsa(m, c) => *c = m.new_cache(),
-            Cpu::Deepseek2(m, c) => *c = m.new_cache(),
-        }
-    }
-}
-
-fn load(arch: &str, path: &Path, policy: Policy, graphs: bool) -> Box<dyn GpuModel> {
-    // `graphs` also stands for the fused dense / shared-expert FFN of decode steps, so both paths
-    // are compared with the CPU.
-    let opts = GpuOptions {
-        policy,
-        graphs,
-        fuse_ffn: graphs,
-        max_ctx: Some(1024),
-        ..GpuOptions::default()
-    };
-    let m = models::load_gpu(path, arch, &opts).unwrap_or_else(|e| panic!("{e}"));
-    for line in m.report() {
-        println!("{line}");
-    }
-    m
-}
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-/// GPU vs CPU: prefill, decode steps, and GPU prefill vs GPU token-by-token decode, under each
-/// kernel policy, with and without CUDA graphs.
 fn micro_matches_the_cpu_reference(arch: &str) {
-    let mut rng = Rng::from_env_or_time(&format!("gpu_{arch}_micro"));
-    let seed = rng.seed();
-    let path = micro(arch, seed);
-    let mut cpu = Cpu::load(arch, &path);
-    let prompt: Vec<u32> = (0..20)
-        .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
-        .collect();
-    let steps = 12;
-    for (policy, graphs) in [
-        (Policy::Best, true),
-        (Policy::GenericOnly, false),
-        (Policy::Best, false),
-        (Policy::GenericOnly, true),
-    ] {
-        let what = format!("{arch} seed {seed}, {policy:?}, graphs {graphs}");
-        let mut gpu = load(arch, &path, policy, graphs);
-        cpu.reset();
-        let want = cpu.forward(&prompt);
-        gpu.forward(&prompt).unwrap();
-        logit_verdict(
-            &want,
-            &gpu.logits().unwrap(),
-            &format!("{what}: prefill of {}", prompt.len()),
-        )
-        .unwrap();
-        assert_eq!(
-            gpu.argmax().unwrap() as usize,
-            argmax(&gpu.logits().unwrap()),
-            "{what}: device argmax vs host argmax"
-        );
-        let mut seq = prompt.clone();
-        let mut next = argmax(&want) as u32;
-        for step in 0..steps {
-            seq.push(next);
-            let want = cpu.forward(&[next]);
-            gpu.forward(&[next]).unwrap();
-            logit_verdict(
-                &want,
-                &gpu.logits().unwrap(),
-                &format!("{what}: decode step {step} (position {})", seq.len() - 1),
-            )
-            .unwrap();
-            next = argmax(&want) as u32;
-        }
-        assert_eq!(gpu.len(), seq.len());
-        let batched = {
-            let mut g = load(arch, &path, policy, graphs);
-            g.forward(&seq).unwrap();
-            g.logits().unwrap()
-        };
-        gpu.reset();
-        for &tok in &seq {
-            gpu.forward(&[tok]).unwrap();
-        }
-        logit_verdict(
-            &batched,
-            &gpu.logits().unwrap(),
-            &format!(
-                "{what}: GPU prefill vs token-by-token decode of {}",
-                seq.len()
-            ),
-        )
-        .unwrap();
-        println!("{what}: prefill, {steps} decode steps and prefill-vs-decode pass");
-    }
-    let _ = std::fs::remove_file(&path);
+    forward::micro_matches_the_cpu_reference(arch, &SETTINGS);
 }
 
 #[test]
@@ -232,58 +68,39 @@ fn gpu_glm_dsa_micro_dense_then_sparse_and_long_context() {
         let what = format!("glm-dsa top_k 64 seed {seed}, graphs {graphs}");
         let mut gpu = load("glm-dsa", &path, Policy::Best, graphs);
         cpu.reset();
-        let prompt: Vec<u32> = (0..40)
-            .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
-            .collect();
-        let want = cpu.forward(&prompt);
-        gpu.forward(&prompt).unwrap();
-        logit_verdict(
-            &want,
-            &gpu.logits().unwrap(),
+        let prompt = random_prompt(&mut rng, 40);
+        let want = check_prefill(
+            &mut cpu,
+            gpu.as_mut(),
+            &prompt,
             &format!("{what}: prefill of 40"),
-        )
-        .unwrap();
-        let mut next = argmax(&want) as u32;
-        for step in 0..60 {
-            let want = cpu.forward(&[next]);
-            gpu.forward(&[next]).unwrap();
-            let at = 40 + step;
+            false,
+        );
+        let label = |step: usize, at: usize| {
             let path = if at + 1 > 64 { "sparse" } else { "dense" };
-            logit_verdict(
-                &want,
-                &gpu.logits().unwrap(),
-                &format!("{what}: decode step {step} (position {at}, {path})"),
-            )
-            .unwrap();
-            next = argmax(&want) as u32;
-        }
+            format!("{what}: decode step {step} (position {at}, {path})")
+        };
+        check_decode(&mut cpu, gpu.as_mut(), &want, 60, label, false);
         println!("{what}: dense decode up to 64 keys and sparse after pass");
     }
     let mut gpu = load("glm-dsa", &path, Policy::Best, true);
     cpu.reset();
-    let prompt: Vec<u32> = (0..600)
-        .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
-        .collect();
-    let want = cpu.forward(&prompt);
-    gpu.forward(&prompt).unwrap();
-    logit_verdict(
-        &want,
-        &gpu.logits().unwrap(),
+    let prompt = random_prompt(&mut rng, 600);
+    let want = check_prefill(
+        &mut cpu,
+        gpu.as_mut(),
+        &prompt,
         &format!("seed {seed}: prefill of 600 (top_k 64)"),
-    )
-    .unwrap();
-    let mut next = argmax(&want) as u32;
-    for step in 0..16 {
-        let want = cpu.forward(&[next]);
-        gpu.forward(&[next]).unwrap();
-        logit_verdict(
-            &want,
-            &gpu.logits().unwrap(),
-            &format!("seed {seed}: decode step {step} at {}", 600 + step),
-        )
-        .unwrap();
-        next = argmax(&want) as u32;
-    }
+        false,
+    );
+    check_decode(
+        &mut cpu,
+        gpu.as_mut(),
+        &want,
+        16,
+        |step, at| format!("seed {seed}: decode step {step} at {at}"),
+        false,
+    );
     let err = gpu
         .forward(&[fixture::MICRO_N_VOCAB as u32])
         .unwrap_err()
@@ -335,11 +152,8 @@ fn gpu_memra_run_embedded_micro_model() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
-    use memra_codegen::dims;
-    use memra_codegen::spec::Value;
     let mut rng = Rng::from_env_or_time("gpu_glm_dsa_glm5_layer");
     let seed = rng.seed();
-    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap_or_else(|e| panic!("{e}"));
     let overrides = [
         ("block_count", Value::Int(1)),
         ("nextn_predict_layers", Value::Int(0)),
@@ -349,58 +163,59 @@ fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
         ("n_expert_used", Value::Int(2)),
         ("n_vocab", Value::Int(fixture::MICRO_N_VOCAB as i64)),
     ];
-    let d = dims::from_preset_with(&spec, None, &overrides).unwrap_or_else(|e| panic!("{e}"));
-    let started = std::time::Instant::now();
+    let what = format!("seed {seed}: GLM-5-dims");
+    glm5_prefill_and_decode(&mut rng, "glm5-layer", &overrides, |_| {}, 300, 8, &what);
+    println!("seed {seed}: GLM-5-dims layer: 300-token prefill and 8 sparse decode steps (top_k 256) pass");
+}
+
+/// glm-dsa at GLM-5's preset dims with `overrides` (`check` sees the dims), written to a temp
+/// file named by `tag`; prints how long that took.
+fn glm5_file(
+    tag: &str,
+    overrides: &[(&str, Value)],
+    seed: u64,
+    check: impl FnOnce(&dims::ModelDims),
+) -> PathBuf {
+    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let d = dims::from_preset_with(&spec, None, overrides).unwrap_or_else(|e| panic!("{e}"));
+    check(&d);
+    let started = Instant::now();
     let bytes = fixture::model_from_dims(&spec, d, seed).unwrap_or_else(|e| panic!("{e}"));
-    let path = std::env::temp_dir().join(format!(
-        "memra-glm5-layer-{seed}-{}.gguf",
-        std::process::id()
-    ));
-    std::fs::write(&path, bytes).unwrap();
+    let path = std::env::temp_dir().join(format!("memra-{tag}-{seed}-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    drop(bytes);
     println!(
-        "seed {seed}: GLM-5-dims layer file written in {:.1} s",
+        "seed {seed}: {tag} file written in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    path
+}
+
+/// glm-dsa at GLM-5's dims with `overrides` ([`glm5_file`]): the CPU reference and the GPU
+/// forward (the build's variants where they fit, graphs, 4096 positions), each load timed, over
+/// an `n_prompt`-token prefill and `steps` decode steps under the verdict, each phase timed;
+/// `what` starts every verdict's label.
+fn glm5_prefill_and_decode(
+    rng: &mut Rng,
+    tag: &str,
+    overrides: &[(&str, Value)],
+    check: impl FnOnce(&dims::ModelDims),
+    n_prompt: usize,
+    steps: usize,
+    what: &str,
+) {
+    let path = glm5_file(tag, overrides, rng.seed(), check);
+    let t = Instant::now();
     let mut cpu = Cpu::load("glm-dsa", &path);
-    let opts = GpuOptions {
-        policy: Policy::Best,
-        graphs: true,
-        max_ctx: Some(4096),
-        ..GpuOptions::default()
-    };
-    let mut gpu = models::load_gpu(&path, "glm-dsa", &opts).unwrap_or_else(|e| panic!("{e}"));
-    for line in gpu.report() {
-        println!("{line}");
-    }
-    let prompt: Vec<u32> = (0..300)
-        .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
-        .collect();
-    let t = std::time::Instant::now();
-    let want = cpu.forward(&prompt);
-    println!("CPU prefill of 300: {:.1} s", t.elapsed().as_secs_f64());
-    gpu.forward(&prompt).unwrap();
-    logit_verdict(
-        &want,
-        &gpu.logits().unwrap(),
-        &format!("seed {seed}: GLM-5-dims prefill of 300"),
-    )
-    .unwrap();
-    let mut next = argmax(&want) as u32;
-    for step in 0..8 {
-        let want = cpu.forward(&[next]);
-        gpu.forward(&[next]).unwrap();
-        logit_verdict(
-            &want,
-            &gpu.logits().unwrap(),
-            &format!(
-                "seed {seed}: GLM-5-dims decode step {step} at {}",
-                300 + step
-            ),
-        )
-        .unwrap();
-        next = argmax(&want) as u32;
-    }
-    println!("seed {seed}: GLM-5-dims layer: 300-token prefill and 8 sparse decode steps (top_k 256) pass");
+    println!("CPU reference loaded in {:.1} s", t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    let mut gpu = load_ctx("glm-dsa", &path, Policy::Best, true, 4096);
+    println!("GPU model loaded in {:.1} s", t.elapsed().as_secs_f64());
+    let prompt = random_prompt(rng, n_prompt);
+    let prefill = format!("{what} prefill of {n_prompt}");
+    let want = check_prefill(&mut cpu, gpu.as_mut(), &prompt, &prefill, true);
+    let step = |step: usize, at: usize| format!("{what} decode step {step} at {at}");
+    check_decode(&mut cpu, gpu.as_mut(), &want, steps, step, true);
     let _ = std::fs::remove_file(&path);
 }
 
@@ -414,9 +229,6 @@ fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_glm_dsa_glm5_full_experts_past_2048() {
-    use memra_codegen::dims;
-    use memra_codegen::spec::Value;
-    use std::time::Instant;
     if std::env::var_os("MEMRA_GPU_FULL_GLM5").is_none_or(|v| v != "1") {
         println!(
             "SKIP: set MEMRA_GPU_FULL_GLM5=1 to run (GLM-5 full dims, ~45 GB host RAM, minutes)"
@@ -425,98 +237,29 @@ fn gpu_glm_dsa_glm5_full_experts_past_2048() {
     }
     let mut rng = Rng::from_env_or_time("gpu_glm_dsa_glm5_full");
     let seed = rng.seed();
-    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap_or_else(|e| panic!("{e}"));
     let overrides = [
         ("block_count", Value::Int(2)),
         ("nextn_predict_layers", Value::Int(0)),
         ("leading_dense_block_count", Value::Int(1)),
         ("n_vocab", Value::Int(fixture::MICRO_N_VOCAB as i64)),
     ];
-    let d = dims::from_preset_with(&spec, None, &overrides).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        (
+    let dims_check = |d: &dims::ModelDims| {
+        let got = (
             d.int("n_expert"),
             d.int("n_expert_used"),
-            d.int("indexer_top_k")
-        ),
-        (Some(256), Some(8), Some(2048))
-    );
-    let phase = Instant::now();
-    let bytes = fixture::model_from_dims(&spec, d, seed).unwrap_or_else(|e| panic!("{e}"));
-    let path = std::env::temp_dir().join(format!(
-        "memra-glm5-full-{seed}-{}.gguf",
-        std::process::id()
-    ));
-    std::fs::write(&path, &bytes).unwrap();
-    drop(bytes);
-    println!(
-        "seed {seed}: file written in {:.1} s",
-        phase.elapsed().as_secs_f64()
-    );
-    let phase = Instant::now();
-    let mut cpu = Cpu::load("glm-dsa", &path);
-    println!(
-        "CPU reference loaded in {:.1} s",
-        phase.elapsed().as_secs_f64()
-    );
-    let phase = Instant::now();
-    let opts = GpuOptions {
-        policy: Policy::Best,
-        graphs: true,
-        max_ctx: Some(4096),
-        ..GpuOptions::default()
-    };
-    let mut gpu = models::load_gpu(&path, "glm-dsa", &opts).unwrap_or_else(|e| panic!("{e}"));
-    for line in gpu.report() {
-        println!("{line}");
-    }
-    println!("GPU model loaded in {:.1} s", phase.elapsed().as_secs_f64());
-    let prompt: Vec<u32> = (0..2100)
-        .map(|_| rng.below(fixture::MICRO_N_VOCAB) as u32)
-        .collect();
-    let phase = Instant::now();
-    let want = cpu.forward(&prompt);
-    println!(
-        "CPU prefill of 2100: {:.1} s",
-        phase.elapsed().as_secs_f64()
-    );
-    let phase = Instant::now();
-    gpu.forward(&prompt).unwrap();
-    let got = gpu.logits().unwrap();
-    println!(
-        "GPU prefill of 2100: {:.2} s",
-        phase.elapsed().as_secs_f64()
-    );
-    logit_verdict(
-        &want,
-        &got,
-        &format!("seed {seed}: GLM-5 full dims, prefill of 2100"),
-    )
-    .unwrap();
-    let mut next = argmax(&want) as u32;
-    for step in 0..4 {
-        let phase = Instant::now();
-        let want = cpu.forward(&[next]);
-        let cpu_s = phase.elapsed().as_secs_f64();
-        let phase = Instant::now();
-        gpu.forward(&[next]).unwrap();
-        let got = gpu.logits().unwrap();
-        println!(
-            "decode step {step} at {}: CPU {cpu_s:.2} s, GPU {:.4} s",
-            2100 + step,
-            phase.elapsed().as_secs_f64()
+            d.int("indexer_top_k"),
         );
-        logit_verdict(
-            &want,
-            &got,
-            &format!(
-                "seed {seed}: GLM-5 full dims, decode step {step} at {}",
-                2100 + step
-            ),
-        )
-        .unwrap();
-        next = argmax(&want) as u32;
-    }
+        assert_eq!(got, (Some(256), Some(8), Some(2048)))
+    };
+    let what = format!("seed {seed}: GLM-5 full dims,");
+    glm5_prefill_and_decode(
+        &mut rng,
+        "glm5-full",
+        &overrides,
+        dims_check,
+        2100,
+        4,
+        &what,
+    );
     println!("seed {seed}: GLM-5 full dims (256 experts, top_k 2048): 2100-token prefill and 4 sparse decode steps pass");
-    let _ = std::fs::remove_file(&path);
 }
