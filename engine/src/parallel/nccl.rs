@@ -138,6 +138,16 @@ pub fn keep_nvls_off() -> String {
     }
 }
 
+/// Sets `NCCL_RUNTIME_CONNECT=0` unless the user set it: NCCL then connects its channels in
+/// `ncclCommInitAll` instead of inside the first collective, which for a decode step may be
+/// inside a CUDA graph capture.
+pub fn connect_at_init() {
+    if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+        // SAFETY: as in `keep_nvls_off` (same call site, before NCCL is loaded).
+        unsafe { std::env::set_var("NCCL_RUNTIME_CONNECT", "0") };
+    }
+}
+
 /// Loads NCCL once per process (search from the environment, `MEMRA_NCCL_PATH` first) after
 /// setting `NCCL_NVLS_ENABLE`. Never panics: absence is a `LibraryNotFound` listing every path
 /// tried; a library without one of the entry points is refused by name.
@@ -145,6 +155,7 @@ pub fn nccl() -> Result<&'static Nccl, Error> {
     static NCCL: OnceLock<Result<Nccl, Error>> = OnceLock::new();
     NCCL.get_or_init(|| {
         let nvls = keep_nvls_off();
+        connect_at_init();
         let lib = library::load(CudaLib::Nccl, &SearchPaths::from_env(CudaLib::Nccl))
             .map_err(Error::Cuda)?;
         // SAFETY: the same object is already resident (RTLD_GLOBAL); this only takes a reference.

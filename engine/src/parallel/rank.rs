@@ -112,6 +112,22 @@ impl Rank {
         Ok(self.comm.all_gather_in_place_f32(&self.stream, buf)?)
     }
 
+    /// One eager all-reduce of a decode step's and a prefill chunk's size and the logits
+    /// all-gather, waited for: the step's collectives then never run first inside a graph
+    /// capture. Every rank must call it together.
+    pub fn warm_up(&self, gpu: &Gpu, n_embd: usize, chunk: usize, n_vocab: usize) -> Result<()> {
+        let mut buf =
+            crate::models::gpu::alloc::<f32>(gpu, (chunk * n_embd).max(n_vocab), "NCCL warm-up")?;
+        self.all_reduce(&mut buf, n_embd)?;
+        self.all_reduce(&mut buf, chunk * n_embd)?;
+        if n_vocab % self.shard.n_ranks == 0 {
+            let mut logits = buf.slice_mut(..n_vocab);
+            self.comm
+                .all_gather_in_place_f32(&self.stream, &mut logits)?;
+        }
+        Ok(gpu.sync()?)
+    }
+
     /// Routed experts on this rank (the expert kernels' `n_expert`).
     pub fn local_experts(&self) -> usize {
         self.experts.as_ref().map_or(0, |r| r.len())
