@@ -682,7 +682,8 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
     let e = &mut emu;
     // Indexer. cfg 0: GLM-5 32×128 bf16; 1: generic bf16; 2: generic f32; 3: 32×128 f32, 2 warps.
     indexer_case(e, &mut rng, 0, 32, 128, &[69, 0, -1], 80, 2, false); // a batch, a bad position
-    indexer_case(e, &mut rng, 0, 32, 128, &[100], 101, 1, false); // warps stride over the tiles
+    indexer_case(e, &mut rng, 0, 32, 128, &[100], 101, 1, false);
+    indexer_case(e, &mut rng, 0, 32, 128, &[599, 300], 600, 1, false); // 19 tiles over 8 warps: the prefetch pipeline
     indexer_case(e, &mut rng, 1, 16, 64, &[40, 7], 41, 1, false);
     indexer_case(e, &mut rng, 2, 8, 32, &[50], 60, 1, true);
     indexer_case(e, &mut rng, 3, 32, 128, &[45, 80], 81, 1, true); // 64 threads: striding

@@ -241,14 +241,16 @@ fn indexer_and_topk<C: KeyElem>(
     let magnitude = ref_scores(&q, &w_abs, kvals, n);
     let (dq, dw, dpos) = (up(s, &q), up(s, &w), up(s, &[(n - 1) as i32]));
     let mut dscores = up(s, &vec![f32::NAN; max_ctx]);
-    for k in &ks.indexer {
+    let auto_blk = dsa_indexer::blocks_for(n, std::mem::size_of::<C>(), 256, SMS);
+    // The wrapper's block count, then 5 blocks (many tiles per warp: the prefetch pipeline).
+    for (k, n_blk) in ks.indexer.iter().flat_map(|k| [(k, auto_blk), (k, 5)]) {
         let p = DsaIndexerParams {
             n_q: 1,
             n_idx_head: nh,
             idx_head_dim: hd,
             max_ctx,
             ld_scores: max_ctx,
-            n_blk: dsa_indexer::blocks_for(n, std::mem::size_of::<C>(), 256, SMS),
+            n_blk,
         };
         dscores = up(s, &vec![f32::NAN; max_ctx]);
         dsa_indexer::dsa_indexer(
@@ -263,7 +265,7 @@ fn indexer_and_topk<C: KeyElem>(
         .unwrap_or_else(|e| panic!("{e}"));
         let got = down(s, &dscores);
         assert_close_scaled(
-            &format!("{} n={n}", k.name()),
+            &format!("{} n={n} n_blk={n_blk}", k.name()),
             &got[..n],
             &want,
             &magnitude,

@@ -21,9 +21,11 @@
 //   then runs every head over it. q is split into bf16 hi + lo (2 MMAs per k-step, products
 //   exact up to the 2^-16 relative size of the lo residual); an f32 key is split the same way
 //   (3 MMAs: hi·hi, lo·hi, hi·lo). Accumulation is f32 in the MMA; ReLU and the head weights are
-//   applied per 8-head tile, the 4 lanes of a token are reduced by shuffles.
+//   applied per 8-head tile, the 4 lanes of a token are reduced by shuffles. Software pipeline:
+//   a warp's first tile is loaded before q is staged, and each tile's successor is loaded
+//   before the tile is multiplied (two tiles of fragments in registers).
 // Geometry: grid (n_blk, n_q) — any n_blk ≥ 1 (warps stride over the tiles; the wrapper uses
-//   min(ceil(max_ctx / (16·MT·THREADS/32)), 4·SMs)) — block THREADS, static shared memory
+//   min(ceil(max_ctx / (16·MT·THREADS/32)), SMs): one block fills a multiprocessor's registers) — block THREADS, static shared memory
 //   2·8·8·32·8 + 64·4 bytes (q fragments hi/lo, weights); no dynamic shared memory.
 #pragma once
 #include "memra/common.cuh"
@@ -105,6 +107,33 @@ __device__ __forceinline__ void indexer(const float* __restrict__ q, const float
     const int n_tiles = (n_rows + RPT - 1) / RPT;
     if ((int)blockIdx.x * WARPS >= n_tiles) return;  // no tile for this block: skip the q staging
 
+    const char* kb = static_cast<const char*>(kcache);
+    // A fragments of tile `tl`: rows tl·RPT + mt·16 + {g, g + 8}, rows past n_rows (and tiles past
+    // the last) as zeros; every load is issued before any use.
+    auto load_tile = [&](int tl, uint4 (&a)[MT][2][LPR]) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = tl * RPT + mt * 16 + hf * 8 + g;
+                const char* src = kb + (i64)r * hd * EB;
+#pragma unroll
+                for (int l = 0; l < LPR; ++l) {
+                    const int ks = BF ? 2 * l : l;
+                    if (ks < KS && r < n_rows) {
+                        a[mt][hf][l] = ldg16(src + dim_of<C>(ks, c) * EB);
+                    } else {
+                        a[mt][hf][l] = make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+            }
+    };
+    // The first tile's keys are in flight while q is staged.
+    const int stride = gridDim.x * WARPS;
+    int tile = blockIdx.x * WARPS + warp;
+    uint4 a[MT][2][LPR];
+    load_tile(tile, a);
+
     // q in B-fragment order: [ks][nt][lane] → dims dim_of(ks, c)..+3 of head nt·8 + g.
     const float* qt = q + (i64)t * nh * hd;
     for (int i = tid; i < KS * NT * WARP_SIZE; i += THREADS) {
@@ -119,27 +148,11 @@ __device__ __forceinline__ void indexer(const float* __restrict__ q, const float
     for (int i = tid; i < nh; i += THREADS) w_s[i] = w[(i64)t * nh + i];
     __syncthreads();
 
-    const char* kb = static_cast<const char*>(kcache);
-    for (int tile = blockIdx.x * WARPS + warp; tile < n_tiles; tile += gridDim.x * WARPS) {
+    for (; tile < n_tiles; tile += stride) {
+        // The next tile's keys stream in while this one is multiplied.
+        uint4 nx[MT][2][LPR];
+        load_tile(tile + stride < n_tiles ? tile + stride : n_tiles, nx);
         const int r0 = tile * RPT;
-        // A fragments: rows r0 + mt·16 + {g, g + 8}, every load issued before any MMA.
-        uint4 a[MT][2][LPR];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = r0 + mt * 16 + hf * 8 + g;
-                const char* src = kb + (i64)r * hd * EB;
-#pragma unroll
-                for (int l = 0; l < LPR; ++l) {
-                    const int ks = BF ? 2 * l : l;
-                    if (ks < KS && r < n_rows) {
-                        a[mt][hf][l] = ldg16(src + dim_of<C>(ks, c) * EB);
-                    } else {
-                        a[mt][hf][l] = make_uint4(0u, 0u, 0u, 0u);
-                    }
-                }
-            }
         float sc[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) sc[mt][0] = sc[mt][1] = 0.0f;
@@ -191,6 +204,12 @@ __device__ __forceinline__ void indexer(const float* __restrict__ q, const float
                 const int r = r0 + mt * 16 + hf * 8 + g;
                 if (c == 0 && r < n_rows) row_out[r] = v;
             }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int l = 0; l < LPR; ++l) a[mt][hf][l] = nx[mt][hf][l];
     }
 }
 

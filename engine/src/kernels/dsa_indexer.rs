@@ -53,10 +53,11 @@ pub fn tile_tokens(elem_bytes: usize) -> usize {
 }
 
 /// Blocks per query for up to `max_len` visible keys: enough for one tile per warp, at most
-/// 4 per multiprocessor (warps then stride over the tiles).
+/// one per multiprocessor (one block fills one: its warps keep the next tile's keys in flight
+/// while multiplying the current one, and stride over the tiles).
 pub fn blocks_for(max_len: usize, elem_bytes: usize, threads: u32, sm_count: usize) -> usize {
     let per_block = tile_tokens(elem_bytes) * (threads as usize / 32);
-    max_len.div_ceil(per_block).clamp(1, (4 * sm_count).max(1))
+    max_len.div_ceil(per_block).clamp(1, sm_count.max(1))
 }
 
 /// Bytes of index keys one query reads for `visible` keys (the bandwidth figure).
