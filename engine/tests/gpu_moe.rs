@@ -342,27 +342,32 @@ struct Kernels {
     down: Kernel,
     /// xq8 variants: x and h are quantized by this quantize_q8 kernel first.
     quantize: Option<Kernel>,
+    /// xq8: swiglu with XQ8 = 2 (f32 x quantized in each block), checked bit for bit against
+    /// quantize_q8 + the XQ8 = 1 swiglu.
+    swiglu_fused: Option<Kernel>,
 }
 
 fn kernels(gpu: &Gpu, sh: &MoeShape, spec: bool, xq8: bool) -> Kernels {
     let q = token(sh.ty);
-    let mk = |k: usize, n: usize, mode: &'static str| {
+    let mk_xq8 = |k: usize, n: usize, mode: &'static str, xq8_cfg: i64| {
         let mut p: Vec<(&str, V)> = vec![("qtype", V::S(q)), ("mode", V::S(mode))];
         if spec {
             p.push(("k", V::I(k as i64)));
             p.push(("n", V::I(n as i64)));
         }
-        if xq8 {
-            p.push(("xq8", V::I(1)));
+        if xq8_cfg > 0 {
+            p.push(("xq8", V::I(xq8_cfg)));
         }
         load(gpu, variant("moe_matvec", &p))
     };
+    let mk = |k: usize, n: usize, mode: &'static str| mk_xq8(k, n, mode, i64::from(xq8));
     Kernels {
         plain: mk(sh.n_embd, sh.n_ff, "plain"),
         swiglu: mk(sh.n_embd, sh.n_ff, "swiglu"),
         geglu: xq8.then(|| mk(sh.n_embd, sh.n_ff, "geglu")),
         down: mk(sh.n_ff, sh.n_embd, "down"),
         quantize: xq8.then(|| load(gpu, variant("quantize_q8", &[]))),
+        swiglu_fused: xq8.then(|| mk_xq8(sh.n_embd, sh.n_ff, "swiglu", 2)),
     }
 }
 
@@ -450,6 +455,28 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
     let dh = up(s, &h);
     let err = rel_err(&h, &h_ref);
     assert!(err <= F32_TOL, "{}: swiglu rel L2 {err:e}", tag(&ks.swiglu));
+    if let Some(kf) = &ks.swiglu_fused {
+        // Same q8 bytes of x, same integer products: the same bits as quantize_q8 + XQ8 = 1.
+        let dxf = dx.slice(..);
+        let inp = MoeMatvecInputs { x: &dxf, ..inp };
+        let fused = launch_grids(
+            gpu,
+            kf,
+            &inp,
+            MoeDims { ldx: ke, ..dims },
+            slots * nf,
+            &tag(kf),
+        );
+        let same = fused
+            .iter()
+            .zip(&h)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{}: XQ8 = 2 differs from quantize_q8 + XQ8 = 1",
+            tag(kf)
+        );
+    }
     if let Some(kg) = &ks.geglu {
         let gg = launch_grids(gpu, kg, &inp, dims, slots * nf, &tag(kg));
         let err = rel_err(&gg, &geglu_ref);

@@ -45,7 +45,7 @@ template <class C> int moe(char** a) {
     int tile_rows = moe_detail::PAIRED_MODE<C::MODE> ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
     // gx_max < tiles: each block walks several tiles of its slot (the resident grid's path).
     Dim3 grid{(unsigned)std::min((tile_rows + G::ROWS - 1) / G::ROWS, gx_max), (unsigned)std::min(slots, gy_max), 1};
-    run_grid(grid, C::THREADS, G::SMEM, [&] {
+    run_grid(grid, C::THREADS, G::SMEM + (G::XQ8_FUSED ? G::xf_row(k) : 0), [&] {
         moe_matvec_impl<C>(wp, wup, (const int*)ids.data(), (const float*)wts.data(), xp, yp, k, n, nt, nu, ne, ldx, ldy); });
     spit(a[14], yp, y.size());
     return 0; }
@@ -210,10 +210,7 @@ fn launch(
 /// weighted sum), with one token's slot pointing at expert n_expert (out of range).
 #[test]
 fn moe_matvec_emulated_on_host_threads_matches_reference() {
-    moe_modes_match_reference(
-        "moe_matvec_emulated_on_host_threads_matches_reference",
-        false,
-    );
+    moe_modes_match_reference("moe_matvec_emulated_on_host_threads_matches_reference", 0);
 }
 
 /// The integer path (XQ8 = 1) for every type that has it: x and h as q8 rows (the layout
@@ -224,7 +221,17 @@ fn moe_matvec_emulated_on_host_threads_matches_reference() {
 fn moe_matvec_xq8_emulated_on_host_threads_matches_q8_reference() {
     moe_modes_match_reference(
         "moe_matvec_xq8_emulated_on_host_threads_matches_q8_reference",
-        true,
+        1,
+    );
+}
+
+/// XQ8 = 2 (plain, swiglu, geglu; down refuses it): f32 x, each block quantizes its slot's x
+/// row into shared memory, against the same q8 oracle and tolerance.
+#[test]
+fn moe_matvec_xq8_fused_emulated_on_host_threads_matches_q8_reference() {
+    moe_modes_match_reference(
+        "moe_matvec_xq8_fused_emulated_on_host_threads_matches_q8_reference",
+        2,
     );
 }
 
@@ -245,11 +252,14 @@ fn device_rows(xq8: bool, v: &[f32], rows: usize, k: usize, ld: usize) -> (Vec<f
     (out, ldq)
 }
 
-fn moe_modes_match_reference(test: &str, xq8: bool) {
-    let Some(mut b) = Builder::new(test, if xq8 { "moe-q8" } else { "moe" }, &emulator_source())
-    else {
+/// `xq8_cfg`: the Cfg's XQ8 (0 f32 path; 1 x as q8 rows; 2 f32 x quantized in the block).
+fn moe_modes_match_reference(test: &str, xq8_cfg: u8) {
+    let name = ["moe", "moe-q8", "moe-q8f"][xq8_cfg as usize];
+    let Some(mut b) = Builder::new(test, name, &emulator_source()) else {
         return;
     };
+    let xq8 = xq8_cfg != 0; // the q8 oracle
+    let q8_rows = xq8_cfg == 1; // x passed as q8 rows
     let mut rng = Rng::from_env_or_time(test);
     let seed = rng.seed();
     // The oracle's matvec: f32 x, or x quantized as quantize_q8 does (xq8).
@@ -274,7 +284,7 @@ fn moe_modes_match_reference(test: &str, xq8: bool) {
             defines.push("SPEC=1".into());
         }
         if xq8 {
-            defines.push("XQ8V=1".into());
+            defines.push(format!("XQ8V={xq8_cfg}"));
         }
         let c = Case {
             n_tokens: 2,
@@ -295,7 +305,7 @@ fn moe_modes_match_reference(test: &str, xq8: bool) {
         let ldx = kk + 4;
         let ldy = nn + 3;
         let x = rng.normal_vec((c.n_tokens - 1) * ldx + kk, 1.0);
-        let (x_dev, ldx_dev) = device_rows(xq8, &x, c.n_tokens, kk, ldx);
+        let (x_dev, ldx_dev) = device_rows(q8_rows, &x, c.n_tokens, kk, ldx);
         for variant_spec in if spec { vec![true, false] } else { vec![false] } {
             // Specialized: one block per tile; generic: two blocks per slot walk its tiles.
             let grid_x_max = if variant_spec { 1 << 20 } else { 2 };
@@ -408,12 +418,14 @@ fn moe_modes_match_reference(test: &str, xq8: bool) {
             // down: y[b] = Σ_j wt·W_down[e]·h[s], h random [slots][ldh].
             let ldh = nn + 8;
             let h = rng.normal_vec((slots - 1) * ldh + nn, 1.0);
-            let (h_dev, ldh_dev) = device_rows(xq8, &h, slots, nn, ldh);
+            let (h_dev, ldh_dev) = device_rows(q8_rows, &h, slots, nn, ldh);
             let ldo = kk + 1;
             let dd = [
                 nn, kk, c.n_tokens, c.n_used, c.n_expert, ldh_dev, ldo, 2, grid_x_max,
             ];
-            let modes: &[&str] = if variant_spec {
+            let modes: &[&str] = if xq8_cfg == 2 {
+                &[] // down has one x row per segment: XQ8 = 2 traps there (the wrapper refuses it)
+            } else if variant_spec {
                 &["down"]
             } else {
                 &["down", "down_acc"]

@@ -23,7 +23,9 @@
 //   int   THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (Swiglu / Geglu: ROWS_PER_GROUP even)
 //   int   ACCUMULATE      Down only: 1 = y += combine (residual fusion)
 //   int   XQ8             optional (absent = 0), as matvec: 1 = x rows are quantize_q8 rows
-//                         (ldx in floats of those rows), products by __dp4a
+//                         (ldx in floats of those rows), products by __dp4a; 2 (not Down) = x is
+//                         f32 and each block quantizes its slot's x row into shared memory
+//                         (dynamic shared memory + xf_row(K), matvec.cuh), no quantize_q8 launch
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const unsigned char* w_up, const int* ids, const float* weights,
@@ -40,7 +42,8 @@
 //   Down: n_tokens), S ≤ 65535: block (x, y) computes tiles x, x + G, … of slots y, y + S, …,
 //   its cp.async pipeline running across the tiles of a slot as in matvec (G = T: one tile per
 //   block; the wrapper's resident policy launches G = balanced resident blocks / S). Block
-//   THREADS, dynamic shared memory = matvec's with BATCH 1 (MatvecGeometry<MoeMatvecGeometryCfg<Cfg>>::SMEM).
+//   THREADS, dynamic shared memory = matvec's with BATCH 1 (MatvecGeometry<MoeMatvecGeometryCfg<Cfg>>::SMEM,
+//   + xf_row(K) with XQ8 = 2).
 #pragma once
 #include "memra/matvec.cuh"
 #include "memra/swiglu.cuh"
@@ -159,10 +162,11 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
     using GC = MoeMatvecGeometryCfg<Cfg>;
     using G = MatvecGeometry<GC>;
     using U = qunit::Unit<Cfg::QTYPE>;
-    if (async::dynamic_smem_bytes() < (u32)G::SMEM) __trap();
-    if (G::XQ8 && !U::INT_DOT) __trap();  // the wrapper refuses these
-    if (G::XQ8_FUSED) __trap();           // XQ8 = 2 is matvec's only (the wrapper refuses it)
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
+    if (async::dynamic_smem_bytes() < (u32)G::SMEM + (G::XQ8_FUSED ? (u32)G::xf_row(K) : 0u)) __trap();
+    if (G::XQ8 && !U::INT_DOT) __trap();  // the wrapper refuses these
+    // XQ8 = 2 quantizes one x row per slot in the block; Down's segments each have their own.
+    if (G::XQ8_FUSED && Cfg::MODE == MoeMode::Down) __trap();  // the wrapper refuses it
     const i64 w_total = (i64)n_expert * N * ((i64)(K / U::BLOCK) * U::BYTES);
     if constexpr (Cfg::MODE == MoeMode::Down) {
         for (int b = blockIdx.y; b < n_tokens; b += gridDim.y) {

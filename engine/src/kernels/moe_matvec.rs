@@ -237,13 +237,13 @@ pub fn moe_matvec_with(
     };
     // xq8 variants read x as quantize_q8 rows (matvec's integer path).
     matvec::check_xq8(kernel, ty, &tune)?;
-    if tune.fuse_x {
+    if tune.fuse_x && mode == Mode::Down {
         return Err(checks::invalid(
             kernel,
-            "xq8=2 (x quantized in the block) is matvec's only; use xq8=1 with quantize_q8",
+            "xq8=2 (x quantized in the block) quantizes one x row per slot: not mode down; use xq8=1 with quantize_q8",
         ));
     }
-    let xk = matvec::x_row_floats(tune.xq8, k);
+    let xk = matvec::x_row_floats(tune.xq8 && !tune.fuse_x, k);
     if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
             kernel,
@@ -268,9 +268,21 @@ pub fn moe_matvec_with(
         (y_rows - 1).checked_mul(ldy).ok_or_else(overflow)? + n,
     )?;
     checks::check_aligned16(kernel, "x", inp.x)?;
-    let geo = matvec::geometry(ty, &tune).ok_or_else(|| {
+    let mut geo = matvec::geometry(ty, &tune).ok_or_else(|| {
         checks::invalid(kernel, format!("{} experts are not supported", ty.name()))
     })?;
+    // XQ8 = 2: the slot's whole q8 x after the stages (BATCH 1).
+    geo.smem_bytes += matvec::fused_x_bytes(ty, &tune, k).unwrap_or(u32::MAX);
+    if geo.smem_bytes > matvec::MAX_DYNAMIC_SMEM {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "k={k}: {} bytes of shared memory > {}",
+                geo.smem_bytes,
+                matvec::MAX_DYNAMIC_SMEM
+            ),
+        ));
+    }
     matvec::allow_smem(kernel, geo.smem_bytes)?;
     let max_blocks = match grid {
         GridPolicy::PerTile => usize::MAX,

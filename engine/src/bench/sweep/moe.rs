@@ -100,10 +100,11 @@ const TUNINGS: [(u32, u32, u32, u32); 8] = [
     (512, 32, 2, 4),
     (128, 32, 4, 4),
 ];
-/// The first tunings also run with `xq8` (x quantized by a quantize_q8 launch, timed with it).
+/// The first tunings also run with `xq8` (x quantized by a quantize_q8 launch, timed with it)
+/// and, except in Down, with `xq8` + `fuse_x` (each block quantizes its slot's x: one launch).
 const XQ8_TUNINGS: usize = 3;
 
-fn candidates(ty: GgmlType) -> Vec<MatvecTuning> {
+fn candidates(ty: GgmlType, mode: Mode, k: usize) -> Vec<MatvecTuning> {
     let base: Vec<MatvecTuning> = TUNINGS
         .iter()
         .map(|&(threads, lanes, rows_per_group, stages)| MatvecTuning {
@@ -117,10 +118,21 @@ fn candidates(ty: GgmlType) -> Vec<MatvecTuning> {
             fuse_x: false,
         })
         .collect();
+    let fused: &[bool] = if mode == Mode::Down {
+        &[false]
+    } else {
+        &[false, true]
+    };
     let q8: Vec<MatvecTuning> = if matvec::int_dot(ty) {
-        base.iter()
-            .take(XQ8_TUNINGS)
-            .map(|t| MatvecTuning { xq8: true, ..*t })
+        fused
+            .iter()
+            .flat_map(|&fuse_x| {
+                base.iter().take(XQ8_TUNINGS).map(move |t| MatvecTuning {
+                    xq8: true,
+                    fuse_x,
+                    ..*t
+                })
+            })
             .collect()
     } else {
         Vec::new()
@@ -128,7 +140,10 @@ fn candidates(ty: GgmlType) -> Vec<MatvecTuning> {
     base.into_iter()
         .chain(q8)
         .filter(|t| {
-            matvec::geometry(ty, t).is_some_and(|g| g.smem_bytes <= matvec::MAX_DYNAMIC_SMEM)
+            matvec::geometry(ty, t).is_some_and(|g| {
+                g.smem_bytes + matvec::fused_x_bytes(ty, t, k).unwrap_or(u32::MAX)
+                    <= matvec::MAX_DYNAMIC_SMEM
+            })
         })
         .collect()
 }
@@ -140,7 +155,11 @@ fn label(t: &MatvecTuning) -> String {
         t.lanes,
         t.rows_per_group,
         t.stages,
-        if t.xq8 { "_q8" } else { "" }
+        match (t.xq8, t.fuse_x) {
+            (false, _) => "",
+            (true, false) => "_q8",
+            (true, true) => "_q8f",
+        }
     )
 }
 
@@ -172,7 +191,7 @@ fn render(s: &MoeShape, t: &MatvecTuning) -> &'static KernelVariant {
         params.push((key, Param::Int(v as i64)));
     }
     if t.xq8 {
-        params.push(("xq8", Param::Int(1)));
+        params.push(("xq8", Param::Int(matvec::xq8_value(t) as i64)));
     }
     let source: &'static str =
         Box::leak(moe_matvec::render_source(name, s.ty, s.mode, s.k, s.n, t).into_boxed_str());
@@ -216,7 +235,7 @@ pub fn plan() -> Vec<MoeCase> {
         .iter()
         .map(|s| MoeCase {
             shape: *s,
-            candidates: candidates(s.ty)
+            candidates: candidates(s.ty, s.mode, s.k)
                 .iter()
                 .map(|t| (*t, render(s, t)))
                 .collect(),
@@ -379,7 +398,8 @@ fn launch(
     grid: GridPolicy,
 ) -> Result<(), Error> {
     let s = &case.shape;
-    let xq8 = moe_matvec::tuning(kernel)?.xq8;
+    let t = moe_matvec::tuning(kernel)?;
+    let xq8 = t.xq8 && !t.fuse_x; // x as quantize_q8 rows
     let (x_rows, _) = case.rows();
     let ldx = if xq8 {
         let ldq = quantize_q8::row_floats(s.k);
@@ -761,7 +781,9 @@ mod tests {
                     "{}",
                     v.name
                 );
-                assert_eq!(t.xq8, v.source.contains("XQ8 = 1"), "{}", v.name);
+                let cfg = format!("XQ8 = {}", matvec::xq8_value(t));
+                assert!(v.source.contains(&cfg), "{}", v.name);
+                assert!(!(t.fuse_x && c.shape.mode == Mode::Down), "{}", v.name);
             }
             // The first candidate is the README default (the baseline).
             assert_eq!(c.candidates[0].0, MatvecTuning::default());
