@@ -627,6 +627,188 @@ fn gpu_dsa_topk_ties_and_batches() {
     eprintln!("PASS gpu_dsa_topk_ties_and_batches");
 }
 
+/// Median launch time (µs) of `f` over 50 timed launches after 5 warm-up ones (no L2 flush: in
+/// a decode step each kernel reads what the previous one just wrote).
+fn median_us(gpu: &Gpu, f: &mut dyn FnMut(usize) -> Result<(), memra_engine::cuda::Error>) -> f64 {
+    let mut no_flush = gpu.stream().alloc_zeros::<u8>(1).expect("alloc");
+    let us = memra_engine::bench::time_launches(gpu, 5, 50, &mut no_flush, f)
+        .unwrap_or_else(|e| panic!("{e}"));
+    us[us.len() / 2]
+}
+
+/// Block-count sweep at GLM-5 decode dims, T = 131072, k = 2048 (the specialized bf16 variants):
+/// launch times are printed (`sweep ...` lines, informative: they pick blocks_for / splits_for),
+/// and every result is checked — indexer scores bit-equal across block counts, top-k lists equal
+/// to dsa::top_k of those scores, sparse attention within ATTN_TOL of the one-split output.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_block_count_sweep() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let sms = gpu.sm_count().expect("sm count");
+    let mut rng = Rng::from_env_or_time("gpu_dsa_block_count_sweep");
+    let ks = kernels(&gpu, "bf16");
+    let (ki, kt, kp) = (&ks.indexer[0], &ks.topk[0], &ks.sparse[0]);
+    let n = 131_072;
+    let (nh, hd) = (IDX.n_head, IDX.head_dim);
+    let (kbits, _) = bf16_vals(&mut rng, n * hd);
+    let keys = up(s, &kbits);
+    let q = rng.normal_vec(nh * hd, 1.0);
+    let w: Vec<f32> = rng
+        .normal_vec(nh, 1.0)
+        .iter()
+        .map(|v| v / ((hd * nh) as f32).sqrt())
+        .collect();
+    let (dq, dw, dpos) = (up(s, &q), up(s, &w), up(s, &[(n - 1) as i32]));
+    let mut dscores = up(s, &vec![f32::NAN; n]);
+    let mut first: Option<Vec<f32>> = None;
+    for n_blk in [sms / 2, sms, 2 * sms, 4 * sms] {
+        let p = DsaIndexerParams {
+            n_q: 1,
+            n_idx_head: nh,
+            idx_head_dim: hd,
+            max_ctx: n,
+            ld_scores: n,
+            n_blk,
+        };
+        let us = median_us(&gpu, &mut |_| {
+            dsa_indexer::dsa_indexer(
+                ki,
+                &dq.as_view(),
+                &dw.as_view(),
+                &keys.as_view(),
+                &dpos.as_view(),
+                &mut dscores.as_view_mut(),
+                &p,
+            )
+        });
+        eprintln!("sweep dsa_indexer {} n_blk {n_blk}: {us:.2} us", ki.name());
+        let got = down(s, &dscores);
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert!(
+                f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "dsa_indexer n_blk {n_blk}: scores differ from n_blk {} (MEMRA_SEED={})",
+                sms / 2,
+                rng.seed()
+            ),
+        }
+    }
+    let scores = first.expect("indexer ran");
+    let want = top_k(&scores, TOP_K);
+    let mut didx = s.alloc_zeros::<i32>(TOP_K).expect("alloc");
+    let mut dcount = s.alloc_zeros::<i32>(1).expect("alloc");
+    let mut blocks = vec![
+        1,
+        8,
+        16,
+        32,
+        48,
+        64,
+        96,
+        128,
+        sms,
+        dsa_topk::blocks_for(1, n, sms),
+    ];
+    blocks.retain(|&b| b <= sms);
+    blocks.sort_unstable();
+    blocks.dedup();
+    for n_blk in blocks {
+        let mut scratch = s
+            .alloc_zeros::<u32>(dsa_topk::scratch_words(1, n_blk).max(1))
+            .expect("alloc");
+        let p = DsaTopkParams {
+            n_q: 1,
+            ld_scores: n,
+            k: TOP_K,
+            n_blk,
+        };
+        let us = median_us(&gpu, &mut |_| {
+            dsa_topk::dsa_topk(
+                kt,
+                &dscores.as_view(),
+                &dpos.as_view(),
+                &mut didx.as_view_mut(),
+                &mut dcount.as_view_mut(),
+                &mut scratch.as_view_mut(),
+                &p,
+            )
+        });
+        eprintln!("sweep dsa_topk {} n_blk {n_blk}: {us:.2} us", kt.name());
+        check_selection(
+            &format!("{} n_blk {n_blk}", kt.name()),
+            &down(s, &didx),
+            down(s, &dcount)[0],
+            &want,
+            &rng,
+        );
+    }
+    let d = KV_LORA + ROPE;
+    let (cbits, _) = bf16_vals(&mut rng, n * d);
+    let (dc, dqm) = (up(s, &cbits), up(s, &rng.normal_vec(N_HEAD * d, 1.0)));
+    let mut splits = vec![
+        1,
+        4,
+        8,
+        16,
+        32,
+        64,
+        128,
+        sms,
+        mla_sparse_decode::splits_for(TOP_K, N_HEAD, sms),
+    ];
+    splits.sort_unstable();
+    splits.dedup();
+    let mut work = s
+        .alloc_zeros::<f32>(mla_decode::work_floats(
+            N_HEAD,
+            KV_LORA,
+            *splits.last().unwrap(),
+        ))
+        .expect("alloc");
+    let mut dout = s.alloc_zeros::<f32>(N_HEAD * KV_LORA).expect("alloc");
+    let mut one: Option<Vec<f32>> = None;
+    for n_split in splits {
+        let p = MlaDecodeParams {
+            n_head: N_HEAD,
+            kv_lora: KV_LORA,
+            rope: ROPE,
+            max_ctx: n,
+            n_split,
+            scale: SCALE,
+        };
+        let us = median_us(&gpu, &mut |_| {
+            mla_sparse_decode::mla_sparse_decode(
+                kp,
+                &dqm.as_view(),
+                &dc.as_view(),
+                &didx.as_view(),
+                &dcount.as_view(),
+                &mut dout.as_view_mut(),
+                &mut work.as_view_mut(),
+                TOP_K,
+                &p,
+            )
+        });
+        eprintln!(
+            "sweep mla_sparse_decode {} n_split {n_split}: {us:.2} us",
+            kp.name()
+        );
+        let got = down(s, &dout);
+        match &one {
+            None => one = Some(got),
+            Some(o) => assert_close(
+                &format!("{} n_split {n_split} vs 1", kp.name()),
+                &got,
+                o,
+                ATTN_TOL,
+                &rng,
+            ),
+        }
+    }
+    eprintln!("PASS gpu_dsa_block_count_sweep (MEMRA_SEED={})", rng.seed());
+}
+
 /// dsa_topk alone at k = 2048 over 1, 7, 2047, 2048, 2049, 40000 and 131072 visible keys (the
 /// last three in a longer row), random scores, palette ties (±0, ±∞) and all-equal rows, with
 /// one block per row, the wrapper's block count and awkward ones (3, one per multiprocessor).
