@@ -622,9 +622,12 @@ fn err_vs(gpu: &Gpu, y: &CudaSlice<f32>, want: &[f32]) -> Result<f64, Error> {
 }
 
 fn blocks(kernel: &Kernel, case: &SweepCase, grid: GridPolicy) -> u32 {
-    let Some(geo) = matvec::geometry(case.ty, &matvec::tuning(kernel).unwrap_or_default()) else {
+    let t = matvec::tuning(kernel).unwrap_or_default();
+    let Some(mut geo) = matvec::geometry(case.ty, &t) else {
         return 0;
     };
+    // As the wrapper sizes it (XQ8 = 2: + the block's q8 x), so occupancy matches the launch.
+    geo.smem_bytes += matvec::fused_x_bytes(case.ty, &t, case.shape.k).unwrap_or(0);
     let max = match grid {
         GridPolicy::PerTile => usize::MAX,
         GridPolicy::Resident => matvec::resident_blocks(kernel, &geo).unwrap_or(usize::MAX),

@@ -475,9 +475,11 @@ struct Measured {
 
 fn blocks(kernel: &Kernel, case: &MoeCase, grid: GridPolicy) -> u32 {
     let s = &case.shape;
-    let Some(geo) = matvec::geometry(s.ty, &moe_matvec::tuning(kernel).unwrap_or_default()) else {
+    let t = moe_matvec::tuning(kernel).unwrap_or_default();
+    let Some(mut geo) = matvec::geometry(s.ty, &t) else {
         return 0;
     };
+    geo.smem_bytes += matvec::fused_x_bytes(s.ty, &t, s.k).unwrap_or(0);
     let max = match grid {
         GridPolicy::PerTile => usize::MAX,
         GridPolicy::Resident => matvec::resident_blocks(kernel, &geo).unwrap_or(usize::MAX),
