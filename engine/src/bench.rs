@@ -8,8 +8,10 @@
 //! goes first, each launch between its own two CUDA events (medians reported). Measuring the two
 //! back to back in one loop keeps order effects (clocks ramping up after the host-side buffer
 //! setup, drift over a case) out of the ratio; the earlier version timed all specialized
-//! launches first. Before every timed launch a memset of twice the L2 size runs (outside the
-//! events): it evicts L2 and keeps the GPU busy while the host enqueues the launch, so host
+//! launches first. Before every timed launch a read pass over a never-written buffer of twice
+//! the L2 size runs (outside the events, [`L2Flush`]): it evicts L2 without leaving dirty lines
+//! (the memset used until session 4 left L2 full of them, so every miss of the timed kernel also
+//! wrote a line back) and keeps the GPU busy while the host enqueues the launch, so host
 //! launch latency stays out of the events. Inputs also rotate among several buffer sets when one
 //! set is smaller than twice L2 (criterion batches rely on it).
 //!
@@ -135,6 +137,10 @@ pub struct BenchArgs {
     /// Cached positions before the `--synthetic` decode steps (random cache rows, no prefill).
     #[arg(long, default_value_t = 32768)]
     pub ctx: usize,
+    /// GPUs for the `--synthetic` model (NCCL, heads / experts / FFN split, parallel/); above 1
+    /// it is also measured on one GPU for the comparison (printed; no --json yet).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
     /// Measure nothing: report on this earlier `--json` output (no GPU needed; bench/report.rs).
     #[arg(long, value_name = "RUN_JSON")]
     pub report: Option<PathBuf>,
@@ -934,8 +940,77 @@ pub fn sets_for(shape: &Shape, l2: usize) -> usize {
     (2 * l2).div_ceil(ws).clamp(1, MAX_SETS)
 }
 
+/// The L2 flush before each timed launch of `memra bench` and its sweeps (outside the events):
+/// a read pass — a bf16 matvec (default tuning, generic) over a buffer of 2 × L2 that nothing
+/// writes after setup — so the timed kernel finds L2 full of clean lines and its misses write
+/// nothing back. (A memset of 2 × L2, the flush before session 4 and still [`time_launches`]'s,
+/// leaves L2 full of dirty lines: the timed kernel's misses also write them back, 5-20 % slower
+/// on the H200 at tens of MB.) It writes one float per 16 KiB row.
+pub struct L2Flush {
+    kernel: Kernel,
+    w: CudaSlice<u8>,
+    x: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+    rows: usize,
+}
+
+impl L2Flush {
+    /// Row length of the read pass (bf16: 16 KiB per row).
+    const K: usize = 8192;
+
+    /// The bf16 matvec the read pass launches (leaked once, as the sweeps' variants).
+    pub fn variant() -> &'static KernelVariant {
+        use std::sync::OnceLock;
+        static V: OnceLock<&'static KernelVariant> = OnceLock::new();
+        V.get_or_init(|| {
+            let name = "matvec__generic__bf16_l2_flush";
+            let t = matvec::MatvecTuning::default();
+            Box::leak(Box::new(KernelVariant {
+                name,
+                family: matvec::FAMILY,
+                arch: None,
+                params: &[("qtype", Param::Sym("bf16"))],
+                source: Box::leak(matvec::render_source(name, GgmlType::BF16, 0, 0, &t).into_boxed_str()),
+            }))
+        })
+    }
+
+    /// Compiles its kernel, allocates `2 · l2` bytes and runs two passes (the zeroing left dirty lines).
+    pub fn new(gpu: &Gpu, l2: usize) -> Result<L2Flush, Error> {
+        let v = L2Flush::variant();
+        let kernel = gpu.load(&[v])?.remove(v.name).ok_or_else(|| Error::Driver {
+            call: format!("load {}", v.name),
+            detail: "kernel missing after load".into(),
+        })?;
+        let s = gpu.stream();
+        let rows = (2 * l2).div_ceil(2 * L2Flush::K);
+        let mut f = L2Flush { kernel, w: alloc::<u8>(s, rows * 2 * L2Flush::K)?, x: alloc::<f32>(s, L2Flush::K)?, y: alloc::<f32>(s, rows)?, rows };
+        f.run()?;
+        f.run()?;
+        gpu.sync()?;
+        Ok(f)
+    }
+
+    /// One read pass over the whole buffer.
+    pub fn run(&mut self) -> Result<(), Error> {
+        let (k, n) = (L2Flush::K, self.rows);
+        matvec::matvec_with(&self.kernel, &self.w.slice(..), &self.x.slice(..), &mut self.y.slice_mut(..), k, n, 1, k, n, matvec::GridPolicy::Resident)
+    }
+
+    /// Bytes one pass reads.
+    pub fn bytes(&self) -> usize {
+        self.rows * 2 * L2Flush::K
+    }
+
+    /// The bf16 matvec kernel (generic, default tuning) the pass launches.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+}
+
 /// Per-launch times: `warmup` untimed launches, then `iters` launches each between two events,
-/// each preceded by `flush` (outside the events). Returns microseconds, sorted.
+/// each preceded by a memset of `flush` (outside the events; L2 left dirty, see [`L2Flush`]; the
+/// criterion benches use this). Returns microseconds, sorted.
 pub fn time_launches(
     gpu: &Gpu,
     warmup: u32,
@@ -970,13 +1045,13 @@ pub fn round_order(i: usize, n: usize) -> impl Iterator<Item = usize> {
 
 /// Per-launch times of `n` kernels on the same buffers, interleaved: `warmup` untimed rounds,
 /// then `iters` rounds; in round `i` every kernel `j` runs once (`f(j, i)`, the same buffer set
-/// for all), in an order that rotates with `i`, each launch after its own `flush` and between its
-/// own two events. Returns microseconds per kernel, sorted.
+/// for all), in an order that rotates with `i`, each launch after its own clean L2 flush
+/// ([`L2Flush`]) and between its own two events. Returns microseconds per kernel, sorted.
 pub fn time_interleaved(
     gpu: &Gpu,
     warmup: u32,
     iters: u32,
-    flush: &mut CudaSlice<u8>,
+    flush: &mut L2Flush,
     n: usize,
     f: &mut dyn FnMut(usize, usize) -> Result<(), Error>,
 ) -> Result<Vec<Vec<f64>>, Error> {
@@ -989,7 +1064,7 @@ pub fn time_interleaved(
     let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
     for i in 0..iters as usize {
         for j in round_order(i, n) {
-            s.memset_zeros(flush).map_err(drv("cuMemsetD8Async (L2 flush)"))?;
+            flush.run()?;
             let start = record(s)?;
             f(j, warmup as usize + i)?;
             events[j].push((start, record(s)?));
@@ -1195,7 +1270,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let copy_gbps = copy_bandwidth(&gpu, 3, args.iters)?;
     eprintln!("copy bandwidth (1 GiB device-to-device, read + write): {copy_gbps:.0} GB/s");
 
-    let mut flush = alloc::<u8>(gpu.stream(), 2 * l2)?;
+    let mut flush = L2Flush::new(&gpu, l2)?;
     let mut rng = Rng::from_env_or_time("memra bench");
     let mut rows: Vec<Row> = Vec::new();
     // A case that fails (a refused shape, a launch error) is reported and the run goes on: the
@@ -1259,7 +1334,7 @@ fn measure_case(
     case: &Case,
     args: &BenchArgs,
     l2: usize,
-    flush: &mut CudaSlice<u8>,
+    flush: &mut L2Flush,
     rng: Rng,
 ) -> Result<Vec<Row>, Error> {
     let mut prepared = Prepared::new(gpu, case.shape, sets_for(&case.shape, l2), rng)?;
@@ -1355,6 +1430,11 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     if args.decode_tokens == 0 {
         return Err("--decode-tokens must be at least 1".into());
     }
+    if args.gpus > 1 {
+        // Heads, experts and split tensors must divide by --gpus: refused before any GPU work.
+        let file = desc.open()?;
+        crate::parallel::shard::check_split(std::path::Path::new(preset), &file, args.gpus as usize)?;
+    }
     let run = RunHeader::measure(args)?;
     let copy_gbps = run.copy_gbps;
     let seed = Rng::from_env_or_time("memra bench --synthetic").seed();
@@ -1363,6 +1443,14 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
         desc.total_bytes() as f64 / 1e9,
         args.ctx
     );
+    if args.gpus > 1 {
+        let table = bs::compare_gpus(&desc, args.gpus as usize, args.ctx, args.decode_tokens, seed)?;
+        print!("{table}");
+        if args.json.is_some() {
+            eprintln!("note: --json is not written for --gpus > 1 yet");
+        }
+        return Ok(());
+    }
     let full = bs::measure(&desc, args.device, args.ctx, args.decode_tokens, seed)?;
     let fewer = if layers > 1 {
         let d = crate::synthetic::describe(preset, layers - 1)?;

@@ -1,9 +1,10 @@
 //! CPU-only: the tuning sweeps' candidates compile with NVRTC for sm_90 (`memra bench --sweep
 //! matvec` / `--sweep moe_matvec` build them at run time on the GPU machine, where a compile
-//! error would cost a device run). Every distinct tuning of the matvec sweep at one shape per
-//! weight type (f32 x, xq8, fused xq8), and every moe_matvec sweep variant. Registers and spills
-//! are printed; spills fail only where the README defaults would (the default tuning), since a
-//! spilling candidate is merely slow and the sweep ranks it. Skips without NVRTC.
+//! error would cost a device run). Every distinct matvec sweep tuning (f32 x, xq8, fused xq8,
+//! batch 1 and 4) for Q4_K and the batch-1 ones for BF16 (the two unit shapes furthest apart),
+//! and every moe_matvec sweep tuning of the routed swiglu and down cases. Registers and spills
+//! are printed; spills fail only for the default tuning, since a spilling candidate is merely
+//! slow and the sweep ranks it. Skips without NVRTC.
 
 mod dense_common;
 
@@ -12,6 +13,7 @@ use memra_engine::bench::sweep;
 use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
 use memra_engine::kernels::matvec::MatvecTuning;
 use memra_engine::kernels::registry::KernelVariant;
+use memra_gguf::GgmlType;
 
 fn compile(test: &str, list: Vec<(&'static KernelVariant, bool)>) {
     if library::nvrtc_or_skip(test).is_none() {
@@ -54,7 +56,11 @@ fn matvec_sweep_candidates_compile_for_sm90() {
     // One specialized variant per (type, batch, tuning): the first shape that has it.
     let mut seen = Vec::new();
     let mut list = Vec::new();
-    for case in sweep::plan() {
+    let types = [GgmlType::Q4_K, GgmlType::BF16];
+    for case in sweep::plan()
+        .into_iter()
+        .filter(|c| types.contains(&c.ty) && (c.ty == GgmlType::Q4_K || c.batch == 1))
+    {
         for (t, spec, _) in &case.candidates {
             if !seen.contains(&(case.ty, *t)) {
                 seen.push((case.ty, *t));
@@ -71,8 +77,10 @@ fn matvec_sweep_candidates_compile_for_sm90() {
 
 #[test]
 fn moe_sweep_candidates_compile_for_sm90() {
+    // The routed swiglu and down cases: every tuning, both modes' row sources.
     let list = sweep::moe::plan()
         .into_iter()
+        .filter(|c| c.shape.n_expert > 1)
         .flat_map(|c| {
             c.candidates
                 .into_iter()

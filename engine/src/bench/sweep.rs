@@ -45,8 +45,8 @@ use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use super::{
-    BenchArgs, alloc, commit, copy_bandwidth, driver_version, drv, l2_bytes, median, record, tile,
-    time_launches, token, utc_now, weight_bytes,
+    BenchArgs, L2Flush, alloc, commit, copy_bandwidth, driver_version, drv, l2_bytes, median,
+    record, tile, time_launches, token, utc_now, weight_bytes,
 };
 use crate::cuda::{Error, Gpu, Kernel, Kernels};
 use crate::kernels::matvec::{self, GridPolicy, MatvecTuning};
@@ -67,8 +67,6 @@ const XQ8_CANDIDATES: usize = 5;
 /// Batch 1: further tunings also run with `xq8` (the deeper / taller ones, more bytes in flight).
 const XQ8_EXTRA_BATCH1: [(u32, u32, u32, u32); 3] =
     [(256, 32, 4, 4), (512, 32, 2, 4), (128, 32, 4, 4)];
-/// Row length of the clean-flush read pass (bf16: 16 KiB per row).
-const FLUSH_K: usize = 8192;
 const TYPES: [GgmlType; 5] = [
     GgmlType::Q4_K,
     GgmlType::Q8_0,
@@ -638,69 +636,12 @@ fn blocks(kernel: &Kernel, case: &SweepCase, grid: GridPolicy) -> u32 {
         .0
 }
 
-/// The clean L2 flush: a bf16 matvec (the default generic variant) over a buffer of at least
-/// twice the L2 size that nothing writes after setup, so the lines it leaves in L2 are clean;
-/// it writes one float per 16 KiB row.
-struct L2Cleaner<'k> {
-    kernel: &'k Kernel,
-    w: CudaSlice<u8>,
-    x: CudaSlice<f32>,
-    y: CudaSlice<f32>,
-    rows: usize,
-}
-
-impl<'k> L2Cleaner<'k> {
-    fn new(gpu: &Gpu, kernel: &'k Kernel, l2: usize) -> Result<Self, Error> {
-        let s = gpu.stream();
-        let rows = (2 * l2).div_ceil(2 * FLUSH_K);
-        let mut c = L2Cleaner {
-            kernel,
-            w: alloc::<u8>(s, rows * 2 * FLUSH_K)?,
-            x: alloc::<f32>(s, FLUSH_K)?,
-            y: alloc::<f32>(s, rows)?,
-            rows,
-        };
-        // The zeroing memset left dirty lines; two passes write them back.
-        c.run()?;
-        c.run()?;
-        gpu.sync()?;
-        Ok(c)
-    }
-
-    fn run(&mut self) -> Result<(), Error> {
-        self.launch(FLUSH_K, self.rows)
-    }
-
-    /// The bf16 matvec over the first `rows` rows of `k` elements.
-    fn launch(&mut self, k: usize, rows: usize) -> Result<(), Error> {
-        matvec::matvec_with(
-            self.kernel,
-            &self.w.slice(..),
-            &self.x.slice(..),
-            &mut self.y.slice_mut(..),
-            k,
-            rows,
-            1,
-            k,
-            rows,
-            GridPolicy::Resident,
-        )
-    }
-}
-
-/// The variant [`L2Cleaner`] launches: the default batch-1 tuning, generic, bf16.
-fn cleaner_variant() -> &'static KernelVariant {
-    use std::sync::OnceLock;
-    static V: OnceLock<&'static KernelVariant> = OnceLock::new();
-    V.get_or_init(|| render(GgmlType::BF16, None, &candidate_tunings(1)[0]))
-}
-
-/// [`time_launches`] with the clean flush before every timed launch (outside the events).
+/// [`time_launches`] with the clean flush ([`L2Flush`]) before every timed launch (outside the events).
 fn time_clean(
     gpu: &Gpu,
     warmup: u32,
     iters: u32,
-    cleaner: &mut L2Cleaner<'_>,
+    cleaner: &mut L2Flush,
     f: &mut dyn FnMut() -> Result<(), Error>,
 ) -> Result<Vec<f64>, Error> {
     let s = gpu.stream();
@@ -736,7 +677,7 @@ fn time_clean(
 fn time_checked(
     gpu: &Gpu,
     args: &BenchArgs,
-    cleaner: &mut L2Cleaner<'_>,
+    cleaner: &mut L2Flush,
     name: &str,
     grid: &str,
     what: &str,
@@ -781,16 +722,35 @@ fn time_dirty(
 
 /// The harness floor: the smallest matvec launch (bf16 1 × 8: one block, 16 bytes of weight)
 /// timed as the candidates are. Median µs.
-fn floor_us(gpu: &Gpu, args: &BenchArgs, cleaner: &mut L2Cleaner<'_>) -> Result<f64, Error> {
-    let mut probe = L2Cleaner {
-        kernel: cleaner.kernel,
-        w: alloc::<u8>(gpu.stream(), 16)?,
-        x: alloc::<f32>(gpu.stream(), 8)?,
-        y: alloc::<f32>(gpu.stream(), 1)?,
-        rows: 1,
-    };
+fn floor_us(gpu: &Gpu, args: &BenchArgs, cleaner: &mut L2Flush) -> Result<f64, Error> {
+    let s = gpu.stream();
+    let v = L2Flush::variant();
+    let kernel = gpu
+        .load(&[v])?
+        .remove(v.name)
+        .ok_or_else(|| Error::Driver {
+            call: format!("load {}", v.name),
+            detail: "kernel missing after load".into(),
+        })?;
+    let (w, x, mut y) = (
+        alloc::<u8>(s, 16)?,
+        alloc::<f32>(s, 8)?,
+        alloc::<f32>(s, 1)?,
+    );
     let us = time_clean(gpu, args.warmup, args.iters, cleaner, &mut || {
-        probe.launch(8, 1)
+        let (w, x) = (w.slice(..), x.slice(..));
+        matvec::matvec_with(
+            &kernel,
+            &w,
+            &x,
+            &mut y.slice_mut(..),
+            8,
+            1,
+            1,
+            8,
+            1,
+            GridPolicy::Resident,
+        )
     })?;
     Ok(median(&us))
 }
@@ -826,7 +786,6 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
         .flat_map(|c| c.candidates.iter().flat_map(|(_, s, g)| [*s, *g]))
         .collect();
     all.push(quantize_variant());
-    all.push(cleaner_variant());
     all.sort_by_key(|v| v.name);
     all.dedup_by_key(|v| v.name);
     eprintln!(
@@ -845,11 +804,11 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
     eprintln!("copy bandwidth (1 GiB device-to-device, read + write): {copy_gbps:.0} GB/s");
 
     let mut flush = alloc::<u8>(gpu.stream(), 2 * l2)?;
-    let mut cleaner = L2Cleaner::new(&gpu, kernels.get(cleaner_variant().name)?, l2)?;
+    let mut cleaner = L2Flush::new(&gpu, l2)?;
     let floor = floor_us(&gpu, args, &mut cleaner)?;
     eprintln!(
         "harness floor (bf16 matvec 1x8, clean flush, events): {floor:.2} us; timed launches follow a clean flush (read pass over {} MiB)",
-        cleaner.rows * 2 * FLUSH_K >> 20
+        cleaner.bytes() >> 20
     );
     let mut rng = Rng::from_env_or_time("memra bench --sweep");
     eprintln!(

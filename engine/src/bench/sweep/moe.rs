@@ -20,8 +20,8 @@ use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use super::{
-    BenchArgs, L2Cleaner, PATTERN_ROWS, TOLERANCE, cleaner_variant, err_vs, floor_us, gbps,
-    pct_net, poison, quantize_variant, time_checked, time_dirty,
+    BenchArgs, L2Flush, PATTERN_ROWS, TOLERANCE, err_vs, floor_us, gbps, pct_net, poison,
+    quantize_variant, time_checked, time_dirty,
 };
 use crate::bench::{
     alloc, commit, copy_bandwidth, driver_version, drv, l2_bytes, tile, token, utc_now,
@@ -532,7 +532,6 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         .flat_map(|c| c.candidates.iter().map(|(_, v)| *v))
         .collect();
     all.push(quantize_variant());
-    all.push(cleaner_variant());
     all.sort_by_key(|v| v.name);
     all.dedup_by_key(|v| v.name);
     eprintln!(
@@ -547,7 +546,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let qk = kernels.get(quantize_variant().name)?;
     let copy = copy_bandwidth(&gpu, 3, args.iters)?;
     let mut flush = alloc::<u8>(gpu.stream(), 2 * l2)?;
-    let mut cleaner = L2Cleaner::new(&gpu, kernels.get(cleaner_variant().name)?, l2)?;
+    let mut cleaner = L2Flush::new(&gpu, l2)?;
     let floor = floor_us(&gpu, args, &mut cleaner)?;
     eprintln!("copy bandwidth {copy:.0} GB/s; harness floor {floor:.2} us");
     let mut rng = Rng::from_env_or_time("memra bench --sweep moe_matvec");
