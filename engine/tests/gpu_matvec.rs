@@ -11,9 +11,9 @@ mod dense_common;
 mod gpu_common;
 
 use cudarc::driver::CudaSlice;
-use dense_common::{V, variant};
+use dense_common::{V, headers, variant};
 use gpu_common::{QTYPES, down, gpu, load, random_weight, token, up};
-use memra_engine::cuda::{Gpu, Kernel};
+use memra_engine::cuda::{Gpu, Kernel, compile_variants};
 use memra_engine::kernels::matvec::{self, GridPolicy};
 use memra_engine::kernels::registry::KernelVariant;
 use memra_gguf::GgmlType;
@@ -34,6 +34,26 @@ fn mv_variant(
     }
     p.extend(tune.iter().map(|(key, v)| (*key, V::I(*v))));
     variant("matvec", &p)
+}
+
+/// Compiles `vs` in parallel into the kernel cache, so the one-at-a-time `load`s that follow
+/// hit it: a fresh device machine compiled ~350 variants serially for longer than a run allows.
+/// Errors are left for `load` to report.
+fn precompile(gpu: &Gpu, vs: Vec<&'static KernelVariant>) {
+    let _ = compile_variants(gpu.cache(), &vs, headers(), gpu.arch());
+}
+
+/// The specialized (at k × n) and generic variants of one tuning.
+fn both(
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    tune: &[(&'static str, i64)],
+) -> [&'static KernelVariant; 2] {
+    [
+        mv_variant(ty, Some((k, n)), tune),
+        mv_variant(ty, None, tune),
+    ]
 }
 
 struct Case {
@@ -217,6 +237,13 @@ fn awkward_k(ty: GgmlType) -> usize {
 fn gpu_matvec_every_qtype_glm5_q_a_shape() {
     let gpu = gpu();
     let mut rng = Rng::from_env_or_time("gpu_matvec_every_qtype_glm5_q_a_shape");
+    precompile(
+        &gpu,
+        QTYPES
+            .iter()
+            .flat_map(|&ty| both(ty, 6144, 2048, &[]))
+            .collect(),
+    );
     for ty in QTYPES {
         check_both(&gpu, ty, 6144, 2048, 1, &[], &mut rng);
     }
@@ -245,6 +272,13 @@ fn gpu_matvec_real_shapes() {
         (Q4_K, 2048, 640),   // gemma3-270M ffn_down in Q4_K
         (Q4_K, 1024, 640),   // gemma3-270M attn_output
     ];
+    precompile(
+        &gpu,
+        cases
+            .iter()
+            .flat_map(|&(ty, k, n)| both(ty, k, n, &[]))
+            .collect(),
+    );
     for &(ty, k, n) in cases {
         check_both(&gpu, ty, k, n, 1, &[], &mut rng);
     }
@@ -263,6 +297,14 @@ fn gpu_matvec_gemma3_vocab_head_q8_0() {
 fn gpu_matvec_awkward_sizes_every_qtype() {
     let gpu = gpu();
     let mut rng = Rng::from_env_or_time("gpu_matvec_awkward_sizes_every_qtype");
+    let mut vs = Vec::new();
+    for ty in QTYPES {
+        for n in [1, 7, 33, 4097] {
+            vs.extend(both(ty, awkward_k(ty), n, &[]));
+        }
+        vs.extend(both(ty, matvec::k_multiple(ty).unwrap(), 33, &[]));
+    }
+    precompile(&gpu, vs);
     for ty in QTYPES {
         let k = awkward_k(ty);
         for n in [1, 7, 33, 4097] {
@@ -284,6 +326,15 @@ fn gpu_matvec_batches_every_qtype() {
         &[("batch", 8), ("lanes", 8), ("rows_per_group", 1)],
         &[("batch", 4), ("lanes", 16)],
     ];
+    let mut vs = Vec::new();
+    for ty in QTYPES {
+        for tune in tunes {
+            for (k, n) in [(awkward_k(ty), 33), (2048, 640)] {
+                vs.extend(both(ty, k, n, tune));
+            }
+        }
+    }
+    precompile(&gpu, vs);
     for ty in QTYPES {
         for tune in tunes {
             let max = tune[0].1 as usize;
@@ -555,6 +606,7 @@ fn gpu_matvec_xq8_real_shapes() {
     let gpu = gpu();
     let qk = quantize_kernel(&gpu);
     let mut rng = Rng::from_env_or_time("gpu_matvec_xq8_real_shapes");
+    let xq8: &[(&'static str, i64)] = &[("xq8", 1)];
     use GgmlType::*;
     let cases: &[(GgmlType, usize, usize)] = &[
         (Q8_0, 6144, 2048),  // GLM-5 attn_q_a
@@ -570,6 +622,13 @@ fn gpu_matvec_xq8_real_shapes() {
         (IQ4_NL, 6144, 2048),
         (Q6_K, 2048, 640), // gemma3-270M ffn_down
     ];
+    precompile(
+        &gpu,
+        cases
+            .iter()
+            .flat_map(|&(ty, k, n)| both(ty, k, n, xq8))
+            .collect(),
+    );
     for &(ty, k, n) in cases {
         check_q8_both(&gpu, &qk, ty, k, n, &[], &[1], &mut rng);
     }
@@ -581,6 +640,27 @@ fn gpu_matvec_xq8_awkward_sizes_and_batches() {
     let gpu = gpu();
     let qk = quantize_kernel(&gpu);
     let mut rng = Rng::from_env_or_time("gpu_matvec_xq8_awkward_sizes_and_batches");
+    let mut vs = Vec::new();
+    for ty in int_types() {
+        let k = awkward_k(ty);
+        for n in [1, 7, 33, 4097] {
+            vs.extend(both(ty, k, n, &[("xq8", 1)]));
+        }
+        vs.extend(both(ty, matvec::k_multiple(ty).unwrap(), 33, &[("xq8", 1)]));
+        for tune in [
+            &[
+                ("batch", 8),
+                ("lanes", 8),
+                ("rows_per_group", 1),
+                ("xq8", 1),
+            ][..],
+            &[("batch", 4), ("lanes", 16), ("xq8", 1)][..],
+        ] {
+            vs.extend(both(ty, k, 33, tune));
+            vs.extend(both(ty, 2048, 640, tune));
+        }
+    }
+    precompile(&gpu, vs);
     for ty in int_types() {
         let k = awkward_k(ty);
         for n in [1, 7, 33, 4097] {
@@ -736,6 +816,13 @@ fn gpu_matvec_xq8_fused_matches_q8_reference() {
         cases.push((ty, awkward_k(ty), 4097, 0));
         cases.push((ty, 2048, 640, 2));
     }
+    precompile(
+        &gpu,
+        cases
+            .iter()
+            .flat_map(|&(ty, k, n, tune)| both(ty, k, n, tunes[tune]))
+            .collect(),
+    );
     for (ty, k, n, tune) in cases {
         let w = random_weight(ty, k, n, &mut rng);
         let max = if tune == 0 {
