@@ -137,6 +137,10 @@ pub struct BenchArgs {
     /// Cached positions before the `--synthetic` decode steps (random cache rows, no prefill).
     #[arg(long, default_value_t = 32768)]
     pub ctx: usize,
+    /// GPUs for the `--synthetic` model (NCCL, heads / experts / FFN split, parallel/); above 1
+    /// it is also measured on one GPU for the comparison (printed; no --json yet).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
     /// Measure nothing: report on this earlier `--json` output (no GPU needed; bench/report.rs).
     #[arg(long, value_name = "RUN_JSON")]
     pub report: Option<PathBuf>,
@@ -1426,6 +1430,11 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     if args.decode_tokens == 0 {
         return Err("--decode-tokens must be at least 1".into());
     }
+    if args.gpus > 1 {
+        // Heads, experts and split tensors must divide by --gpus: refused before any GPU work.
+        let file = desc.open()?;
+        crate::parallel::shard::check_split(std::path::Path::new(preset), &file, args.gpus as usize)?;
+    }
     let run = RunHeader::measure(args)?;
     let copy_gbps = run.copy_gbps;
     let seed = Rng::from_env_or_time("memra bench --synthetic").seed();
@@ -1434,6 +1443,14 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
         desc.total_bytes() as f64 / 1e9,
         args.ctx
     );
+    if args.gpus > 1 {
+        let table = bs::compare_gpus(&desc, args.gpus as usize, args.ctx, args.decode_tokens, seed)?;
+        print!("{table}");
+        if args.json.is_some() {
+            eprintln!("note: --json is not written for --gpus > 1 yet");
+        }
+        return Ok(());
+    }
     let full = bs::measure(&desc, args.device, args.ctx, args.decode_tokens, seed)?;
     let fewer = if layers > 1 {
         let d = crate::synthetic::describe(preset, layers - 1)?;

@@ -126,7 +126,7 @@ pub fn to_json(
     })
 }
 
-pub use gpu::measure;
+pub use gpu::{compare_gpus, measure, measure_gpus};
 
 mod gpu {
     use std::path::PathBuf;
@@ -134,10 +134,69 @@ mod gpu {
 
     use memra_reference::Rng;
 
+    use std::sync::Arc;
+
     use super::Step;
     use crate::kernels::registry::Policy;
     use crate::models::{glm_dsa, GpuModel, GpuOptions};
-    use crate::synthetic::{Description, SyntheticWeights};
+    use crate::parallel::sharded::{ShardedMla, Weights};
+    use crate::synthetic::{describe, Description, SyntheticWeights};
+
+    /// `memra bench --synthetic P --gpus N`: decode step and last-layer time of the N-layer model
+    /// on 1 GPU and on N GPUs (same seed, same context), as a table.
+    pub fn compare_gpus(
+        desc: &Description,
+        gpus: usize,
+        ctx: usize,
+        steps: usize,
+        seed: u64,
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        let fewer = if desc.n_layer > 1 {
+            Some(describe(&desc.preset, desc.n_layer - 1)?)
+        } else {
+            None
+        };
+        let mut rows = Vec::new();
+        let mut notes = String::new();
+        for g in [1, gpus] {
+            eprintln!("memra bench: {} layers on {g} GPU(s)", desc.n_layer);
+            let measured = measure_gpus(desc, g, 0, ctx, steps, seed).and_then(|full| {
+                let less = fewer.as_ref().map(|d| measure_gpus(d, g, 0, ctx, steps, seed)).transpose()?;
+                Ok((full, less))
+            });
+            let (full, less) = match measured {
+                Ok(m) => m,
+                // The whole model may not fit one GPU (78 GLM-5 layers are ≈ 420 GB): say so, go on.
+                Err(e) if g == 1 => {
+                    notes += &format!("1 GPU: not measured: {e}
+");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if !full.logits_finite || less.is_some_and(|l| !l.logits_finite) {
+                return Err(format!("synthetic model on {g} GPU(s): non-finite logits").into());
+            }
+            rows.push((g, full, less));
+        }
+        let base = if rows.len() == 2 { rows[0].1.median_us } else { f64::NAN };
+        let mut out = format!(
+            "\nsynthetic {}: {} layers, ctx {ctx}, {steps} decode steps (median)\n{:<5} {:>12} {:>10} {:>14} {:>16} {:>9}\n",
+            desc.preset, desc.n_layer, "gpus", "step_us", "tok/s", "us/layer(avg)", "last_layer_us", "speedup"
+        );
+        for (g, full, less) in &rows {
+            let last = less.map_or(f64::NAN, |l| full.median_us - l.median_us);
+            out += &format!(
+                "{g:<5} {:>12.1} {:>10.1} {:>14.1} {:>16.1} {:>8.2}x\n",
+                full.median_us,
+                1e6 / full.median_us,
+                full.median_us / desc.n_layer as f64,
+                last,
+                base / full.median_us
+            );
+        }
+        Ok(out + &notes)
+    }
 
     /// Generates `desc`'s weights, fills the caches to `ctx` positions and times `steps` decode
     /// steps (after 4 untimed ones: kernels warm, the graph captured).
@@ -171,6 +230,53 @@ mod gpu {
         model.assume_cached(ctx, &mut |gpu, il, latent, keys| {
             source.fill_cache(gpu, il, latent, keys)
         })?;
+        time_steps(&mut model, steps, seed, generate_s)
+    }
+
+    /// [`measure`] with the model split over GPUs `0..gpus` (parallel::sharded; 1 = [`measure`]
+    /// on `device`).
+    pub fn measure_gpus(
+        desc: &Description,
+        gpus: usize,
+        device: usize,
+        ctx: usize,
+        steps: usize,
+        seed: u64,
+    ) -> Result<Step, Box<dyn std::error::Error>> {
+        if gpus <= 1 {
+            return measure(desc, device, ctx, steps, seed);
+        }
+        let opts = GpuOptions {
+            device: 0,
+            policy: Policy::Best,
+            max_ctx: Some(ctx + steps + 8),
+            graphs: true,
+            fuse_ffn: true,
+        };
+        let label = PathBuf::from(format!(
+            "synthetic {} × {} layers on {gpus} GPUs",
+            desc.preset, desc.n_layer
+        ));
+        let start = Instant::now();
+        let weights = Weights::Synthetic { desc: Arc::new(describe(&desc.preset, desc.n_layer)?), seed };
+        let mut model = ShardedMla::load(weights, &label, gpus, &opts)?;
+        model.sync()?;
+        let generate_s = start.elapsed().as_secs_f64();
+        for line in model.report() {
+            eprintln!("  {line}");
+        }
+        model.assume_cached(ctx)?;
+        time_steps(&mut model, steps, seed, generate_s)
+    }
+
+    /// `steps` timed decode steps of random tokens after 4 untimed ones (kernels warm, the
+    /// graph captured), each synchronized.
+    fn time_steps(
+        model: &mut dyn GpuModel,
+        steps: usize,
+        seed: u64,
+        generate_s: f64,
+    ) -> Result<Step, Box<dyn std::error::Error>> {
         let mut rng = Rng::new(seed);
         let n_vocab = model.n_vocab();
         let mut times = Vec::with_capacity(steps);

@@ -60,6 +60,10 @@ pub struct RunArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Split the model over GPUs 0..N with NCCL (glm-dsa: attention heads, experts, FFN and
+    /// LM-head rows; engine/src/parallel).
+    #[arg(long, default_value_t = 1, conflicts_with = "cpu", value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
 }
 
 include!(concat!(env!("OUT_DIR"), "/micro_models.rs"));
@@ -138,14 +142,20 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
         (Backend::Cpu(Box::new(model), cache, Vec::new()), n_ctx)
     } else {
         drop(gguf);
-        eprintln!("memra: loading {} on GPU {} ...", path.display(), args.device);
+        match args.gpus {
+            1 => eprintln!("memra: loading {} on GPU {} ...", path.display(), args.device),
+            n => eprintln!("memra: loading {} on GPUs 0..{n} ...", path.display()),
+        }
         let policy = match (args.require_specialized, args.generic) {
             (true, _) => Policy::RequireSpecialized,
             (_, true) => Policy::GenericOnly,
             _ => Policy::Best,
         };
         let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse };
-        let model = models::load_gpu(path, &arch, &opts)?;
+        let model = match args.gpus {
+            1 => models::load_gpu(path, &arch, &opts)?,
+            n => crate::parallel::sharded::load_file(path, &arch, n as usize, &opts)?,
+        };
         for line in model.report() {
             eprintln!("memra: {line}");
         }

@@ -44,7 +44,7 @@ fn bench_help_lists_the_synthetic_options() {
 
 #[test]
 fn bad_synthetic_arguments_fail_with_a_message() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--synthetic", "glm-6"],
             "unknown synthetic preset 'glm-6' (known: glm-5)",
@@ -54,6 +54,12 @@ fn bad_synthetic_arguments_fail_with_a_message() {
             "--layers 79: glm-5 has 1..=78 layers",
         ),
         (&["--synthetic", "glm-5", "--layers", "0"], "--layers"),
+        // 64 heads do not split over 3 GPUs: refused before any GPU work.
+        (
+            &["--synthetic", "glm-5", "--layers", "1", "--gpus", "3"],
+            "attention heads: 64 does not split into 3 equal parts",
+        ),
+        (&["--synthetic", "glm-5", "--gpus", "0"], "--gpus"),
     ];
     for (args, message) in cases {
         let o = memra(&[&["bench"], args].concat());

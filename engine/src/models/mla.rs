@@ -36,6 +36,7 @@ use super::gpu::{
 };
 use super::GpuOptions;
 use crate::cuda::{Gpu, Kernels};
+use crate::parallel::rank::{Rank, RankSpec};
 use crate::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use crate::kernels::dsa_indexer::{self, DsaIndexerParams};
 use crate::kernels::dsa_topk::{self, DsaTopkParams};
@@ -258,6 +259,8 @@ struct Net {
     kernels: Kernels,
     names: Names,
     sm_count: usize,
+    /// Multi-GPU: this rank's communicator and shard (crate::parallel); `None` on one GPU.
+    rank: Option<Rank>,
 }
 
 /// Per layer bf16 latent caches `[max_ctx, kv_lora + rope]` and, for indexer layers, f32
@@ -327,6 +330,18 @@ impl MlaDecoder {
         spec: MlaSpec<'_>,
         opts: &GpuOptions,
     ) -> Result<MlaDecoder> {
+        MlaDecoder::load_rank(path, file, spec, opts, None)
+    }
+
+    /// [`MlaDecoder::load`] as one rank of a multi-GPU model (`crate::parallel::sharded`):
+    /// `file` uploads the rank's shard and `spec.config.n_head` is the rank's head count.
+    pub fn load_rank(
+        path: &Path,
+        file: &dyn WeightSource,
+        spec: MlaSpec<'_>,
+        opts: &GpuOptions,
+        rank: Option<RankSpec>,
+    ) -> Result<MlaDecoder> {
         let start = Instant::now();
         let cfg = spec.config;
         let e = cfg.n_embd;
@@ -337,6 +352,7 @@ impl MlaDecoder {
             .max(1);
         let gpu = Gpu::new(opts.device)?;
         let sm_count = gpu.sm_count()?;
+        let rank = rank.map(|r| r.attach(&gpu)).transpose()?;
         let mut plan = KernelPlan::new(opts.policy);
         let mut bytes = 0usize;
         let mut upload = |t: &TensorInfo<'_>| -> Result<DeviceTensor> {
@@ -496,7 +512,12 @@ impl MlaDecoder {
             Some(out) => (Some(embd), plan.linear(upload(out)?)?),
             None => (None, plan.linear(embd)?),
         };
-        if lm_head.w.n != n_vocab {
+        // Multi-GPU: each rank holds a row block of output.weight (parallel::shard).
+        let head_rows = match (&rank, &spec.output) {
+            (Some(r), Some(_)) => n_vocab / r.shard.n_ranks,
+            _ => n_vocab,
+        };
+        if lm_head.w.n != head_rows {
             return Err(err(format!(
                 "{}: output.weight has {} rows, token_embd.weight {n_vocab}",
                 path.display(),
@@ -594,6 +615,7 @@ impl MlaDecoder {
             gpu.name()
         )];
         report.extend(plan.report());
+        report.extend(rank.as_ref().map(|r| r.describe(cfg.n_head)));
         let compile = Instant::now();
         let kernels = plan.load(&gpu)?;
         report.push(format!(
@@ -644,6 +666,7 @@ impl MlaDecoder {
             kernels,
             names,
             sm_count,
+            rank,
         };
         let step = Bufs::new(&gpu, &net, 1)?.with_cache(&gpu, &net, max_ctx)?;
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
@@ -668,8 +691,13 @@ impl MlaDecoder {
 }
 
 impl Net {
+    /// Multi-GPU: a partial output summed over the ranks, in place (nothing on one GPU).
+    fn all_reduce(&self, buf: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        self.rank.as_ref().map_or(Ok(()), |r| r.all_reduce(buf, n))
+    }
+
     fn n_vocab(&self) -> usize {
-        self.lm_head.w.n
+        self.embd_table().n
     }
 
     fn embd_table(&self) -> &DeviceTensor {
@@ -923,6 +951,7 @@ impl Net {
             .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
             l.attn_output
                 .forward(k, &b.att.slice(..rows * c.v), &mut b.o.slice_mut(..te), t)?;
+            self.all_reduce(&mut b.o, te)?;
             add_rmsnorm::add_rmsnorm(
                 k.get(self.names.add_rmsnorm)?,
                 &mut b.x.slice_mut(..te),
@@ -936,7 +965,10 @@ impl Net {
             )?;
 
             match &l.ffn {
-                Ffn::Dense(g) => self.glu(g, b, t)?,
+                Ffn::Dense(g) => {
+                    self.glu(g, b, t)?;
+                    self.all_reduce(&mut b.o, te)?;
+                }
                 Ffn::Moe {
                     router: wr,
                     bias,
@@ -950,6 +982,7 @@ impl Net {
                     if let Some(g) = shared {
                         // x += shared(h) now (its norm output is not needed), the routed sum below.
                         self.glu(g, b, t)?;
+                        self.all_reduce(&mut b.o, te)?;
                         add_rmsnorm::add_rmsnorm(
                             k.get(self.names.add_rmsnorm)?,
                             &mut b.x.slice_mut(..te),
@@ -982,6 +1015,14 @@ impl Net {
                         m.norm,
                         m.scale,
                     )?;
+                    // Multi-GPU: the selected ids as this rank's expert indices (parallel::rank).
+                    let ne = match &self.rank {
+                        Some(r) => {
+                            r.localize(&mut b.ids, &mut b.wts, t * nu)?;
+                            r.local_experts()
+                        }
+                        None => ne,
+                    };
                     let (gv, uv, ids_v, wts_v) = (
                         wg.data.slice(..),
                         wu.data.slice(..),
@@ -1034,6 +1075,7 @@ impl Net {
                         &mut b.o.slice_mut(..te),
                         dims,
                     )?;
+                    self.all_reduce(&mut b.o, te)?;
                 }
             }
             let next_norm = self
@@ -1053,12 +1095,20 @@ impl Net {
             )?;
         }
         let last = (t - 1) * e;
+        // Multi-GPU: this rank's row block of the logits, then all ranks' blocks gathered.
+        let rows = self.lm_head.w.n;
+        let at = (self.rank.as_ref())
+            .filter(|_| rows != n_vocab)
+            .map_or(0, |r| r.shard.rank * rows);
         self.lm_head.forward(
             k,
             &b.h.slice(last..last + e),
-            &mut state.out.logits.slice_mut(..),
+            &mut state.out.logits.slice_mut(at..at + rows),
             1,
         )?;
+        if let (Some(r), true) = (&self.rank, rows != n_vocab) {
+            r.gather_rows(&mut state.out.logits)?;
+        }
         state.out.enqueue_argmax(k.get(self.names.argmax)?)
     }
 
@@ -1342,6 +1392,18 @@ impl DecoderStack for MlaDecoder {
 }
 
 impl MlaDecoder {
+    /// Multi-GPU: one eager round of the step's collectives on this rank (parallel::rank), so
+    /// that none runs first inside a graph capture; every rank calls it together.
+    pub fn warm_up_rank(&self) -> Result<()> {
+        match &self.net.rank {
+            Some(r) => {
+                let (e, v) = (self.net.cfg.n_embd, self.net.n_vocab());
+                r.warm_up(&self.state.gpu, e, Self::PREFILL_CHUNK, v)
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Long-context benchmarks without a prefill: `fill(gpu, layer, latent, index_keys)` writes
     /// each layer's cache rows (latent bf16 bits `[max_ctx, kv_lora + rope]`; f32 index keys
     /// `[max_ctx, idx_head_dim]` on indexer layers), then `len` positions count as cached.

@@ -15,7 +15,12 @@
 //!   id per process, which [`nccl`] can add without changing the collectives.
 //!
 //! NVLink multicast stays off: [`nccl::nccl`] sets `NCCL_NVLS_ENABLE=0` before NCCL is loaded
-//! unless the user set it, and the process environment carries it into child processes.
+//! unless the user set it, and the process environment carries it into child processes. It also
+//! sets `NCCL_RUNTIME_CONNECT=0` (unless set): channels connect at init, never inside the first
+//! collective, which may be inside a decode step's CUDA graph capture.
+//!
+//! Modules: `nccl` (the library), `shard` (which part of each tensor a rank holds), `rank` (a
+//! decoder's collectives and expert remap), `sharded` (a glm-dsa model on N GPUs).
 //!
 //! A rank that fails before a collective leaves the others waiting in it on the GPU; callers
 //! check every rank's setup at a barrier before the first collective ([`run_ranks`]).
@@ -23,6 +28,7 @@
 pub mod nccl;
 pub mod rank;
 pub mod shard;
+pub mod sharded;
 
 use std::ffi::c_int;
 use std::fmt;
