@@ -468,25 +468,36 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
 
-    if (n_tiles > 0) load_tile(0);
-    // Q → bf16 rows, pre-scaled by scale·log2(e); heads past hb and dims past D are zeros. Staged
-    // while the first tile is in flight (each block reads all of q: 147 KB at GLM-5 dims).
+    // Q → bf16 rows, pre-scaled by scale·log2(e); heads past hb and dims past D are zeros. The
+    // f32 rows (hb·D·4 ≤ 256·D bytes: each block reads all of q, 147 KB at GLM-5 dims) first land
+    // in the two K/V tile buffers (128 rows of PITCH ≥ 2·D bytes) by cp.async, all in flight at
+    // once, then are converted in shared memory; the first tile is loaded after that.
     const float sl2 = scale * LOG2E;
-#pragma unroll 4
-    for (int i = tid; i < HB * KC; i += 256) {
-        const int h = i / KC, c = i % KC;
-        uint4 w = make_uint4(0u, 0u, 0u, 0u);
-        if (h < hb && c * 8 < D) {
-            const float* src = q + (i64)(h_base + h) * D + c * 8;
-            const float4 a = *reinterpret_cast<const float4*>(src);
-            const float4 b = *reinterpret_cast<const float4*>(src + 4);
+    {
+        const float* qb = q + (i64)h_base * D;
+        const int q_chunks = hb * D / 4;  // D % 4 == 0 (the wrapper checks)
+        for (int i = tid; i < q_chunks; i += 256) ptx::cp16(s_k + 16 * i, qb + 4 * i, 16);
+        ptx::commit();
+        ptx::wait_all();
+        __syncthreads();
+        const float* qf = reinterpret_cast<const float*>(sm + HB * PITCH);
+        for (int i = tid; i < HB * KC; i += 256) {
+            const int h = i / KC, c = i % KC;
+            // Two 16-byte halves (D % 4 == 0: each is wholly inside the row or past it).
+            const float* src = qf + h * D + c * 8;
+            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 a = h < hb && c * 8 < D ? *reinterpret_cast<const float4*>(src) : z;
+            const float4 b = h < hb && c * 8 + 4 < D ? *reinterpret_cast<const float4*>(src + 4) : z;
+            uint4 w;
             w.x = ptx::pack_bf16x2(a.x * sl2, a.y * sl2);
             w.y = ptx::pack_bf16x2(a.z * sl2, a.w * sl2);
             w.z = ptx::pack_bf16x2(b.x * sl2, b.y * sl2);
             w.w = ptx::pack_bf16x2(b.z * sl2, b.w * sl2);
+            *reinterpret_cast<uint4*>(sm + swz(h, c, PITCH)) = w;
         }
-        *reinterpret_cast<uint4*>(sm + swz(h, c, PITCH)) = w;
+        __syncthreads();  // the tile buffers are free again
     }
+    if (n_tiles > 0) load_tile(0);
 
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
