@@ -1,0 +1,465 @@
+//! A glm-dsa model on N GPUs: one worker thread per GPU owns that rank's `MlaDecoder` (loaded
+//! with its shard of the weights, `shard.rs`, and its communicator, `rank.rs`); the caller's
+//! thread broadcasts each command and waits for every rank's reply. All ranks run the same
+//! step at the same time, so their collectives meet. Logits and argmax come from rank 0 (every
+//! rank holds the same all-reduced residual stream and the whole LM head).
+//!
+//! Attention: heads split across the ranks (`n_head / N` per GPU: q_b, k_b, v_b rows and
+//! attn_output columns), the output projection's partial sums all-reduced. The latent cache is
+//! replicated: it is one 576-value row per token shared by every head, produced from the
+//! replicated `attn_kv_a_mqa`, so sharding it by heads is impossible and by positions would add
+//! a collective inside every attention launch; at 32k tokens it is 37 MB per layer. The DSA
+//! indexer is replicated too (its 32 heads share one key cache and feed one top-k), so every rank
+//! selects the same rows. Dense FFN / shared expert: gate and up row-split, down column-split,
+//! all-reduced. Routed experts: expert-parallel (rank.rs). Per layer: one all-reduce after the
+//! attention, one after a dense FFN, two after a MoE FFN (shared expert, routed experts); one
+//! all-gather of the logits per step.
+//!
+//! Kernels: a rank's shapes that differ from the preset's — 64/N heads (mla_rope, mla_decode,
+//! mla_sparse_decode), q_b's and the FFNs' N-times-smaller rows, attn_output's and ffn_down's
+//! shorter rows, the LM head's vocabulary block — run the generic variants (every dim a run-time
+//! argument); the per-head absorption (k_b, v_b), the routed experts, the router, the indexer and
+//! argmax keep their specialized variants (their dims do not change). Specialized shard
+//! variants need the shard count as a build parameter: build.rs planning the spec's `[[kernels]]`
+//! once more per count (e.g. `MEMRA_SHARDS=2,8`) at the preset with `n_head`, `n_ff`,
+//! `n_ff_shexp` and `n_vocab` divided by it (shard.rs's cut rules restated in the spec, since
+//! codegen must not depend on the engine); the registry would hold both and the kernel plan
+//! picks by dims as it does now. Not built yet.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::thread::JoinHandle;
+
+use memra_gguf::GgufFile;
+
+use super::rank::RankSpec;
+use super::shard::{Shard, ShardSource, SliceSource};
+use super::{Communicator, require_devices};
+use crate::models::gpu::{Result, err};
+use crate::models::mla::MlaDecoder;
+use crate::models::{GpuModel, GpuOptions, glm_dsa};
+use crate::synthetic::{Description, SyntheticWeights};
+
+/// Where the weights come from.
+#[derive(Clone)]
+pub enum Weights {
+    /// A GGUF file (each rank maps it and copies its windows).
+    File(PathBuf),
+    /// The synthetic generator (`memra bench --synthetic`), the same seed on every rank.
+    Synthetic { desc: Arc<Description>, seed: u64 },
+}
+
+enum Cmd {
+    Forward(Vec<u32>),
+    Logits,
+    Argmax,
+    Sync,
+    Reset,
+    /// Synthetic caches filled to this many positions (`MlaDecoder::assume_cached`).
+    FillCache(usize),
+    /// One eager round of the collectives (`MlaDecoder::warm_up_rank`).
+    WarmUp,
+}
+
+enum Reply {
+    Loaded(Result<Loaded>),
+    Unit(Result<()>),
+    Logits(Result<Vec<f32>>),
+    Argmax(Result<u32>),
+}
+
+struct Loaded {
+    report: Vec<String>,
+    max_ctx: usize,
+    n_vocab: usize,
+    weight_bytes: usize,
+}
+
+struct Worker {
+    cmds: Sender<Cmd>,
+    replies: Receiver<Reply>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// The model on N GPUs (see the module doc).
+pub struct ShardedMla {
+    workers: Vec<Worker>,
+    report: Vec<String>,
+    len: usize,
+    max_ctx: usize,
+    n_vocab: usize,
+    weight_bytes: usize,
+    /// Set when a rank failed inside a step: the other ranks may wait in a collective forever,
+    /// so the model refuses further work and its drop does not wait for them.
+    broken: Option<String>,
+}
+
+fn rank_main(
+    comm: Communicator,
+    weights: Weights,
+    file: Arc<GgufFile>,
+    label: PathBuf,
+    mut opts: GpuOptions,
+    cmds: Receiver<Cmd>,
+    replies: Sender<Reply>,
+) {
+    let shard = Shard {
+        rank: comm.rank(),
+        n_ranks: comm.n_ranks(),
+    };
+    opts.device = comm.device();
+    let synth = match &weights {
+        Weights::Synthetic { desc, seed } => Some(SyntheticWeights::new(desc, *seed)),
+        Weights::File(_) => None,
+    };
+    let loaded = (|| {
+        let src: &dyn SliceSource = match &synth {
+            Some(s) => s,
+            None => &*file,
+        };
+        let mut spec = glm_dsa::mla_spec(&label, &file)?;
+        let experts = shard.experts(&spec.config)?;
+        spec.config = shard.config(&spec.config)?;
+        let rank = RankSpec {
+            comm,
+            shard,
+            experts,
+        };
+        MlaDecoder::load_rank(&label, &ShardSource { src, shard }, spec, &opts, Some(rank))
+    })();
+    let mut model = match loaded {
+        Ok(m) => {
+            let info = Loaded {
+                report: m.report().to_vec(),
+                max_ctx: m.max_ctx(),
+                n_vocab: m.n_vocab(),
+                weight_bytes: m.weight_bytes(),
+            };
+            if replies.send(Reply::Loaded(Ok(info))).is_err() {
+                return;
+            }
+            m
+        }
+        Err(e) => {
+            let _ = replies.send(Reply::Loaded(Err(e)));
+            return;
+        }
+    };
+    while let Ok(cmd) = cmds.recv() {
+        let reply = match cmd {
+            Cmd::Forward(tokens) => Reply::Unit(model.forward(&tokens)),
+            Cmd::Logits => Reply::Logits(model.logits()),
+            Cmd::Argmax => Reply::Argmax(model.argmax()),
+            Cmd::Sync => Reply::Unit(model.sync()),
+            Cmd::WarmUp => Reply::Unit(model.warm_up_rank()),
+            Cmd::Reset => {
+                model.reset();
+                Reply::Unit(Ok(()))
+            }
+            Cmd::FillCache(len) => Reply::Unit(match &synth {
+                Some(s) => model.assume_cached(len, &mut |gpu, il, latent, keys| {
+                    s.fill_cache(gpu, il, latent, keys)
+                }),
+                None => Err(err("filling the caches needs synthetic weights")),
+            }),
+        };
+        if replies.send(reply).is_err() {
+            return;
+        }
+    }
+}
+
+impl ShardedMla {
+    /// Loads a glm-dsa model split over GPUs `0..n_gpus` (one NCCL communicator each; NVLS off).
+    /// Errors name the rank; a head or expert count that `n_gpus` does not divide is refused.
+    pub fn load(
+        weights: Weights,
+        label: &Path,
+        n_gpus: usize,
+        opts: &GpuOptions,
+    ) -> Result<ShardedMla> {
+        if n_gpus < 2 {
+            return Err(err(format!(
+                "a sharded model needs at least 2 GPUs (--gpus {n_gpus}); one GPU runs the ordinary path"
+            )));
+        }
+        // Refuse counts that do not split before any GPU or NCCL work.
+        let header = match &weights {
+            Weights::File(p) => {
+                GgufFile::open(p).map_err(|e| err(format!("{}: {e}", p.display())))?
+            }
+            Weights::Synthetic { desc, .. } => desc.open().map_err(err)?,
+        };
+        super::shard::check_split(label, &header, n_gpus)?;
+        // One mapping for all ranks (a synthetic header is one temporary file per process).
+        let header = Arc::new(header);
+        require_devices(n_gpus)?;
+        let comms = Communicator::init_all(&(0..n_gpus).collect::<Vec<_>>())?;
+        let mut workers = Vec::with_capacity(n_gpus);
+        for comm in comms {
+            let (cmd_tx, cmd_rx) = channel();
+            let (rep_tx, rep_rx) = channel();
+            let (weights, label, opts) = (weights.clone(), label.to_path_buf(), opts.clone());
+            let file = header.clone();
+            let name = format!("memra-rank{}", comm.rank());
+            let handle = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || rank_main(comm, weights, file, label, opts, cmd_rx, rep_tx))
+                .map_err(|e| err(format!("spawning a GPU worker thread: {e}")))?;
+            workers.push(Worker {
+                cmds: cmd_tx,
+                replies: rep_rx,
+                handle: Some(handle),
+            });
+        }
+        let mut model = ShardedMla {
+            workers,
+            report: Vec::new(),
+            len: 0,
+            max_ctx: 0,
+            n_vocab: 0,
+            weight_bytes: 0,
+            broken: None,
+        };
+        let mut errors = Vec::new();
+        for (rank, w) in model.workers.iter().enumerate() {
+            match w.replies.recv() {
+                Ok(Reply::Loaded(Ok(info))) => {
+                    if rank == 0 {
+                        model.report = info.report.clone();
+                        (model.max_ctx, model.n_vocab) = (info.max_ctx, info.n_vocab);
+                    } else if let Some(line) = info.report.iter().find(|l| l.starts_with("rank ")) {
+                        model.report.push(line.clone());
+                    }
+                    model.weight_bytes += info.weight_bytes;
+                }
+                Ok(Reply::Loaded(Err(e))) => errors.push(format!("rank {rank}: {e}")),
+                _ => errors.push(format!(
+                    "rank {rank}: the worker thread ended while loading"
+                )),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(err(errors.join("\n")));
+        }
+        // Every rank is loaded: the first collectives now run eagerly, not in a graph capture.
+        model.all_units(|| Cmd::WarmUp, "NCCL warm-up")?;
+        model.report.push(format!(
+            "{n_gpus} GPUs, one worker thread each; weights {} in all",
+            crate::models::gpu::mib(model.weight_bytes)
+        ));
+        Ok(model)
+    }
+
+    /// Sends `cmd()` to the ranks `ranks` and collects their replies in rank order.
+    fn ask(&self, ranks: std::ops::Range<usize>, cmd: impl Fn() -> Cmd) -> Result<Vec<Reply>> {
+        if let Some(b) = &self.broken {
+            return Err(err(format!(
+                "the multi-GPU model is unusable after an earlier failure: {b}"
+            )));
+        }
+        for r in ranks.clone() {
+            self.workers[r]
+                .cmds
+                .send(cmd())
+                .map_err(|_| err(format!("rank {r}: the worker thread has ended")))?;
+        }
+        ranks
+            .map(|r| {
+                self.workers[r]
+                    .replies
+                    .recv()
+                    .map_err(|_| err(format!("rank {r}: the worker thread has ended")))
+            })
+            .collect()
+    }
+
+    /// Every rank's `()` result; the first failure names its rank.
+    fn all_units(&mut self, cmd: impl Fn() -> Cmd, what: &str) -> Result<()> {
+        let replies = self.ask(0..self.workers.len(), cmd)?;
+        let errors: Vec<String> = replies
+            .into_iter()
+            .enumerate()
+            .filter_map(|(r, rep)| match rep {
+                Reply::Unit(Ok(())) => None,
+                Reply::Unit(Err(e)) => Some(format!("rank {r}: {e}")),
+                _ => Some(format!("rank {r}: unexpected reply")),
+            })
+            .collect();
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let msg = format!("{what}: {}", errors.join("; "));
+        self.broken = Some(msg.clone());
+        Err(err(msg))
+    }
+
+    /// Random cache rows on every rank (the same on all) and `len` positions counted as cached.
+    pub fn assume_cached(&mut self, len: usize) -> Result<()> {
+        self.all_units(|| Cmd::FillCache(len), "filling the caches")?;
+        self.len = len;
+        Ok(())
+    }
+
+    pub fn n_gpus(&self) -> usize {
+        self.workers.len()
+    }
+}
+
+/// `memra run --gpus N`: a GGUF file split over GPUs `0..n_gpus` after the same header
+/// validation as one GPU; glm-dsa only.
+pub fn load_file(
+    path: &Path,
+    arch: &str,
+    n_gpus: usize,
+    opts: &GpuOptions,
+) -> Result<Box<dyn GpuModel>> {
+    if arch != "glm-dsa" {
+        return Err(err(format!(
+            "{}: multi-GPU runs (--gpus {n_gpus}) support glm-dsa only; this {arch} model runs on one GPU",
+            path.display()
+        )));
+    }
+    crate::models::validate::validate_path(path).map_err(|e| err(e.to_string()))?;
+    Ok(Box::new(ShardedMla::load(
+        Weights::File(path.to_path_buf()),
+        path,
+        n_gpus,
+        opts,
+    )?))
+}
+
+impl GpuModel for ShardedMla {
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        let owned = tokens.to_vec();
+        self.all_units(|| Cmd::Forward(owned.clone()), "forward")?;
+        self.len += tokens.len();
+        Ok(())
+    }
+
+    fn logits(&self) -> Result<Vec<f32>> {
+        match self.ask(0..1, || Cmd::Logits)?.pop() {
+            Some(Reply::Logits(r)) => r,
+            _ => Err(err("rank 0: unexpected reply")),
+        }
+    }
+
+    fn argmax(&self) -> Result<u32> {
+        match self.ask(0..1, || Cmd::Argmax)?.pop() {
+            Some(Reply::Argmax(r)) => r,
+            _ => Err(err("rank 0: unexpected reply")),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        for (r, rep) in self
+            .ask(0..self.workers.len(), || Cmd::Sync)?
+            .into_iter()
+            .enumerate()
+        {
+            match rep {
+                Reply::Unit(Ok(())) => {}
+                Reply::Unit(Err(e)) => return Err(err(format!("rank {r}: {e}"))),
+                _ => return Err(err(format!("rank {r}: unexpected reply"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn max_ctx(&self) -> usize {
+        self.max_ctx
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// All ranks' weights together.
+    fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    fn reset(&mut self) {
+        if self.all_units(|| Cmd::Reset, "reset").is_ok() {
+            self.len = 0;
+        }
+    }
+
+    fn report(&self) -> &[String] {
+        &self.report
+    }
+}
+
+impl Drop for ShardedMla {
+    fn drop(&mut self) {
+        let broken = self.broken.is_some();
+        for w in &mut self.workers {
+            // Closing the command channel ends the worker's loop.
+            let (tx, _) = channel();
+            drop(std::mem::replace(&mut w.cmds, tx));
+            if let Some(h) = w.handle.take()
+                && !broken
+            {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use memra_codegen::fixture;
+    use memra_codegen::spec::ArchSpec;
+
+    use super::*;
+
+    fn micro_file(arch: &str) -> PathBuf {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let spec = ArchSpec::load(&root.join(format!("specs/{arch}.toml"))).unwrap();
+        let path =
+            std::env::temp_dir().join(format!("memra-sharded-{arch}-{}.gguf", std::process::id()));
+        std::fs::write(&path, fixture::micro_model(&spec, 3).unwrap()).unwrap();
+        path
+    }
+
+    /// Without GPUs (or NCCL) every refusal is an error that says why, never a panic or a hang.
+    #[test]
+    fn refusals_name_the_reason() {
+        let opts = GpuOptions::default();
+        let qwen = micro_file("qwen3");
+        let e = load_file(&qwen, "qwen3", 2, &opts)
+            .err()
+            .expect("qwen3 on 2 GPUs")
+            .to_string();
+        assert!(e.contains("glm-dsa only"), "{e}");
+        let glm = micro_file("glm-dsa");
+        let e = ShardedMla::load(Weights::File(glm.clone()), &glm, 1, &opts)
+            .err()
+            .expect("1 GPU")
+            .to_string();
+        assert!(e.contains("at least 2 GPUs"), "{e}");
+        // The micro model's 4 heads do not split over 3 GPUs: refused before any GPU work.
+        let e = ShardedMla::load(Weights::File(glm.clone()), &glm, 3, &opts)
+            .err()
+            .expect("3 GPUs")
+            .to_string();
+        assert!(e.contains("3 equal parts"), "{e}");
+        // 2 GPUs split the micro model; here the refusal is the missing devices (or NCCL).
+        if crate::cuda::Gpu::device_count() < 2 {
+            let e = ShardedMla::load(Weights::File(glm.clone()), &glm, 2, &opts)
+                .err()
+                .expect("no GPUs here")
+                .to_string();
+            assert!(e.contains("GPUs asked for") || e.contains("libcuda"), "{e}");
+        }
+        let _ = std::fs::remove_file(qwen);
+        let _ = std::fs::remove_file(glm);
+    }
+}
