@@ -169,9 +169,9 @@ mod tests {
 
     #[test]
     fn block_rule() {
-        // 131072 keys, bf16: 4096 tiles of 32 over 8 warps = 512 blocks, capped at 4·132.
-        assert_eq!(blocks_for(131_072, 2, 256, 132), 512);
-        assert_eq!(blocks_for(1_000_000, 2, 256, 132), 528);
+        // 131072 keys, bf16: 4096 tiles of 32 over 8 warps = 512 blocks, capped at one per SM.
+        assert_eq!(blocks_for(131_072, 2, 256, 132), 132);
+        assert_eq!(blocks_for(2000, 2, 256, 132), 8);
         assert_eq!(blocks_for(1, 4, 256, 132), 1);
         assert_eq!(key_bytes(131_072, 128, 2), 32 << 20);
     }

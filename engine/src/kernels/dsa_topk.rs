@@ -165,3 +165,22 @@ pub fn dsa_topk(
     // ld_scores, writes idx[t][0..k), count[t], and touches scratch only when n_blk > 1.
     unsafe { launch(kernel, launch_config(p, threads), &mut args) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_rule_and_scratch() {
+        // One decode row of 131072 keys: 128 blocks of 1024 keys; a 40000-key row: 40.
+        assert_eq!(blocks_for(1, 131_072, 132), 128);
+        assert_eq!(blocks_for(1, 40_000, 132), 40);
+        assert_eq!(blocks_for(1, 5_000_000, 132), 132);
+        // Rows share the multiprocessors; many rows get one block each.
+        assert_eq!(blocks_for(4, 131_072, 132), 33);
+        assert_eq!(blocks_for(67, 131_072, 132), 1);
+        assert_eq!(blocks_for(1, 100, 132), 1);
+        assert_eq!(scratch_words(1, 1), 0);
+        assert_eq!(scratch_words(2, 128), 2 * (32 + 3 * 2048 + 256));
+    }
+}

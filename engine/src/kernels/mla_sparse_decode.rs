@@ -104,3 +104,38 @@ pub fn mla_sparse_decode<C: CacheElem>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(n_head: usize, n_split: usize) -> MlaDecodeParams {
+        MlaDecodeParams {
+            n_head,
+            kv_lora: 512,
+            rope: 64,
+            max_ctx: 131_072,
+            n_split,
+            scale: 0.0625,
+        }
+    }
+
+    #[test]
+    fn phase_rule() {
+        let ph = |n_head, n_split, sms| {
+            phases(&p(n_head, n_split), 0, sms)
+                .iter()
+                .map(|x| x.0)
+                .collect::<Vec<_>>()
+        };
+        // GLM-5 decode: 2048 selected rows in 32 splits, one launch with the spread merge.
+        assert_eq!(splits_for(2048, 64, 132), 32);
+        assert_eq!(ph(64, 32, 132), vec![3]);
+        assert_eq!(ph(64, 4, 132), vec![0]);
+        assert_eq!(ph(64, 1, 132), vec![0]);
+        // More blocks than multiprocessors: partials, then a merge launch.
+        assert_eq!(ph(64, 133, 132), vec![1, 2]);
+        assert_eq!(ph(128, 70, 132), vec![1, 2]);
+        assert_eq!(ph(128, 66, 132), vec![3]);
+    }
+}
