@@ -287,12 +287,28 @@ fn codegen_generate(c: &mut Criterion) {
 /// 7.08 MB). The stacked tensors (256 experts, 5.4 GB) are zeros: the selection and the bytes
 /// read do not depend on the values. Specialized variants need `--features model-glm-dsa`.
 fn moe_decode_gpu(c: &mut Criterion) {
+    moe_decode(c, false);
+}
+
+/// `moe_decode/xq8_<specialized|generic>/glm5_t1_q4_k`: the `moe_decode` step with the integer
+/// path — moe_router, quantize_q8 of x, gate + up + SwiGLU (moe_matvec swiglu, XQ8 = 1),
+/// quantize_q8 of h, down + combine (XQ8 = 1): five launches, the two quantizations included.
+/// The xq8 moe_matvec variants are rendered here (default tuning, as the glm-dsa spec's) until a
+/// spec plans them. Same bytes, flush and zero experts as `moe_decode`.
+fn moe_decode_xq8_gpu(c: &mut Criterion) {
+    moe_decode(c, true);
+}
+
+/// [`moe_decode_gpu`], or with `xq8` [`moe_decode_xq8_gpu`].
+fn moe_decode(c: &mut Criterion, xq8: bool) {
+    use memra_engine::kernels::matvec::MatvecTuning;
     use memra_engine::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
-    use memra_engine::kernels::moe_router;
     use memra_engine::kernels::registry::Param;
+    use memra_engine::kernels::{moe_router, quantize_q8};
     use memra_gguf::GgmlType;
+    let bench = if xq8 { "moe_decode/xq8" } else { "moe_decode" };
     let Ok(gpu) = Gpu::new(0) else {
-        eprintln!("moe_decode: SKIPPED (no CUDA device or driver on this machine)");
+        eprintln!("{bench}: SKIPPED (no CUDA device or driver on this machine)");
         return;
     };
     let (n_embd, n_ff, n_expert, n_used) = (6144usize, 2048usize, 256usize, 8usize);
@@ -305,7 +321,7 @@ fn moe_decode_gpu(c: &mut Criterion) {
             .find(|v| (if specialized { v.arch == Some("glm-dsa") } else { v.is_generic() }) && want.iter().all(|(k, p)| v.param(k) == Some(*p)))
     };
     let s = gpu.stream();
-    let mut rng = Rng::from_env_or_time("moe_decode bench");
+    let mut rng = Rng::from_env_or_time(&format!("{} bench", bench.replace('/', " ")));
     let logits = s.clone_htod(&rng.normal_vec(n_expert, 2.0)).expect("upload");
     let bias = s.clone_htod(&rng.normal_vec(n_expert, 0.01)).expect("upload");
     let x = s.clone_htod(&rng.normal_vec(n_embd, 1.0)).expect("upload");
@@ -317,79 +333,18 @@ fn moe_decode_gpu(c: &mut Criterion) {
     let mut wts = s.alloc_zeros::<f32>(n_used).expect("alloc");
     let mut h = s.alloc_zeros::<f32>(n_used * n_ff).expect("alloc");
     let mut out = s.alloc_zeros::<f32>(n_embd).expect("alloc");
-    let mut flush = s.alloc_zeros::<u8>(2 * bench::l2_bytes(&gpu)).expect("L2 flush buffer");
-    let bytes = moe_matvec::selected_bytes(ty, Mode::Swiglu, n_embd, n_ff, n_used).expect("q4_k") as u64
-        + moe_matvec::selected_bytes(ty, Mode::Down, n_ff, n_embd, n_used).expect("q4_k") as u64;
-    let (q4k, sig) = (Param::Sym("q4_k"), Param::Sym("sigmoid"));
-    for (kind, specialized) in [("specialized", true), ("generic", false)] {
-        let (Some(vr), Some(vg), Some(vd)) = (
-            pick(moe_router::FAMILY, specialized, &[("gating", sig)]),
-            pick(moe_matvec::FAMILY, specialized, &[("qtype", q4k), ("mode", Param::Sym("swiglu"))]),
-            pick(moe_matvec::FAMILY, specialized, &[("qtype", q4k), ("mode", Param::Sym("down"))]),
-        ) else {
-            eprintln!("moe_decode/{kind}: SKIPPED (variants not in this build)");
-            continue;
+    // The integer path's q8 copies of x and h, and its quantize_q8 variant.
+    let mut q8 = if xq8 {
+        let Some(vq) = registry::family(quantize_q8::FAMILY).into_iter().find(|v| v.is_generic()) else {
+            eprintln!("{bench}: SKIPPED (no quantize_q8 variant in this build)");
+            return;
         };
-        let kernels = gpu.load(&[vr, vg, vd]).unwrap_or_else(|e| panic!("{e}"));
-        let get = |v: &KernelVariant| kernels.get(v.name).unwrap_or_else(|e| panic!("{e}"));
-        let (kr, kg, kd) = (get(vr), get(vg), get(vd));
-        let mut group = c.benchmark_group(format!("moe_decode/{kind}"));
-        group.throughput(Throughput::Bytes(bytes));
-        group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
-        group.bench_function("glm5_t1_q4_k", |b| {
-            b.iter_custom(|iters| {
-                let mut launch = |_: usize| -> Result<(), memra_engine::cuda::Error> {
-                    let bv = bias.as_view();
-                    moe_router::moe_router(kr, &logits.as_view(), Some(&bv), &mut ids.as_view_mut(), &mut wts.as_view_mut(), 1, n_expert, n_used, true, 2.5)?;
-                    let (iv, xv, gv, uv) = (ids.as_view(), x.as_view(), gate.as_view(), up.as_view());
-                    let dims = MoeDims { k: n_embd, n: n_ff, n_tokens: 1, n_used, n_expert, ldx: n_embd, ldy: n_ff };
-                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &iv, weights: None, x: &xv };
-                    moe_matvec::moe_matvec(kg, &inp, &mut h.as_view_mut(), dims)?;
-                    let (dv, hv, wv) = (down.as_view(), h.as_view(), wts.as_view());
-                    let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &iv, weights: Some(&wv), x: &hv };
-                    let dims = MoeDims { k: n_ff, n: n_embd, ldx: n_ff, ldy: n_embd, ..dims };
-                    moe_matvec::moe_matvec(kd, &inp, &mut out.as_view_mut(), dims)
-                };
-                let us = bench::time_launches(&gpu, 1, iters as u32, &mut flush, &mut launch).unwrap_or_else(|e| panic!("moe_decode/{kind}: {e}"));
-                Duration::from_secs_f64(us.iter().sum::<f64>() / 1e6)
-            })
-        });
-        group.finish();
-    }
-}
-
-/// `moe_decode/xq8_<specialized|generic>/glm5_t1_q4_k`: the `moe_decode` step with the integer
-/// path — moe_router, quantize_q8 of x, gate + up + SwiGLU (moe_matvec swiglu, XQ8 = 1),
-/// quantize_q8 of h, down + combine (XQ8 = 1): five launches, the two quantizations included.
-/// The xq8 moe_matvec variants are rendered here (default tuning, as the glm-dsa spec's) until a
-/// spec plans them. Same bytes, flush and zero experts as `moe_decode`.
-fn moe_decode_xq8_gpu(c: &mut Criterion) {
-    use memra_engine::kernels::matvec::MatvecTuning;
-    use memra_engine::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
-    use memra_engine::kernels::registry::Param;
-    use memra_engine::kernels::{moe_router, quantize_q8};
-    use memra_gguf::GgmlType;
-    let Ok(gpu) = Gpu::new(0) else {
-        eprintln!("moe_decode/xq8: SKIPPED (no CUDA device or driver on this machine)");
-        return;
+        let xq = quantize_q8::Q8Activation::new(s, n_embd, 1).expect("alloc q8 x");
+        let hq = quantize_q8::Q8Activation::new(s, n_ff, n_used).expect("alloc q8 h");
+        Some((vq, xq, hq))
+    } else {
+        None
     };
-    let (n_embd, n_ff, n_expert, n_used) = (6144usize, 2048usize, 256usize, 8usize);
-    let ty = GgmlType::Q4_K;
-    let s = gpu.stream();
-    let mut rng = Rng::from_env_or_time("moe_decode xq8 bench");
-    let logits = s.clone_htod(&rng.normal_vec(n_expert, 2.0)).expect("upload");
-    let bias = s.clone_htod(&rng.normal_vec(n_expert, 0.01)).expect("upload");
-    let x = s.clone_htod(&rng.normal_vec(n_embd, 1.0)).expect("upload");
-    let rb = |k: usize| ty.row_bytes(k as u64).expect("whole blocks") as usize;
-    let gate = s.alloc_zeros::<u8>(n_expert * n_ff * rb(n_embd)).expect("alloc experts");
-    let up = s.alloc_zeros::<u8>(n_expert * n_ff * rb(n_embd)).expect("alloc experts");
-    let down = s.alloc_zeros::<u8>(n_expert * n_embd * rb(n_ff)).expect("alloc experts");
-    let mut ids = s.alloc_zeros::<i32>(n_used).expect("alloc");
-    let mut wts = s.alloc_zeros::<f32>(n_used).expect("alloc");
-    let mut h = s.alloc_zeros::<f32>(n_used * n_ff).expect("alloc");
-    let mut out = s.alloc_zeros::<f32>(n_embd).expect("alloc");
-    let mut xq = quantize_q8::Q8Activation::new(s, n_embd, 1).expect("alloc q8 x");
-    let mut hq = quantize_q8::Q8Activation::new(s, n_ff, n_used).expect("alloc q8 h");
     let mut flush = s.alloc_zeros::<u8>(2 * bench::l2_bytes(&gpu)).expect("L2 flush buffer");
     let bytes = moe_matvec::selected_bytes(ty, Mode::Swiglu, n_embd, n_ff, n_used).expect("q4_k") as u64
         + moe_matvec::selected_bytes(ty, Mode::Down, n_ff, n_embd, n_used).expect("q4_k") as u64;
@@ -403,24 +358,28 @@ fn moe_decode_xq8_gpu(c: &mut Criterion) {
         let source = Box::leak(moe_matvec::render_source(name, ty, mode, k, n, &tune).into_boxed_str());
         Box::leak(Box::new(KernelVariant { name, family: moe_matvec::FAMILY, arch: None, params: Box::leak(params.into_boxed_slice()), source }))
     };
-    let Some(vq) = registry::family(quantize_q8::FAMILY).into_iter().find(|v| v.is_generic()) else {
-        eprintln!("moe_decode/xq8: SKIPPED (no quantize_q8 variant in this build)");
-        return;
-    };
-    let sig = Param::Sym("sigmoid");
-    for (kind, specialized) in [("xq8_specialized", true), ("xq8_generic", false)] {
-        let router = registry::family(moe_router::FAMILY)
-            .into_iter()
-            .find(|v| (if specialized { v.arch == Some("glm-dsa") } else { v.is_generic() }) && v.param("gating") == Some(sig));
-        let Some(vr) = router else {
-            eprintln!("moe_decode/{kind}: SKIPPED (router variant not in this build)");
+    let (q4k, sig) = (Param::Sym("q4_k"), Param::Sym("sigmoid"));
+    let prefix = if xq8 { "xq8_" } else { "" };
+    for (kind, specialized) in [("specialized", true), ("generic", false)] {
+        let kind = format!("{prefix}{kind}");
+        // The xq8 moe_matvec variants are rendered (no spec plans them yet).
+        let experts = if xq8 {
+            let (dk, dn) = if specialized { (n_embd, n_ff) } else { (0, 0) };
+            Some((render(Mode::Swiglu, dk, dn), render(Mode::Down, dn, dk)))
+        } else {
+            let want = |mode| [("qtype", q4k), ("mode", Param::Sym(mode))];
+            pick(moe_matvec::FAMILY, specialized, &want("swiglu")).zip(pick(moe_matvec::FAMILY, specialized, &want("down")))
+        };
+        let (Some(vr), Some((vg, vd))) = (pick(moe_router::FAMILY, specialized, &[("gating", sig)]), experts) else {
+            eprintln!("moe_decode/{kind}: SKIPPED (variants not in this build)");
             continue;
         };
-        let (dk, dn) = if specialized { (n_embd, n_ff) } else { (0, 0) };
-        let (vg, vd) = (render(Mode::Swiglu, dk, dn), render(Mode::Down, dn, dk));
-        let kernels = gpu.load(&[vr, vq, vg, vd]).unwrap_or_else(|e| panic!("{e}"));
+        let mut vs = vec![vr, vg, vd];
+        vs.extend(q8.as_ref().map(|(vq, _, _)| *vq));
+        let kernels = gpu.load(&vs).unwrap_or_else(|e| panic!("{e}"));
         let get = |v: &KernelVariant| kernels.get(v.name).unwrap_or_else(|e| panic!("{e}"));
-        let (kr, kq, kg, kd) = (get(vr), get(vq), get(vg), get(vd));
+        let (kr, kg, kd) = (get(vr), get(vg), get(vd));
+        let kq = q8.as_ref().map(|(vq, _, _)| get(vq));
         let mut group = c.benchmark_group(format!("moe_decode/{kind}"));
         group.throughput(Throughput::Bytes(bytes));
         group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
@@ -429,15 +388,21 @@ fn moe_decode_xq8_gpu(c: &mut Criterion) {
                 let mut launch = |_: usize| -> Result<(), memra_engine::cuda::Error> {
                     let bv = bias.as_view();
                     moe_router::moe_router(kr, &logits.as_view(), Some(&bv), &mut ids.as_view_mut(), &mut wts.as_view_mut(), 1, n_expert, n_used, true, 2.5)?;
-                    xq.quantize(kq, &x.as_view(), 1, n_embd)?;
-                    let (iv, xv, gv, uv) = (ids.as_view(), xq.view(), gate.as_view(), up.as_view());
-                    let dims = MoeDims { k: n_embd, n: n_ff, n_tokens: 1, n_used, n_expert, ldx: xq.ld(), ldy: n_ff };
+                    if let (Some(kq), Some((_, xq, _))) = (kq, q8.as_mut()) {
+                        xq.quantize(kq, &x.as_view(), 1, n_embd)?;
+                    }
+                    let (xv, ldx) = q8.as_ref().map_or((x.as_view(), n_embd), |(_, xq, _)| (xq.view(), xq.ld()));
+                    let (iv, gv, uv) = (ids.as_view(), gate.as_view(), up.as_view());
+                    let dims = MoeDims { k: n_embd, n: n_ff, n_tokens: 1, n_used, n_expert, ldx, ldy: n_ff };
                     let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &iv, weights: None, x: &xv };
                     moe_matvec::moe_matvec(kg, &inp, &mut h.as_view_mut(), dims)?;
-                    hq.quantize(kq, &h.as_view(), n_used, n_ff)?;
-                    let (dv, hv, wv) = (down.as_view(), hq.view(), wts.as_view());
+                    if let (Some(kq), Some((_, _, hq))) = (kq, q8.as_mut()) {
+                        hq.quantize(kq, &h.as_view(), n_used, n_ff)?;
+                    }
+                    let (hv, ldh) = q8.as_ref().map_or((h.as_view(), n_ff), |(_, _, hq)| (hq.view(), hq.ld()));
+                    let (dv, wv) = (down.as_view(), wts.as_view());
                     let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &iv, weights: Some(&wv), x: &hv };
-                    let dims = MoeDims { k: n_ff, n: n_embd, ldx: hq.ld(), ldy: n_embd, ..dims };
+                    let dims = MoeDims { k: n_ff, n: n_embd, ldx: ldh, ldy: n_embd, ..dims };
                     moe_matvec::moe_matvec(kd, &inp, &mut out.as_view_mut(), dims)
                 };
                 let us = bench::time_launches(&gpu, 1, iters as u32, &mut flush, &mut launch).unwrap_or_else(|e| panic!("moe_decode/{kind}: {e}"));

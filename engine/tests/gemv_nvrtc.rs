@@ -5,8 +5,8 @@
 
 mod dense_common;
 
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use dense_common::{assert_compile_sm90, headers, variant, V};
+use memra_engine::cuda::{library, SmArch};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
 use memra_engine::kernels::{matmul, matvec, quantize_q8};
@@ -30,46 +30,42 @@ fn shapes(q: &str) -> Vec<(i64, i64)> {
     s
 }
 
+/// `params` of a variant at shape `(k, n)`, or generic (`None`).
+fn with_shape(shape: Option<(i64, i64)>, params: &[(&'static str, V)]) -> Vec<(&'static str, V)> {
+    let mut p = shape.map_or(vec![], |(k, n)| vec![("k", V::I(k)), ("n", V::I(n))]);
+    p.extend_from_slice(params);
+    p
+}
+
+/// A `family` variant at `shape` (specialized: must not spill) or generic (`None`: may spill).
+fn at(
+    family: &str,
+    shape: Option<(i64, i64)>,
+    params: &[(&'static str, V)],
+) -> (&'static KernelVariant, bool) {
+    (variant(family, &with_shape(shape, params)), shape.is_some())
+}
+
+/// Batched decode: 8 vectors, 8 lanes per row group.
+fn batch8(q: &'static str, xq8: Option<i64>) -> Vec<(&'static str, V)> {
+    let mut p = vec![
+        ("qtype", V::S(q)),
+        ("batch", V::I(8)),
+        ("lanes", V::I(8)),
+        ("rows_per_group", V::I(1)),
+    ];
+    p.extend(xq8.map(|x| ("xq8", V::I(x))));
+    p
+}
+
 fn matvec_variants() -> Vec<(&'static KernelVariant, bool)> {
     let mut v = Vec::new();
     for q in QTYPES {
-        for (k, n) in shapes(q) {
-            v.push((
-                variant(
-                    "matvec",
-                    &[("k", V::I(k)), ("n", V::I(n)), ("qtype", V::S(q))],
-                ),
-                true,
-            ));
-        }
-        // Batched decode: 8 vectors, 8 lanes per row group.
-        v.push((
-            variant(
-                "matvec",
-                &[
-                    ("k", V::I(6144)),
-                    ("n", V::I(2048)),
-                    ("qtype", V::S(q)),
-                    ("batch", V::I(8)),
-                    ("lanes", V::I(8)),
-                    ("rows_per_group", V::I(1)),
-                ],
-            ),
-            true,
-        ));
-        v.push((variant("matvec", &[("qtype", V::S(q))]), false));
-        v.push((
-            variant(
-                "matvec",
-                &[
-                    ("qtype", V::S(q)),
-                    ("batch", V::I(8)),
-                    ("lanes", V::I(8)),
-                    ("rows_per_group", V::I(1)),
-                ],
-            ),
-            false,
-        ));
+        let qt = [("qtype", V::S(q))];
+        v.extend(shapes(q).into_iter().map(|s| at("matvec", Some(s), &qt)));
+        v.push(at("matvec", Some((6144, 2048)), &batch8(q, None)));
+        v.push(at("matvec", None, &qt));
+        v.push(at("matvec", None, &batch8(q, None)));
     }
     v
 }
@@ -77,64 +73,26 @@ fn matvec_variants() -> Vec<(&'static KernelVariant, bool)> {
 fn matmul_variants() -> Vec<&'static KernelVariant> {
     let mut v = Vec::new();
     for q in QTYPES {
-        for (k, n) in [(6144, 2048), (4096, 12288)] {
-            v.push(variant(
-                "matmul",
-                &[("k", V::I(k)), ("n", V::I(n)), ("qtype", V::S(q))],
-            ));
+        for shape in [Some((6144, 2048)), Some((4096, 12288)), None] {
+            v.push(variant("matmul", &with_shape(shape, &[("qtype", V::S(q))])));
         }
-        v.push(variant("matmul", &[("qtype", V::S(q))]));
         v.push(variant("matmul", &[("qtype", V::S(q)), ("bm", V::I(64))]));
     }
     v
 }
 
-fn compile_and_report(variants: &[(&'static KernelVariant, bool)]) -> Vec<String> {
-    let list: Vec<&'static KernelVariant> = variants.iter().map(|(v, _)| *v).collect();
-    let cache = KernelCache::new(CacheConfig::memory_only());
-    let results = compile_variants(&cache, &list, headers(), SmArch(90));
-    let mut failures = Vec::new();
-    for ((v, strict), r) in variants.iter().zip(results) {
-        match r {
-            Err(e) => failures.push(format!("{}: {e}", v.name)),
-            Ok(c) => {
-                let rep = c.cubin.report();
-                eprintln!(
-                    "{:<72} regs {:>3}  spill st/ld {}/{}  stack {}",
-                    v.name,
-                    rep.registers.unwrap_or(0),
-                    rep.spill_stores.unwrap_or(0),
-                    rep.spill_loads.unwrap_or(0),
-                    rep.stack_frame.unwrap_or(0)
-                );
-                if rep.registers.is_none() {
-                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
-                }
-                if *strict && (rep.spills() || rep.stack_frame.unwrap_or(0) > 0) {
-                    failures.push(format!(
-                        "{}: specialized variant spills or has a stack frame: {rep:?}",
-                        v.name
-                    ));
-                }
-            }
-        }
+fn check(test: &str, variants: &[(&'static KernelVariant, bool)]) {
+    if library::nvrtc_or_skip(test).is_none() {
+        return;
     }
-    failures
+    assert_compile_sm90(variants, |_, _| None);
 }
 
 #[test]
 fn matvec_templates_compile_for_sm90_without_spills() {
-    if library::nvrtc_or_skip("matvec_templates_compile_for_sm90_without_spills").is_none() {
-        return;
-    }
-    let variants = matvec_variants();
-    let failures = compile_and_report(&variants);
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        variants.len(),
-        failures.join("\n")
+    check(
+        "matvec_templates_compile_for_sm90_without_spills",
+        &matvec_variants(),
     );
 }
 
@@ -145,96 +103,40 @@ fn xq8_variants() -> Vec<(&'static KernelVariant, bool)> {
     let mut v = Vec::new();
     for q in QTYPES {
         let int = matvec::int_dot(memra_gguf::GgmlType::from_name(q).expect("a ggml type"));
-        v.push((
-            variant("matvec", &[("qtype", V::S(q)), ("xq8", V::I(1))]),
-            false,
-        ));
+        let xq8 = |x: i64| [("qtype", V::S(q)), ("xq8", V::I(x))];
+        v.push(at("matvec", None, &xq8(1)));
         if !int {
             // The trap-only bodies still compile (generic variants cover every QType).
-            v.push((
-                variant("matvec", &[("qtype", V::S(q)), ("xq8", V::I(2))]),
-                false,
-            ));
+            v.push(at("matvec", None, &xq8(2)));
             continue;
         }
-        for (k, n) in [(6144, 2048), (4096, 12288), (12288, 4096)] {
-            v.push((
-                variant(
-                    "matvec",
-                    &[
-                        ("k", V::I(k)),
-                        ("n", V::I(n)),
-                        ("qtype", V::S(q)),
-                        ("xq8", V::I(1)),
-                    ],
-                ),
-                true,
-            ));
+        for s in [(6144, 2048), (4096, 12288), (12288, 4096)] {
+            v.push(at("matvec", Some(s), &xq8(1)));
         }
-        v.push((
-            variant(
-                "matvec",
-                &[
-                    ("k", V::I(4096)),
-                    ("n", V::I(12288)),
-                    ("qtype", V::S(q)),
-                    ("batch", V::I(8)),
-                    ("lanes", V::I(8)),
-                    ("rows_per_group", V::I(1)),
-                    ("xq8", V::I(1)),
-                ],
-            ),
-            true,
-        ));
+        v.push(at("matvec", Some((4096, 12288)), &batch8(q, Some(1))));
         // XQ8 = 2 (x quantized in the block): batch 1 and 4, specialized and generic.
         for batch in [1, 4] {
-            v.push((
-                variant(
+            for shape in [Some((6144, 12288)), None] {
+                v.push(at(
                     "matvec",
-                    &[
-                        ("k", V::I(6144)),
-                        ("n", V::I(12288)),
-                        ("qtype", V::S(q)),
-                        ("batch", V::I(batch)),
-                        ("xq8", V::I(2)),
-                    ],
-                ),
-                true,
-            ));
-            v.push((
-                variant(
-                    "matvec",
+                    shape,
                     &[("qtype", V::S(q)), ("batch", V::I(batch)), ("xq8", V::I(2))],
-                ),
-                false,
-            ));
+                ));
+            }
         }
         for mode in ["plain", "swiglu", "geglu", "down"] {
-            let (k, n) = if mode == "down" {
+            let kn = if mode == "down" {
                 (2048, 6144)
             } else {
                 (6144, 2048)
             };
-            v.push((
-                variant(
+            for shape in [Some(kn), None] {
+                v.push(at(
                     "moe_matvec",
-                    &[
-                        ("k", V::I(k)),
-                        ("n", V::I(n)),
-                        ("qtype", V::S(q)),
-                        ("mode", V::S(mode)),
-                        ("xq8", V::I(1)),
-                    ],
-                ),
-                true,
-            ));
-            v.push((
-                variant(
-                    "moe_matvec",
+                    shape,
                     &[("qtype", V::S(q)), ("mode", V::S(mode)), ("xq8", V::I(1))],
-                ),
-                false,
-            ));
+                ));
+            }
         }
     }
     v.push((variant("quantize_q8", &[]), true));
@@ -243,34 +145,18 @@ fn xq8_variants() -> Vec<(&'static KernelVariant, bool)> {
 
 #[test]
 fn matvec_xq8_templates_compile_for_sm90_without_spills() {
-    if library::nvrtc_or_skip("matvec_xq8_templates_compile_for_sm90_without_spills").is_none() {
-        return;
-    }
-    let variants = xq8_variants();
-    let failures = compile_and_report(&variants);
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        variants.len(),
-        failures.join("\n")
+    check(
+        "matvec_xq8_templates_compile_for_sm90_without_spills",
+        &xq8_variants(),
     );
 }
 
 #[test]
 fn matmul_templates_compile_for_sm90_without_spills() {
-    if library::nvrtc_or_skip("matmul_templates_compile_for_sm90_without_spills").is_none() {
-        return;
-    }
-    let variants: Vec<(&'static KernelVariant, bool)> =
-        matmul_variants().into_iter().map(|v| (v, true)).collect();
-    let failures = compile_and_report(&variants);
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        variants.len(),
-        failures.join("\n")
+    let variants: Vec<_> = matmul_variants().into_iter().map(|v| (v, true)).collect();
+    check(
+        "matmul_templates_compile_for_sm90_without_spills",
+        &variants,
     );
 }
 

@@ -162,10 +162,21 @@ pub fn assert_compile_sm90_without_spills(
     variants: &[&'static KernelVariant],
     extra: impl Fn(&KernelVariant, &PtxasReport) -> Option<String>,
 ) {
+    let strict: Vec<_> = variants.iter().map(|&v| (v, true)).collect();
+    assert_compile_sm90(&strict, extra);
+}
+
+/// [`assert_compile_sm90_without_spills`] where only the variants paired with `true` must not
+/// spill nor keep a stack frame (the others must still compile and report).
+pub fn assert_compile_sm90(
+    variants: &[(&'static KernelVariant, bool)],
+    extra: impl Fn(&KernelVariant, &PtxasReport) -> Option<String>,
+) {
+    let list: Vec<&'static KernelVariant> = variants.iter().map(|(v, _)| *v).collect();
     let cache = KernelCache::new(CacheConfig::memory_only());
-    let results = compile_variants(&cache, variants, headers(), SmArch(90));
+    let results = compile_variants(&cache, &list, headers(), SmArch(90));
     let mut failures = Vec::new();
-    for (v, r) in variants.iter().zip(results) {
+    for ((v, strict), r) in variants.iter().zip(results) {
         match r {
             Err(e) => failures.push(format!("{}: {e}", v.name)),
             Ok(c) => {
@@ -182,7 +193,7 @@ pub fn assert_compile_sm90_without_spills(
                 if rep.registers.is_none() {
                     failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
                 }
-                if rep.spills() || rep.stack_frame.unwrap_or(0) > 0 {
+                if *strict && (rep.spills() || rep.stack_frame.unwrap_or(0) > 0) {
                     failures.push(format!("{}: spills or has a stack frame: {rep:?}", v.name));
                 }
                 failures.extend(extra(v, &rep));
