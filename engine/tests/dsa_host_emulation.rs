@@ -38,6 +38,8 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
 static inline unsigned __match_any_sync(unsigned, unsigned v) {
     int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); unsigned r = 0;
     for (int l = 0; l < 32; ++l) if (g_xchg[(t & ~31) | l] == v) r |= 1u << l; __syncwarp(); return r; }
+static inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
+    int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); unsigned r = (unsigned)g_xchg[(t & ~31) | (src & 31)]; __syncwarp(); return r; }
 static inline unsigned __shfl_up_sync(unsigned, unsigned v, int o) {
     int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); unsigned r = (t & 31) >= o ? (unsigned)g_xchg[t - o] : v; __syncwarp(); return r; }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
@@ -461,7 +463,7 @@ fn indexer_case(
 }
 
 /// `rows`: (position, kind) with kind 0 normal scores, 1 a palette of exact ties (±0, ±∞), 2 all
-/// equal; `n_blk` blocks per row (> 1: the blocks run concurrently and meet at barriers).
+/// equal, 3 distinct values in one top-11-bit bin; `n_blk` blocks per row (> 1: the blocks run concurrently and meet at barriers).
 fn topk_case(emu: &mut Emu, rng: &mut Rng, cfg: usize, k: usize, n_blk: usize, rows: &[(i64, u8)]) {
     let ld = rows.iter().map(|r| r.0.max(0) as usize).max().unwrap() + 2;
     let palette = [
@@ -484,6 +486,10 @@ fn topk_case(emu: &mut Emu, rng: &mut Rng, cfg: usize, k: usize, n_blk: usize, r
             1 => row
                 .iter_mut()
                 .for_each(|v| *v = palette[rng.below(palette.len())]),
+            // All in one top-11-bit bin ([1, 1.125)): more candidates than the list holds.
+            3 => row
+                .iter_mut()
+                .for_each(|v| *v = 1.0 + rng.below(1 << 20) as f32 / (1u32 << 23) as f32),
             _ => row.iter_mut().for_each(|v| *v = 3.0),
         }
     }
@@ -711,6 +717,8 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
     topk_case(e, &mut rng, 0, 300, 4, &[(9000, 1), (200, 0), (-1, 0)]);
     topk_case(e, &mut rng, 3, 2048, 3, &[(2048, 0), (2047, 1)]); // 2049 keys; all visible
     topk_case(e, &mut rng, 2, 64, 5, &[(100, 0)]); // blocks with empty chunks
+    topk_case(e, &mut rng, 0, 300, 3, &[(9000, 3), (5000, 3)]); // candidate list overflows
+    topk_case(e, &mut rng, 0, 300, 2, &[(20_000, 0)]); // one block's candidates alone
     // Sparse MLA. cfg 0: GLM-5 64 × (512 + 64) bf16; 1: generic bf16; 2: generic f32.
     // The last argument but one: the split count that first uses the workspace (sized for it).
     sparse_case(e, &mut rng, 0, 64, 512, 64, 90, 37, 2, 2, false);

@@ -810,7 +810,8 @@ fn gpu_dsa_block_count_sweep() {
 }
 
 /// dsa_topk alone at k = 2048 over 1, 7, 2047, 2048, 2049, 40000 and 131072 visible keys (the
-/// last three in a longer row), random scores, palette ties (±0, ±∞) and all-equal rows, with
+/// last three in a longer row), random scores, palette ties (±0, ±∞), all-equal rows and rows
+/// of distinct values in one top-11-bit bin (more candidates than the list holds), with
 /// one block per row, the wrapper's block count and awkward ones (3, one per multiprocessor).
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -836,13 +837,17 @@ fn gpu_dsa_topk_multiblock_lengths() {
     ];
     for n in [1usize, 7, 2047, 2048, 2049, 40_000, 131_072] {
         let ld = n + 17;
-        for kind in 0..3u8 {
+        for kind in 0..4u8 {
             let mut row = vec![f32::NAN; ld];
             match kind {
                 0 => row[..n].copy_from_slice(&rng.normal_vec(n, 1.0)),
                 1 => row[..n]
                     .iter_mut()
                     .for_each(|v| *v = palette[rng.below(palette.len())]),
+                // Distinct values in one top-11-bit bin: the candidate list overflows.
+                3 => row[..n]
+                    .iter_mut()
+                    .for_each(|v| *v = 1.0 + rng.below(1 << 20) as f32 / (1u32 << 23) as f32),
                 _ => row[..n].iter_mut().for_each(|v| *v = -3.5),
             }
             let want = top_k(&row[..n], TOP_K);

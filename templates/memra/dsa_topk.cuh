@@ -16,19 +16,21 @@
 //   scratch: n_q · dsa_topk_detail::row_words(gridDim.x) u32, zeroed once when allocated (each
 //   launch leaves it zero); unused (may be null) when gridDim.x == 1.
 // Scheme (radix select on the order-preserving u32 keys of the floats, −0 folded into +0): the
-//   gridDim.x blocks of a row split it into contiguous chunks. Three passes of 11, 11 and 10 bits
-//   from the top: each block histograms (shared memory, warp-aggregated with __match_any_sync)
-//   the keys of its chunk that match the prefix chosen so far; with several blocks the nonzero
-//   bins are added into the row's histogram in scratch and the blocks meet at a grid barrier,
-//   then every block reads the whole histogram and picks, by the same suffix scan, the digit that
-//   holds the k-th largest key (a pass whose chosen bin is taken whole ends the search). Ordered
-//   compaction: each block counts its keys above the threshold and equal to it, the blocks meet
-//   again and each derives its output offset and its share of the equal keys (the lowest indices
-//   win) from the counts of the blocks before it; inside a block, warps own contiguous ranges
-//   and write with ballot ranks. Chunks are re-read from L1/L2 on every pass.
+//   gridDim.x blocks of a row split it into contiguous chunks. Pass 0 (top 11 bits): each block
+//   histograms its chunk (shared memory, warp-aggregated with __match_any_sync); with several
+//   blocks the nonzero bins are added into the row's histogram in scratch and the blocks meet at
+//   a grid barrier; every block then reads the whole histogram and picks, by the same suffix
+//   scan, the digit holding the k-th largest key (a bin taken whole ends the search). Several
+//   blocks: the keys in that bin are gathered into a candidate list in scratch (with each
+//   block's count of keys above the bin); after a second barrier, if the list holds them all
+//   (≤ CAND_CAP), every block finishes the select (11- and 10-bit passes) on it in shared
+//   memory and derives its output offset from it and the counts — 2 barriers in all. Otherwise
+//   (and with one block) passes 1 and 2 follow as histograms, then a count exchange. Ordered
+//   compaction: warps own contiguous ranges of the chunk and write with ballot ranks, the equal
+//   keys' quota going to the lowest indices. Chunks are re-read from L1/L2 on every pass.
 // Geometry: grid (n_blk, n_q) with n_blk ≥ 1 blocks per row; with n_blk > 1 ALL n_blk · n_q blocks
 //   must be resident at once (they wait for each other): n_blk · n_q ≤ the multiprocessor count
-//   (memra_engine::kernels::dsa_topk::blocks_for). Block THREADS, static shared memory ~8.6 KiB.
+//   (memra_engine::kernels::dsa_topk::blocks_for). Block THREADS, static shared memory ~41 KiB.
 #pragma once
 #include "memra/common.cuh"
 
@@ -38,11 +40,13 @@ namespace dsa_topk_detail {
 constexpr int BINS = 2048;  // 11-bit digits (the last pass uses 10)
 constexpr u32 NO_BIN = 0xffffffffu;
 constexpr int UNROLL = 4;
-// Per-row scratch: [0] barrier arrivals, [1] departures (row padded to 128 bytes), then one
-// histogram per pass, then (above, equal) counts per block.
+// Per-row scratch: [0] barrier arrivals, [1] departures, [2] candidates (row padded to 128
+// bytes), then one histogram per pass, (above, equal) counts per block, candidate keys and
+// indices.
 constexpr int CTRL_WORDS = 32;
 constexpr int PASSES = 3;
-__host__ __device__ constexpr int row_words(int n_blk) { return CTRL_WORDS + PASSES * BINS + 2 * n_blk; }
+constexpr int CAND_CAP = 4096;  // candidate list capacity (keys in pass 0's threshold bin)
+__host__ __device__ constexpr int row_words(int n_blk) { return CTRL_WORDS + PASSES * BINS + 2 * n_blk + 2 * CAND_CAP; }
 
 __device__ __forceinline__ u32 key_of(float v) { return float_order_bits(v == 0.0f ? 0.0f : v); }
 
@@ -71,7 +75,9 @@ template <int THREADS> struct Smem {
     u32 warp_b[THREADS / WARP_SIZE];
     u32 red_a[THREADS / WARP_SIZE];
     u32 red_b[THREADS / WARP_SIZE];
-    u32 digit, remaining, done, base_gt, base_eq;
+    u32 digit, remaining, done, base, flag;
+    u32 cand_key[CAND_CAP];  // the row's candidates (keys in the threshold bin of pass 0)
+    int cand_idx[CAND_CAP];
 };
 
 // Block sums of a and b (every thread gets them), through s.red_a / red_b.
@@ -98,12 +104,66 @@ __device__ __forceinline__ void block_sum2(Smem<THREADS>& s, u32& a, u32& b) {
     __syncthreads();
 }
 
+// Warp-aggregated shared-memory histogram update of digit d (NO_BIN: none); all lanes call it.
+template <int THREADS>
+__device__ __forceinline__ void hist_add(Smem<THREADS>& s, u32 d) {
+    const u32 peers = __match_any_sync(FULL_MASK, d);
+    if (d != NO_BIN && (int)(threadIdx.x % WARP_SIZE) == __ffs(peers) - 1) atomicAdd(&s.hist[d], (u32)__popc(peers));
+}
+
+// Picks the digit of s.hist holding the rem-th largest key: updates prefix / mask / rem, returns
+// whether that digit's bin is taken whole. Every thread calls it (s.hist complete and visible).
+template <int THREADS>
+__device__ __forceinline__ bool pick_digit(Smem<THREADS>& s, int shift, u32 dmask, u32& prefix, u32& mask, u32& rem) {
+    constexpr int PER = BINS / THREADS;  // bins per thread
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    // Thread tid takes PER consecutive bins in descending digit order; the inclusive scan of the
+    // per-thread sums counts the keys (with this prefix) whose digit is ≥ its bins'.
+    const int hi = BINS - 1 - tid * PER;
+    u32 mine = 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) mine += s.hist[hi - j];
+    u32 incl = mine;
+#pragma unroll
+    for (int o = 1; o < WARP_SIZE; o <<= 1) {
+        const u32 x = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += x;
+    }
+    if (lane == WARP_SIZE - 1) s.warp_a[warp] = incl;
+    __syncthreads();
+    for (int w2 = 0; w2 < warp; ++w2) incl += s.warp_a[w2];
+    u32 run = incl - mine;
+    if (run < rem && incl >= rem) {
+#pragma unroll 1
+        for (int j = 0; j < PER; ++j) {
+            const u32 v = s.hist[hi - j];
+            if (run < rem && run + v >= rem) {
+                s.digit = (u32)(hi - j);
+                s.remaining = rem - run;
+                s.done = v == rem - run;
+            }
+            run += v;
+        }
+    }
+    __syncthreads();
+    prefix |= s.digit << shift;
+    mask |= dmask << shift;
+    rem = s.remaining;
+    const bool done = s.done;
+    __syncthreads();  // s.digit / s.remaining / warp_a are rewritten next
+    return done;
+}
+
 // Selects idx of row[0..n) for the gridDim.x blocks of one row (this block: blockIdx.x).
+// Several blocks: pass 0 (top 11 bits) is a grid histogram; then, when the keys in its
+// threshold bin number at most CAND_CAP, they are gathered into scratch with each block's count
+// of keys above the bin, and after one more barrier every block finishes the select on that
+// candidate list in shared memory and derives its output offset from it (2 barriers in all);
+// otherwise passes 1 and 2 run as grid histograms and a count exchange orders the output.
 template <int THREADS>
 __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, int* __restrict__ out, int k,
                                          u32* scratch) {
     constexpr int WARPS = THREADS / WARP_SIZE;
-    constexpr int PER = BINS / THREADS;  // bins per thread in the digit scan
     __shared__ Smem<THREADS> s;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const u32 lt_mask = (1u << lane) - 1u;
@@ -115,10 +175,17 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
     const int c0 = (int)c0_, c1 = (int)(c0_ + chunk < n ? c0_ + chunk : (i64)n);
     u32* arrive = scratch;
     u32* depart = scratch + 1;
+    u32* cand_n = scratch + 2;
+    u32* counts = scratch + CTRL_WORDS + PASSES * BINS;
+    u32* cand_key = counts + 2 * n_blk;
+    u32* cand_idx = cand_key + CAND_CAP;
     u32 barriers = 0;
 
     u32 prefix = 0, mask = 0, rem = (u32)k;
     int last_pass = 0;
+    bool from_cands = false;  // the select finished on the candidate list
+    u32 m = 0;                // candidates
+    u32 gt_before = 0, eq_before = 0;
 #pragma unroll 1
     for (int pass = 0; pass < PASSES; ++pass) {
         const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
@@ -137,9 +204,7 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
                 const int i = base + j * THREADS + tid;
-                const u32 d = i < c1 && (keys[j] & mask) == prefix ? (keys[j] >> shift) & dmask : NO_BIN;
-                const u32 peers = __match_any_sync(FULL_MASK, d);
-                if (d != NO_BIN && lane == __ffs(peers) - 1) atomicAdd(&s.hist[d], (u32)__popc(peers));
+                hist_add(s, i < c1 && (keys[j] & mask) == prefix ? (keys[j] >> shift) & dmask : NO_BIN);
             }
         }
         __syncthreads();
@@ -154,41 +219,83 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
                 for (int i = tid; i < BINS; i += THREADS) store_zero(&g[i - BINS]);
             __syncthreads();
         }
-        // Thread tid takes PER consecutive bins in descending digit order; the inclusive scan of
-        // the per-thread sums counts the keys (with this prefix) whose digit is ≥ its bins'.
-        const int hi = BINS - 1 - tid * PER;
-        u32 mine = 0;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) mine += s.hist[hi - j];
-        u32 incl = mine;
-#pragma unroll
-        for (int o = 1; o < WARP_SIZE; o <<= 1) {
-            const u32 x = __shfl_up_sync(FULL_MASK, incl, o);
-            if (lane >= o) incl += x;
-        }
-        if (lane == WARP_SIZE - 1) s.warp_a[warp] = incl;
+        if (pick_digit(s, shift, dmask, prefix, mask, rem)) break;
+        if (!(multi && pass == 0)) continue;
+
+        // Candidate round: keys above the bin are counted, keys in it gathered.
+        if (tid == 0) s.base = 0;
         __syncthreads();
-        for (int w2 = 0; w2 < warp; ++w2) incl += s.warp_a[w2];
-        u32 run = incl - mine;
-        if (run < rem && incl >= rem) {
-#pragma unroll 1
-            for (int j = 0; j < PER; ++j) {
-                const u32 v = s.hist[hi - j];
-                if (run < rem && run + v >= rem) {
-                    s.digit = (u32)(hi - j);
-                    s.remaining = rem - run;
-                    s.done = v == rem - run;
-                }
-                run += v;
+        u32 above = 0;
+        for (int base = c0; base < c1; base += THREADS) {
+            const int i = base + tid;
+            const u32 key = i < c1 ? key_of(row[i]) : 0u;
+            above += i < c1 && (key & mask) > prefix;
+            const bool in_bin = i < c1 && (key & mask) == prefix;
+            const u32 bal = __ballot_sync(FULL_MASK, in_bin);
+            u32 slot = 0;
+            if (lane == 0 && bal != 0) slot = atomicAdd(&s.base, (u32)__popc(bal));
+            slot = __shfl_sync(FULL_MASK, slot, 0) + __popc(bal & lt_mask);
+            if (in_bin && slot < CAND_CAP) {
+                s.cand_key[slot] = key;
+                s.cand_idx[slot] = i;
             }
         }
+        u32 zero = 0;
+        block_sum2<THREADS>(s, above, zero);
+        // This block's candidates go to [at, at + mine) of the row's list.
+        const u32 mine = s.base;
+        if (tid == 0) {
+            s.flag = fetch_add(cand_n, mine);
+            counts[2 * b] = above;
+        }
         __syncthreads();
-        prefix |= s.digit << shift;
-        mask |= dmask << shift;
-        rem = s.remaining;
-        const bool done = s.done;
-        __syncthreads();  // s.digit / s.remaining / warp_a are rewritten next
-        if (done) break;
+        const u32 at = s.flag;
+        for (u32 j = tid; j < mine && at + j < CAND_CAP && j < CAND_CAP; j += THREADS) {
+            cand_key[at + j] = s.cand_key[j];
+            cand_idx[at + j] = (u32)s.cand_idx[j];
+        }
+        row_barrier(arrive, ++barriers * (u32)n_blk);
+        m = load_volatile(cand_n);
+        if (b == 0)  // every block read hist 0 before this barrier
+            for (int i = tid; i < BINS; i += THREADS) store_zero(&scratch[CTRL_WORDS + i]);
+        if (m > (u32)CAND_CAP) continue;  // too many: passes 1 and 2 as grid histograms
+        from_cands = true;
+        for (u32 j = tid; j < m; j += THREADS) {
+            s.cand_key[j] = load_volatile(&cand_key[j]);
+            s.cand_idx[j] = (int)load_volatile(&cand_idx[j]);
+        }
+        u32 a = 0;
+        for (int b2 = tid; b2 < b; b2 += THREADS) a += load_volatile(&counts[2 * b2]);
+        block_sum2<THREADS>(s, a, zero);  // its barriers publish the candidates too
+        gt_before = a;
+        // Passes 1 and 2 on the candidates, in this block alone.
+#pragma unroll 1
+        for (int p2 = 1; p2 < PASSES; ++p2) {
+            const int sh = p2 == 1 ? 10 : 0;
+            const u32 dm = p2 == 2 ? 1023u : 2047u;
+            for (int i = tid; i < BINS; i += THREADS) s.hist[i] = 0;
+            __syncthreads();
+            for (u32 base = 0; base < m; base += THREADS) {
+                const u32 j = base + tid;
+                const u32 key = j < m ? s.cand_key[j] : 0u;
+                hist_add(s, j < m && (key & mask) == prefix ? (key >> sh) & dm : NO_BIN);
+            }
+            __syncthreads();
+            if (pick_digit(s, sh, dm, prefix, mask, rem)) break;
+        }
+        // Candidates before this chunk: above the threshold, and equal to it.
+        u32 cg = 0, ce = 0;
+        for (u32 j = tid; j < m; j += THREADS) {
+            const u32 key = s.cand_key[j] & mask;
+            if (s.cand_idx[j] < c0) {
+                cg += key > prefix;
+                ce += key == prefix;
+            }
+        }
+        block_sum2<THREADS>(s, cg, ce);
+        gt_before += cg;
+        eq_before = ce;
+        break;
     }
 
     // Ordered compaction. Warp ranges inside the chunk are contiguous multiples of 32.
@@ -214,10 +321,8 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
         s.warp_b[warp] = n_eq;
     }
     __syncthreads();
-    // Above-threshold and equal keys of the blocks before this one (a grid exchange).
-    u32 gt_before = 0, eq_before = 0;
-    if (multi) {
-        u32* counts = scratch + CTRL_WORDS + PASSES * BINS;
+    if (multi && !from_cands) {
+        // Above-threshold and equal keys of the blocks before this one (a grid exchange).
         if (tid == 0) {
             u32 a = 0, e = 0;
             for (int w2 = 0; w2 < WARPS; ++w2) {
@@ -238,11 +343,24 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
         block_sum2<THREADS>(s, a, e);
         gt_before = a;
         eq_before = e;
-        // The last block to leave (every block has read the counts) leaves the row's scratch zero.
-        if (tid == 0 && fetch_add(depart, 1u) == (u32)n_blk - 1u) {
-            for (int i = 0; i < 2 * n_blk; ++i) store_zero(&counts[i]);
-            store_zero(arrive);
-            store_zero(depart);
+    }
+    if (multi) {
+        // The last block to leave (every block has read the exchanged data) leaves the row's
+        // scratch zero, with all its threads.
+        if (tid == 0) s.flag = fetch_add(depart, 1u) == (u32)n_blk - 1u;
+        __syncthreads();
+        if (s.flag) {
+            const u32 nc = m < (u32)CAND_CAP ? m : (u32)CAND_CAP;
+            for (u32 i = tid; i < nc; i += THREADS) {
+                store_zero(&cand_key[i]);
+                store_zero(&cand_idx[i]);
+            }
+            for (int i = tid; i < 2 * n_blk; i += THREADS) store_zero(&counts[i]);
+            if (tid == 0) {
+                store_zero(cand_n);
+                store_zero(arrive);
+                store_zero(depart);
+            }
         }
     }
     __syncthreads();
@@ -308,7 +426,7 @@ __device__ __forceinline__ void dsa_topk_impl(const float* scores, const int* po
 }  // namespace memra
 
 #define MEMRA_DEFINE_DSA_TOPK(SYMBOL, CFG)                                                                   \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                               \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                            \
         SYMBOL(const float* scores, const int* pos, int* idx, int* count, unsigned* scratch, int n_q,         \
                int ld_scores, int k) {                                                                       \
         memra::pdl_entry();                                                                                 \

@@ -38,10 +38,13 @@ pub struct DsaTopkParams {
     pub n_blk: usize,
 }
 
-/// Words of one row's scratch (`row_words` in the template): barrier counters, three
-/// histograms of 2048 bins, two counts per block.
+/// Candidate list capacity per row (`CAND_CAP` in the template).
+pub const CAND_CAP: usize = 4096;
+
+/// Words of one row's scratch (`row_words` in the template): counters, three histograms of
+/// 2048 bins, two counts per block, the candidate list (keys and indices).
 pub fn row_words(n_blk: usize) -> usize {
-    32 + 3 * 2048 + 2 * n_blk
+    32 + 3 * 2048 + 2 * n_blk + 2 * CAND_CAP
 }
 
 /// u32 words of the scratch a launch with `n_blk > 1` needs (0 for `n_blk == 1`). Allocate it
@@ -181,6 +184,6 @@ mod tests {
         assert_eq!(blocks_for(67, 131_072, 132), 1);
         assert_eq!(blocks_for(1, 100, 132), 1);
         assert_eq!(scratch_words(1, 1), 0);
-        assert_eq!(scratch_words(2, 128), 2 * (32 + 3 * 2048 + 256));
+        assert_eq!(scratch_words(2, 128), 2 * (32 + 3 * 2048 + 256 + 8192));
     }
 }
