@@ -138,7 +138,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 32768)]
     pub ctx: usize,
     /// GPUs for the `--synthetic` model (NCCL, heads / experts / FFN split, parallel/); above 1
-    /// it is also measured on one GPU for the comparison (printed; no --json yet).
+    /// it is also measured on one GPU for the comparison, decode and a `--prompt-tokens`
+    /// prefill (printed; no --json yet).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpus: u32,
     /// Measure nothing: report on this earlier `--json` output (no GPU needed; bench/report.rs).
@@ -1444,7 +1445,8 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
         args.ctx
     );
     if args.gpus > 1 {
-        let table = bs::compare_gpus(&desc, args.gpus as usize, args.ctx, args.decode_tokens, seed)?;
+        let (gpus, steps, prompt) = (args.gpus as usize, args.decode_tokens, args.prompt_tokens);
+        let table = bs::compare_gpus(&desc, gpus, args.ctx, steps, prompt, seed)?;
         print!("{table}");
         if args.json.is_some() {
             eprintln!("note: --json is not written for --gpus > 1 yet");

@@ -126,7 +126,7 @@ pub fn to_json(
     })
 }
 
-pub use gpu::{compare_gpus, measure, measure_gpus};
+pub use gpu::{compare_gpus, measure, measure_gpus, prefill_gpus};
 
 mod gpu {
     use std::path::PathBuf;
@@ -149,6 +149,7 @@ mod gpu {
         gpus: usize,
         ctx: usize,
         steps: usize,
+        prompt_tokens: usize,
         seed: u64,
     ) -> Result<String, Box<dyn std::error::Error>> {
         let fewer = if desc.n_layer > 1 {
@@ -168,8 +169,7 @@ mod gpu {
                 Ok(m) => m,
                 // The whole model may not fit one GPU (78 GLM-5 layers are ≈ 420 GB): say so, go on.
                 Err(e) if g == 1 => {
-                    notes += &format!("1 GPU: not measured: {e}
-");
+                    notes += &format!("1 GPU: not measured: {e}\n");
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -177,25 +177,70 @@ mod gpu {
             if !full.logits_finite || less.is_some_and(|l| !l.logits_finite) {
                 return Err(format!("synthetic model on {g} GPU(s): non-finite logits").into());
             }
-            rows.push((g, full, less));
+            let prefill = match prompt_tokens {
+                0 => f64::NAN,
+                n => prefill_gpus(desc, g, n, seed)?,
+            };
+            rows.push((g, full, less, prefill));
         }
         let base = if rows.len() == 2 { rows[0].1.median_us } else { f64::NAN };
         let mut out = format!(
-            "\nsynthetic {}: {} layers, ctx {ctx}, {steps} decode steps (median)\n{:<5} {:>12} {:>10} {:>14} {:>16} {:>9}\n",
-            desc.preset, desc.n_layer, "gpus", "step_us", "tok/s", "us/layer(avg)", "last_layer_us", "speedup"
+            "\nsynthetic {}: {} layers, ctx {ctx}, {steps} decode steps (median); prefill of {prompt_tokens} tokens from position 0\n{:<5} {:>12} {:>10} {:>14} {:>16} {:>9} {:>16}\n",
+            desc.preset, desc.n_layer, "gpus", "step_us", "tok/s", "us/layer(avg)", "last_layer_us", "speedup", "prefill_tok/s"
         );
-        for (g, full, less) in &rows {
+        for (g, full, less, prefill) in &rows {
             let last = less.map_or(f64::NAN, |l| full.median_us - l.median_us);
             out += &format!(
-                "{g:<5} {:>12.1} {:>10.1} {:>14.1} {:>16.1} {:>8.2}x\n",
+                "{g:<5} {:>12.1} {:>10.1} {:>14.1} {:>16.1} {:>8.2}x {:>16.1}\n",
                 full.median_us,
                 1e6 / full.median_us,
                 full.median_us / desc.n_layer as f64,
                 last,
-                base / full.median_us
+                base / full.median_us,
+                prefill
             );
         }
         Ok(out + &notes)
+    }
+
+    /// Prefill tokens/s of `desc` on `gpus` GPUs: a fresh model (the caches empty), `tokens`
+    /// random prompt tokens in one forward (chunked as the decoder does), synchronized, after a
+    /// 16-token untimed forward that loads the kernels.
+    pub fn prefill_gpus(
+        desc: &Description,
+        gpus: usize,
+        tokens: usize,
+        seed: u64,
+    ) -> Result<f64, Box<dyn std::error::Error>> {
+        let opts = GpuOptions {
+            device: 0,
+            policy: Policy::Best,
+            max_ctx: Some(tokens + 16),
+            graphs: true,
+            fuse_ffn: true,
+        };
+        let label = PathBuf::from(format!(
+            "synthetic {} × {} layers (prefill)",
+            desc.preset, desc.n_layer
+        ));
+        let mut model: Box<dyn GpuModel> = if gpus <= 1 {
+            let file = desc.open()?;
+            let source = SyntheticWeights::new(desc, seed);
+            Box::new(glm_dsa::load_with(&label, &file, &source, &opts)?)
+        } else {
+            let d = Arc::new(describe(&desc.preset, desc.n_layer)?);
+            Box::new(ShardedMla::load(Weights::Synthetic { desc: d, seed }, &label, gpus, &opts)?)
+        };
+        let mut rng = Rng::new(seed ^ 0x9e37);
+        let n_vocab = model.n_vocab();
+        let prompt: Vec<u32> = (0..tokens).map(|_| rng.below(n_vocab) as u32).collect();
+        model.forward(&prompt[..tokens.min(16)])?;
+        model.sync()?;
+        model.reset();
+        let t = Instant::now();
+        model.forward(&prompt)?;
+        model.sync()?;
+        Ok(tokens as f64 / t.elapsed().as_secs_f64())
     }
 
     /// Generates `desc`'s weights, fills the caches to `ctx` positions and times `steps` decode
