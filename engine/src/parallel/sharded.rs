@@ -184,6 +184,15 @@ impl ShardedMla {
                 "a sharded model needs at least 2 GPUs (--gpus {n_gpus}); one GPU runs the ordinary path"
             )));
         }
+        // Decode steps captured as CUDA graphs that hold the NCCL calls hung on the H200 (2 GPUs,
+        // 2026-11-30) while eager steps passed the same 2-GPU test: graphs stay off here unless
+        // MEMRA_SHARDED_GRAPHS=1 asks for them.
+        let graphs_asked = opts.graphs;
+        let graphs = graphs_asked && std::env::var("MEMRA_SHARDED_GRAPHS").is_ok_and(|v| v == "1");
+        let opts = &GpuOptions {
+            graphs,
+            ..opts.clone()
+        };
         // Refuse counts that do not split before any GPU or NCCL work.
         let header = match &weights {
             Weights::File(p) => {
@@ -249,6 +258,12 @@ impl ShardedMla {
             "{n_gpus} GPUs, one worker thread each; weights {} in all",
             crate::models::gpu::mib(model.weight_bytes)
         ));
+        if graphs_asked && !graphs {
+            model.report.push(
+                "decode steps run without CUDA graphs on several GPUs (graphs holding NCCL calls hung; MEMRA_SHARDED_GRAPHS=1 tries them)"
+                    .to_string(),
+            );
+        }
         Ok(model)
     }
 
