@@ -20,13 +20,11 @@ use std::cell::{Cell, OnceCell};
 use std::path::PathBuf;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::Ptx;
 use memra_codegen::dims::{self, ModelDims};
 use memra_codegen::fixture::{self, Fill};
 use memra_codegen::spec::{ArchSpec, Value};
 use memra_gguf::{GgmlType, GgufFile, TensorInfo};
 
-use crate::cuda::nvrtc::{compile_cubin, HeaderSet};
 use crate::cuda::Gpu;
 use crate::models::gpu::{err, mib, DeviceTensor, GpuModelError, Result, WeightSource};
 
@@ -398,22 +396,19 @@ impl SyntheticWeights {
         if let Some(f) = self.fills.get() {
             return Ok(f);
         }
-        let cubin = compile_cubin(
-            "memra_synthetic.cu",
-            KERNELS,
-            &HeaderSet::new(&[]),
-            gpu.arch(),
-        )?;
-        let module = gpu
-            .ctx()
-            .load_module(Ptx::from_binary(cubin.bytes))
-            .map_err(drv("cuModuleLoadData"))?;
-        let get = |n: &str| module.load_function(n).map_err(drv("cuModuleGetFunction"));
+        let [bytes, bytes_slice, scales, values]: [CudaFunction; 4] = gpu
+            .load_functions(
+                "memra_synthetic.cu",
+                KERNELS,
+                &["synth_bytes", "synth_bytes_slice", "synth_scales", "synth_values"],
+            )?
+            .try_into()
+            .map_err(|_| err("synthetic weights: memra_synthetic.cu: expected 4 functions"))?;
         let f = Fills {
-            bytes: get("synth_bytes")?,
-            bytes_slice: get("synth_bytes_slice")?,
-            scales: get("synth_scales")?,
-            values: get("synth_values")?,
+            bytes,
+            bytes_slice,
+            scales,
+            values,
         };
         Ok(self.fills.get_or_init(|| f))
     }

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
 
 use super::cache::{CacheConfig, KernelCache};
 use super::module::{self, CompiledVariant, Kernel, Kernels};
-use super::nvrtc::HeaderSet;
+use super::nvrtc::{self, HeaderSet};
 use super::{Error, SmArch, library};
 use crate::kernels::registry::KernelVariant;
 
@@ -72,6 +73,19 @@ impl Gpu {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Compiles a small self-contained helper source (no templates, not a planned variant: the
+    /// synthetic-weight generators, the expert remap) for this device and loads `functions`
+    /// from it, in order. Errors name the file or the function.
+    pub fn load_functions(&self, file: &str, source: &str, functions: &[&str]) -> Result<Vec<CudaFunction>, Error> {
+        let cubin = nvrtc::compile_cubin(file, source, &HeaderSet::new(&[]), self.arch)?;
+        let module =
+            self.ctx.load_module(Ptx::from_binary(cubin.bytes)).map_err(|e| Error::driver(format!("cuModuleLoadData ({file})"), e))?;
+        functions
+            .iter()
+            .map(|f| module.load_function(f).map_err(|e| Error::driver(format!("cuModuleGetFunction {f} ({file})"), e)))
+            .collect()
     }
 
     pub fn cache(&self) -> &KernelCache {

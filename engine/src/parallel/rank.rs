@@ -14,12 +14,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::Ptx;
 
 use super::Communicator;
 use super::shard::Shard;
 use crate::cuda::Gpu;
-use crate::cuda::nvrtc::{HeaderSet, compile_cubin};
 use crate::models::gpu::{Result, err};
 
 /// The NVRTC source of the id remap (waits on a programmatic edge like every memra kernel).
@@ -71,23 +69,9 @@ impl RankSpec {
             ));
         }
         let localize = match self.experts {
-            Some(_) => {
-                let cubin = compile_cubin(
-                    "memra_ep_localize.cu",
-                    LOCALIZE,
-                    &HeaderSet::new(&[]),
-                    gpu.arch(),
-                )?;
-                let module = gpu
-                    .ctx()
-                    .load_module(Ptx::from_binary(cubin.bytes))
-                    .map_err(|e| err(format!("loading ep_localize: {e:?}")))?;
-                Some(
-                    module
-                        .load_function("ep_localize")
-                        .map_err(|e| err(format!("ep_localize: {e:?}")))?,
-                )
-            }
+            Some(_) => gpu
+                .load_functions("memra_ep_localize.cu", LOCALIZE, &["ep_localize"])?
+                .pop(),
             None => None,
         };
         Ok(Rank {
