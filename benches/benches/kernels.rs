@@ -269,6 +269,7 @@ fn codegen_generate(c: &mut Criterion) {
         out_dir: std::env::temp_dir().join("memra-bench-codegen-unused"),
         archs: vec!["glm-dsa".to_string()],
         model: None,
+        shards: None,
     };
     if let Err(e) = memra_codegen::build::generate(&req) {
         eprintln!("codegen/generate: SKIPPED ({e})");

@@ -29,6 +29,9 @@ pub struct BuildRequest {
     pub archs: Vec<String>,
     /// `MEMRA_MODEL`: its architecture is specialized to its exact dims and types.
     pub model: Option<PathBuf>,
+    /// `MEMRA_SHARDS`: GPU counts to plan per-rank shapes for, instead of each spec's
+    /// `[parallel] shards` (`None`: the specs' lists).
+    pub shards: Option<Vec<usize>>,
 }
 
 impl BuildRequest {
@@ -48,12 +51,17 @@ impl BuildRequest {
                     std::env::var_os("PWD").as_deref().map(Path::new),
                 )
             });
+        let shards = match std::env::var(crate::shard::SHARDS_ENV) {
+            Ok(v) => Some(crate::shard::parse_shards(&v).map_err(BuildError::Env)?),
+            Err(_) => None,
+        };
         Ok(BuildRequest {
             specs_dir,
             templates_dir: workspace_root.join("templates"),
             out_dir: PathBuf::from(out_dir),
             archs,
             model,
+            shards,
         })
     }
 }
@@ -139,6 +147,8 @@ pub struct Generated {
     pub files: Vec<(String, String)>,
     /// The dims each architecture was specialized for.
     pub specialized: Vec<ModelDims>,
+    /// (architecture, GPU counts) whose per-rank shapes were planned too (`crate::shard`).
+    pub sharded: Vec<(String, Vec<usize>)>,
     /// Pending kernel families (informational).
     pub notes: Vec<String>,
     /// Things worth a `cargo:warning` (families without a Cfg table yet, MEMRA_MODEL notes).
@@ -196,6 +206,7 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
 
     let mut specialized = Vec::new();
     let mut specialized_dims = Vec::new();
+    let mut sharded = Vec::new();
     for arch in &archs {
         let spec = load_spec(&req.specs_dir, arch)?;
         let dims: ModelDims = match &model {
@@ -207,10 +218,15 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
         let plan = plan::plan_arch(&spec, &dims, &catalogue).map_err(BuildError::Plan)?;
         notes.extend(plan.notes);
         warnings.extend(plan.warnings);
-        specialized_dims.push(dims);
         for v in plan.variants {
             plan::push_unique(&mut specialized, v);
         }
+        let counts = plan_shards(&spec, &dims, req.shards.as_deref(), &catalogue, &mut specialized, &mut warnings)?;
+        if !counts.is_empty() {
+            notes.push(format!("{arch}: per-rank shapes planned for {counts:?} GPUs"));
+            sharded.push((arch.clone(), counts));
+        }
+        specialized_dims.push(dims);
     }
     let (generic, generic_warnings) = plan::plan_generic(&catalogue, &specialized);
     warnings.extend(generic_warnings);
@@ -231,17 +247,53 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
         .iter()
         .map(|(n, p)| (n.clone(), p.as_path()))
         .collect();
-    files.push((
-        "kernels.rs".into(),
-        render::render_registry(&variants, &header_refs, &specialized_dims),
-    ));
+    let mut registry = render::render_registry(&variants, &header_refs, &specialized_dims);
+    registry.push_str(&render::render_shards(&sharded));
+    files.push(("kernels.rs".into(), registry));
     Ok(Generated {
         variants,
         files,
         specialized: specialized_dims,
+        sharded,
         notes,
         warnings,
     })
+}
+
+/// Plans `spec` once more at each shard count's per-rank dims (`crate::shard::rank_dims`) into
+/// `specialized` (names de-duplicate: only the shapes a rank changes add variants). `over`
+/// replaces the spec's `[parallel] shards` (`MEMRA_SHARDS`) and applies only to specs that
+/// have the table (architectures without a multi-GPU forward are not split). A count the
+/// dims do not split into is a warning, not an error: `--gpus N` refuses it at run time.
+/// Returns the counts planned.
+pub fn plan_shards(
+    spec: &ArchSpec,
+    dims: &ModelDims,
+    over: Option<&[usize]>,
+    catalogue: &Catalogue,
+    specialized: &mut Vec<KernelVariant>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<usize>, BuildError> {
+    let Some(own) = &spec.shards else {
+        return Ok(Vec::new());
+    };
+    let counts = over.map_or_else(|| own.clone(), |o| crate::shard::normalize(o.to_vec()));
+    let mut planned = Vec::new();
+    for n in counts {
+        let rank = match crate::shard::rank_dims(dims, n) {
+            Ok(d) => d,
+            Err(e) => {
+                warnings.push(format!("{}: no {n}-GPU shard variants ({}): {e}", spec.arch, dims.origin));
+                continue;
+            }
+        };
+        let plan = plan::plan_arch(spec, &rank, catalogue).map_err(BuildError::Plan)?;
+        for v in plan.variants {
+            plan::push_unique(specialized, v);
+        }
+        planned.push(n);
+    }
+    Ok(planned)
 }
 
 /// `templates/memra/*.cuh` as (include name, absolute path), sorted by name.
@@ -294,6 +346,7 @@ pub fn emit(req: &BuildRequest) -> Result<EmitReport, BuildError> {
     println!("cargo:rerun-if-changed={}", req.specs_dir.display());
     println!("cargo:rerun-if-changed={}", req.templates_dir.display());
     println!("cargo:rerun-if-env-changed={MODEL_ENV}");
+    println!("cargo:rerun-if-env-changed={}", crate::shard::SHARDS_ENV);
     if let Some(model) = &req.model {
         println!("cargo:rerun-if-changed={}", model.display());
     }

@@ -5,7 +5,8 @@
 //! via [`source`]) -> [`dims`] (preset or GGUF header, with [`expr`] for shapes) -> [`plan`]
 //! (against the [`families`] catalogue of `templates/README.md`, named by [`variant`]) ->
 //! [`render`] -> [`build`] (the build-script entry point `build::emit`). [`fixture`] writes
-//! GGUF images matching a spec, for tests.
+//! GGUF images matching a spec, for tests. [`shard`] holds the multi-GPU split rules: the
+//! engine's ranks cut weights by them, the planner the dims of each `[parallel] shards` count.
 
 pub mod build;
 pub mod dims;
@@ -14,6 +15,7 @@ pub mod families;
 pub mod fixture;
 pub mod plan;
 pub mod render;
+pub mod shard;
 pub mod source;
 pub mod spec;
 pub mod variant;

@@ -141,3 +141,16 @@ pub fn render_registry(
     out.push_str("];\n");
     out
 }
+
+/// `SHARDS_FOR`: the GPU counts whose per-rank shapes each architecture's specialized variants
+/// cover (`crate::shard`); appended to `kernels.rs`.
+pub fn render_shards(sharded: &[(String, Vec<usize>)]) -> String {
+    let mut out = String::from(
+        "\n/// (architecture, GPU counts) whose per-rank shard shapes have specialized variants too.\npub static SHARDS_FOR: &[(&str, &[usize])] = &[\n",
+    );
+    for (arch, counts) in sharded {
+        let _ = writeln!(out, "    ({arch:?}, &{counts:?}),");
+    }
+    out.push_str("];\n");
+    out
+}

@@ -33,6 +33,9 @@ pub struct ArchSpec {
     pub tensors: Vec<TensorSpec>,
     pub presets: Vec<Preset>,
     pub kernels: Vec<KernelSpec>,
+    /// `[parallel] shards`: the GPU counts (> 1) whose per-rank shapes get specialized
+    /// variants too (`crate::shard`); `None` without the table (a model never split).
+    pub shards: Option<Vec<usize>>,
     pub loc: Loc,
 }
 
@@ -535,6 +538,9 @@ fn parse_doc(
             Vec::new()
         }
     };
+    let shards = top
+        .table(src, "parallel")
+        .map(|t| parse_parallel(src, t));
     top.finish(
         src,
         &[
@@ -545,6 +551,7 @@ fn parse_doc(
             "tensors",
             "presets",
             "kernels",
+            "parallel",
         ],
     );
 
@@ -564,6 +571,7 @@ fn parse_doc(
         tensors,
         presets,
         kernels,
+        shards,
         loc: arch_loc,
     };
     check(src, &spec, default_preset.as_ref(), caps.is_some());
@@ -587,6 +595,35 @@ impl Capabilities {
             dense_layers: None,
         }
     }
+}
+
+/// `[parallel] shards = [1, 2, 8]`: GPU counts ≥ 1 (1, the unsplit model, is always planned).
+fn parse_parallel(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<usize> {
+    let mut out = Vec::new();
+    match t.array(src, "shards") {
+        Some((path, _, items)) => {
+            for (i, it) in items.iter().enumerate() {
+                match as_int(it.get_ref()) {
+                    Some(n) if n >= 1 => out.push(n as usize),
+                    _ => src.error(
+                        &it.span(),
+                        &format!("{path}[{i}]"),
+                        format!(
+                            "expected a GPU count (an integer >= 1), found {}",
+                            describe(it.get_ref())
+                        ),
+                    ),
+                }
+            }
+        }
+        None => src.error(
+            &t.span.clone(),
+            "parallel.shards",
+            "missing required key (the GPU counts to specialize shard shapes for)",
+        ),
+    }
+    t.finish(src, &["shards"]);
+    crate::shard::normalize(out)
 }
 
 fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {

@@ -31,6 +31,7 @@ fn request(archs: &[&str], model: Option<PathBuf>, out: &Path) -> BuildRequest {
         out_dir: out.to_path_buf(),
         archs: archs.iter().map(|a| a.to_string()).collect(),
         model,
+        shards: None,
     }
 }
 

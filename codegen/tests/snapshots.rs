@@ -57,6 +57,7 @@ fn generate(archs: &[&str]) -> Generated {
         out_dir: out,
         archs: archs.iter().map(|a| a.to_string()).collect(),
         model: None,
+        shards: None,
     })
     .unwrap()
 }

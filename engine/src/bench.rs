@@ -1446,12 +1446,10 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     );
     if args.gpus > 1 {
         let (gpus, steps, prompt) = (args.gpus as usize, args.decode_tokens, args.prompt_tokens);
-        let table = bs::compare_gpus(&desc, gpus, args.ctx, steps, prompt, seed)?;
+        let (table, runs) = bs::compare_gpus(&desc, gpus, args.ctx, steps, prompt, seed)?;
         print!("{table}");
-        if args.json.is_some() {
-            eprintln!("note: --json is not written for --gpus > 1 yet");
-        }
-        return Ok(());
+        let v = bs::gpus_to_json(&desc, args.ctx, steps, prompt, seed, copy_gbps, &runs)?;
+        return run.write(args, "synthetic_gpus", v);
     }
     let full = bs::measure(&desc, args.device, args.ctx, args.decode_tokens, seed)?;
     let fewer = if layers > 1 {

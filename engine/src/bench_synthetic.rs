@@ -126,6 +126,68 @@ pub fn to_json(
     })
 }
 
+/// One GPU count of `memra bench --synthetic P --gpus N` (1, then N).
+#[derive(Clone, Debug)]
+pub struct GpuRun {
+    pub gpus: usize,
+    /// The N-layer model's decode steps; `None`: not measured (`note` says why).
+    pub full: Option<Step>,
+    /// The last layer's time (N layers minus N − 1), µs.
+    pub last_layer_us: Option<f64>,
+    /// Prompt tokens / s (`None` without `--prompt-tokens`).
+    pub prefill_tok_s: Option<f64>,
+    pub note: Option<String>,
+}
+
+/// The `synthetic_gpus` object of the JSON (benches/results/SCHEMA.md): per GPU count the
+/// measured figures beside the bandwidth floor of one GPU's share (every GPU reads its shard at
+/// copy bandwidth, in parallel; the collectives are not counted).
+pub fn gpus_to_json(
+    desc: &Description,
+    ctx: usize,
+    steps: usize,
+    prompt_tokens: usize,
+    seed: u64,
+    copy_gbps: f64,
+    runs: &[GpuRun],
+) -> Result<Value, String> {
+    let one_gpu = runs.iter().find(|r| r.gpus == 1).and_then(|r| r.full);
+    let mut rows = Vec::new();
+    for r in runs {
+        let bytes = step_bytes(&desc.rank(r.gpus)?, ctx);
+        let floor_us = bytes as f64 / (copy_gbps * 1e9) * 1e6;
+        let step = r.full.map(|f| f.median_us);
+        rows.push(json!({
+            "gpus": r.gpus,
+            "measured": r.full.is_some(),
+            "note": r.note,
+            "generate_s": r.full.map(|f| f.generate_s),
+            "step_median_us": step,
+            "step_min_us": r.full.map(|f| f.min_us),
+            "decode_tok_s": step.map(|us| 1e6 / us),
+            "per_layer_us": step.map(|us| us / desc.n_layer as f64),
+            "last_layer_us": r.last_layer_us,
+            "prefill_tok_s": r.prefill_tok_s,
+            "speedup_vs_1_gpu": step.zip(one_gpu).map(|(us, one)| one.median_us / us),
+            "step_bytes_per_gpu": bytes,
+            "step_floor_us": floor_us,
+            "decode_tok_s_floor": 1e6 / floor_us,
+            "step_ratio_to_floor": step.map(|us| us / floor_us),
+        }));
+    }
+    Ok(json!({
+        "preset": desc.preset,
+        "arch": desc.arch(),
+        "layers": desc.n_layer,
+        "ctx": ctx,
+        "decode_steps": steps,
+        "prompt_tokens": prompt_tokens,
+        "seed": seed,
+        "weight_bytes": desc.total_bytes(),
+        "runs": rows,
+    }))
+}
+
 pub use gpu::{compare_gpus, measure, measure_gpus, prefill_gpus};
 
 mod gpu {
@@ -136,14 +198,14 @@ mod gpu {
 
     use std::sync::Arc;
 
-    use super::Step;
+    use super::{GpuRun, Step};
     use crate::kernels::registry::Policy;
     use crate::models::{glm_dsa, GpuModel, GpuOptions};
     use crate::parallel::sharded::{ShardedMla, Weights};
     use crate::synthetic::{describe, Description, SyntheticWeights};
 
     /// `memra bench --synthetic P --gpus N`: decode step and last-layer time of the N-layer model
-    /// on 1 GPU and on N GPUs (same seed, same context), as a table.
+    /// on 1 GPU and on N GPUs (same seed, same context): the table and the runs (for the JSON).
     pub fn compare_gpus(
         desc: &Description,
         gpus: usize,
@@ -151,14 +213,13 @@ mod gpu {
         steps: usize,
         prompt_tokens: usize,
         seed: u64,
-    ) -> Result<String, Box<dyn std::error::Error>> {
+    ) -> Result<(String, Vec<GpuRun>), Box<dyn std::error::Error>> {
         let fewer = if desc.n_layer > 1 {
             Some(describe(&desc.preset, desc.n_layer - 1)?)
         } else {
             None
         };
-        let mut rows = Vec::new();
-        let mut notes = String::new();
+        let mut runs = Vec::new();
         for g in [1, gpus] {
             eprintln!("memra bench: {} layers on {g} GPU(s)", desc.n_layer);
             let measured = measure_gpus(desc, g, 0, ctx, steps, seed).and_then(|full| {
@@ -169,7 +230,8 @@ mod gpu {
                 Ok(m) => m,
                 // The whole model may not fit one GPU (78 GLM-5 layers are ≈ 420 GB): say so, go on.
                 Err(e) if g == 1 => {
-                    notes += &format!("1 GPU: not measured: {e}\n");
+                    let note = Some(format!("not measured: {e}"));
+                    runs.push(GpuRun { gpus: 1, full: None, last_layer_us: None, prefill_tok_s: None, note });
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -177,30 +239,36 @@ mod gpu {
             if !full.logits_finite || less.is_some_and(|l| !l.logits_finite) {
                 return Err(format!("synthetic model on {g} GPU(s): non-finite logits").into());
             }
-            let prefill = match prompt_tokens {
-                0 => f64::NAN,
-                n => prefill_gpus(desc, g, n, seed)?,
+            let prefill_tok_s = match prompt_tokens {
+                0 => None,
+                n => Some(prefill_gpus(desc, g, n, seed)?),
             };
-            rows.push((g, full, less, prefill));
+            let last_layer_us = less.map(|l| full.median_us - l.median_us);
+            runs.push(GpuRun { gpus: g, full: Some(full), last_layer_us, prefill_tok_s, note: None });
         }
-        let base = if rows.len() == 2 { rows[0].1.median_us } else { f64::NAN };
+        let base = runs[0].full.map_or(f64::NAN, |f| f.median_us);
         let mut out = format!(
             "\nsynthetic {}: {} layers, ctx {ctx}, {steps} decode steps (median); prefill of {prompt_tokens} tokens from position 0\n{:<5} {:>12} {:>10} {:>14} {:>16} {:>9} {:>16}\n",
             desc.preset, desc.n_layer, "gpus", "step_us", "tok/s", "us/layer(avg)", "last_layer_us", "speedup", "prefill_tok/s"
         );
-        for (g, full, less, prefill) in &rows {
-            let last = less.map_or(f64::NAN, |l| full.median_us - l.median_us);
+        let mut notes = String::new();
+        for r in &runs {
+            let Some(full) = r.full else {
+                notes += &format!("{} GPU: {}\n", r.gpus, r.note.as_deref().unwrap_or("not measured"));
+                continue;
+            };
             out += &format!(
-                "{g:<5} {:>12.1} {:>10.1} {:>14.1} {:>16.1} {:>8.2}x {:>16.1}\n",
+                "{:<5} {:>12.1} {:>10.1} {:>14.1} {:>16.1} {:>8.2}x {:>16.1}\n",
+                r.gpus,
                 full.median_us,
                 1e6 / full.median_us,
                 full.median_us / desc.n_layer as f64,
-                last,
+                r.last_layer_us.unwrap_or(f64::NAN),
                 base / full.median_us,
-                prefill
+                r.prefill_tok_s.unwrap_or(f64::NAN)
             );
         }
-        Ok(out + &notes)
+        Ok((out + &notes, runs))
     }
 
     /// Prefill tokens/s of `desc` on `gpus` GPUs: a fresh model (the caches empty), `tokens`
@@ -462,5 +530,72 @@ mod tests {
         );
         assert_eq!(v["layer_bytes"][3]["ffn"], "moe");
         assert_eq!(v["layer_bytes"][2]["ffn"], "dense");
+    }
+
+    fn gpu_runs() -> Vec<GpuRun> {
+        let s = |median_us| Step { median_us, min_us: median_us - 10.0, generate_s: 2.0, logits_finite: true };
+        vec![
+            GpuRun { gpus: 1, full: Some(s(900.0)), last_layer_us: Some(350.0), prefill_tok_s: Some(1200.0), note: None },
+            GpuRun { gpus: 2, full: Some(s(600.0)), last_layer_us: Some(220.0), prefill_tok_s: Some(2000.0), note: None },
+        ]
+    }
+
+    /// `--gpus N --json`: per GPU count the measured figures and one GPU's share of the floor;
+    /// the document validates, every key is documented in SCHEMA.md and vice versa.
+    #[test]
+    fn gpus_json_has_both_counts_and_the_per_gpu_floor() {
+        use crate::bench::report::{doc_kind, validate, Doc};
+        let d = describe("glm-5", 4).unwrap();
+        let v = gpus_to_json(&d, 32768, 64, 512, 7, 4000.0, &gpu_runs()).unwrap();
+        let runs = v["runs"].as_array().unwrap();
+        assert_eq!((runs[0]["gpus"].as_u64(), runs[1]["gpus"].as_u64()), (Some(1), Some(2)));
+        let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {}", r[k]));
+        assert_eq!(f(&runs[0], "decode_tok_s"), 1e6 / 900.0);
+        assert_eq!(f(&runs[1], "per_layer_us"), 150.0);
+        assert_eq!(f(&runs[1], "speedup_vs_1_gpu"), 1.5);
+        assert_eq!(f(&runs[1], "prefill_tok_s"), 2000.0);
+        // 1 GPU: the whole step's reads; 2 GPUs: one rank's (heads, FFN, LM head and the
+        // selected experts halved; the latent cache, indexer and router replicated).
+        let (b1, b2) = (runs[0]["step_bytes_per_gpu"].as_u64().unwrap(), runs[1]["step_bytes_per_gpu"].as_u64().unwrap());
+        assert_eq!(b1, step_bytes(&d, 32768));
+        assert_eq!(b2, step_bytes(&d.rank(2).unwrap(), 32768));
+        assert!(b2 < b1 && 2 * b2 > b1, "replicated parts keep one GPU's share above half: {b2} of {b1}");
+        assert!((f(&runs[1], "step_floor_us") - b2 as f64 / 4e3 * 1e-3).abs() < 1e-6);
+        assert!((f(&runs[1], "step_ratio_to_floor") - 600.0 / f(&runs[1], "step_floor_us")).abs() < 1e-9);
+
+        let mut doc = json!({"schema": 1, "device": "NVIDIA H200", "sm": "sm_90", "driver": "CUDA 13.0",
+            "date": "2026-11-30T05:00:00Z", "commit": "abc", "memra_version": "0.1.0",
+            "copy_bytes": 2u64 << 30, "copy_gbps": 4000.0, "synthetic_gpus": v.clone()});
+        assert_eq!(doc_kind(&doc), Doc::SyntheticGpus);
+        validate(&doc, Doc::SyntheticGpus).unwrap_or_else(|e| panic!("{e:?}"));
+        // A 1-GPU run that did not fit: nulls and a note.
+        let mut runs = gpu_runs();
+        runs[0] = GpuRun { gpus: 1, full: None, last_layer_us: None, prefill_tok_s: None, note: Some("not measured: out of memory".into()) };
+        doc["synthetic_gpus"] = gpus_to_json(&d, 32768, 64, 0, 7, 4000.0, &runs).unwrap();
+        validate(&doc, Doc::SyntheticGpus).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(doc["synthetic_gpus"]["runs"][1]["speedup_vs_1_gpu"].is_null());
+        doc["synthetic_gpus"]["runs"][0]["note"] = Value::Null;
+        doc["synthetic_gpus"]["runs"][1]["step_median_us"] = Value::Null;
+        let errs = validate(&doc, Doc::SyntheticGpus).expect_err("accepted a bad document");
+        assert!(errs.iter().any(|e| e.contains("runs[0]: not measured and no `note`")), "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("runs[1]: `measured` disagrees")), "{errs:?}");
+        assert!(gpus_to_json(&d, 32768, 64, 0, 7, 4000.0, &[GpuRun { gpus: 3, ..gpu_runs().remove(1) }])
+            .unwrap_err()
+            .contains("3 equal parts"));
+
+        let schema = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/results/SCHEMA.md")).unwrap();
+        let section = schema.split("## `memra bench --synthetic PRESET --gpus N").nth(1).expect("SCHEMA.md has no --gpus section");
+        let section = section.split("\n## ").next().unwrap();
+        let documented: Vec<String> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .flat_map(|l| l.split(" |").next().unwrap_or("").replace('`', "").split(", ").map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        keys.extend(v["runs"][0].as_object().unwrap().keys().map(|k| format!("runs[].{k}")));
+        keys.sort();
+        let mut want = documented.clone();
+        want.sort();
+        assert_eq!(keys, want, "JSON keys vs SCHEMA.md");
     }
 }

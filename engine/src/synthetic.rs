@@ -27,6 +27,7 @@ use memra_gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::cuda::Gpu;
 use crate::models::gpu::{err, mib, DeviceTensor, GpuModelError, Result, WeightSource};
+use crate::parallel::shard::{SliceSource, Window};
 
 /// (preset, architecture, spec text) of the presets `--synthetic` knows.
 pub const PRESETS: &[(&str, &str, &str)] =
@@ -92,6 +93,13 @@ fn tensor_bytes(ty: GgmlType, shape: &[u64]) -> u64 {
 impl Description {
     pub fn arch(&self) -> &str {
         &self.spec.arch
+    }
+
+    /// What one rank of `n_ranks` GPUs holds (`memra_codegen::shard::rank_dims`: split tensors
+    /// as the rank's windows, heads and FFN widths divided); its byte counts are one GPU's.
+    pub fn rank(&self, n_ranks: usize) -> std::result::Result<Description, String> {
+        let dims = memra_codegen::shard::rank_dims(&self.dims, n_ranks)?;
+        Ok(Description { dims, preset: self.preset.clone(), spec: self.spec.clone(), ..*self })
     }
 
     /// Bytes of every tensor of layer `il` (`None`: the global tensors).
@@ -483,25 +491,37 @@ impl SyntheticWeights {
         Ok(())
     }
 
-    /// Rows `row0..row0 + rows`, elements `col0..col0 + cols` of each, of the block-quantized
-    /// tensor `t`: byte for byte the window of what [`WeightSource::upload`] generates for the
-    /// whole tensor (a multi-GPU shard, `crate::parallel::shard`). `col0` and `cols` must be
-    /// whole blocks; the scales keep the whole row's 1/√k.
-    pub fn upload_slice(
-        &self,
-        gpu: &Gpu,
-        t: &TensorInfo<'_>,
-        (row0, rows): (usize, usize),
-        (col0, cols): (usize, usize),
-    ) -> Result<DeviceTensor> {
+    fn progress(&self, t: &TensorInfo<'_>) {
+        self.done.set(self.done.get() + t.n_bytes);
+        let layer = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|s| s.parse().ok());
+        if layer.is_some() && layer != self.last_layer.get() {
+            self.last_layer.set(layer);
+            eprintln!(
+                "synthetic weights: layer {} ({} of {} generated)",
+                layer.unwrap_or(0),
+                mib(self.done.get() as usize),
+                mib(self.total as usize)
+            );
+        }
+    }
+}
+
+impl SliceSource for SyntheticWeights {
+    /// The window `w` of the block-quantized tensor `t`: byte for byte the window of what
+    /// [`WeightSource::upload`] generates for the whole tensor (a multi-GPU shard,
+    /// `crate::parallel::shard`). Whole blocks only; the scales keep the whole row's 1/√k.
+    fn upload_window(&self, gpu: &Gpu, t: &TensorInfo<'_>, w: Window) -> Result<DeviceTensor> {
+        w.check(t)?;
+        let Window { row0, rows, col0, cols } = w;
         let (ty, k) = (t.ggml_type, t.row_len());
-        let what = || format!("synthetic tensor '{}' rows {row0}+{rows} cols {col0}+{cols}", t.name);
+        let what = || format!("synthetic tensor '{}' {w}", t.name);
         let fields = scale_fields(ty, 1.0 / (k as f32).sqrt())
             .ok_or_else(|| err(format!("{}: cannot generate slices of {} data", what(), ty.name())))?;
         let bs = ty.block_size() as usize;
-        if col0 % bs != 0 || cols % bs != 0 || col0 + cols > k as usize || row0 + rows > t.n_rows() as usize {
-            return Err(err(format!("{}: not whole {}-element blocks inside [{}, {k}]", what(), bs, t.n_rows())));
-        }
         let block = |e: usize| (e / bs) as u64 * ty.type_size();
         let full_row = block(k as usize);
         let out_row = block(cols);
@@ -520,24 +540,6 @@ impl SyntheticWeights {
         self.set_scales(gpu, &mut data, ty, &fields)?;
         self.progress(t);
         Ok(DeviceTensor { name: t.name.to_string(), ty, k: cols, n: rows, data })
-    }
-
-    fn progress(&self, t: &TensorInfo<'_>) {
-        self.done.set(self.done.get() + t.n_bytes);
-        let layer = t
-            .name
-            .strip_prefix("blk.")
-            .and_then(|r| r.split('.').next())
-            .and_then(|s| s.parse().ok());
-        if layer.is_some() && layer != self.last_layer.get() {
-            self.last_layer.set(layer);
-            eprintln!(
-                "synthetic weights: layer {} ({} of {} generated)",
-                layer.unwrap_or(0),
-                mib(self.done.get() as usize),
-                mib(self.total as usize)
-            );
-        }
     }
 }
 

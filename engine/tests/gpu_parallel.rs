@@ -323,16 +323,16 @@ fn gpu_synthetic_shards_are_windows_of_the_whole_tensor() {
         for n_ranks in [2, 4, 8] {
             for rank in [0, n_ranks - 1] {
                 let shard = Shard { rank, n_ranks };
-                let (rows, cols) = shard.window(&t).unwrap_or_else(|e| panic!("{e}"));
+                let w = shard.window(&t).unwrap_or_else(|e| panic!("{e}"));
                 let part = ShardSource {
                     src: &source,
                     shard,
                 }
                 .upload(&gpu, &t)
                 .unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!((part.n, part.k), (rows.1, cols.1), "{}", t.name);
+                assert_eq!((part.n, part.k), (w.rows, w.cols), "{}", t.name);
                 let got = gpu.stream().clone_dtoh(&part.data).unwrap();
-                let want = window_bytes(&whole, &t, rows, cols).unwrap();
+                let want = window_bytes(&whole, &t, w).unwrap();
                 assert!(
                     got == want,
                     "{} rank {rank}/{n_ranks}: window bytes differ (MEMRA_SEED={seed})",

@@ -671,6 +671,8 @@ pub enum Doc {
     Sweep,
     /// `memra bench --synthetic PRESET --json` (bench_synthetic.rs).
     Synthetic,
+    /// `memra bench --synthetic PRESET --gpus N --json` (bench_synthetic.rs).
+    SyntheticGpus,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -778,6 +780,35 @@ pub const SYNTHETIC: &[(&str, Ty)] = &[
     ("last_layer", Ty::ObjectOrNull),
     ("logits_finite", Ty::Bool),
     ("layer_bytes", Ty::Array),
+];
+/// `synthetic_gpus` of a `--synthetic --gpus N` run and its `runs[]`.
+pub const SYNTHETIC_GPUS: &[(&str, Ty)] = &[
+    ("preset", Ty::Str),
+    ("arch", Ty::Str),
+    ("layers", Ty::Int),
+    ("ctx", Ty::Int),
+    ("decode_steps", Ty::Int),
+    ("prompt_tokens", Ty::Int),
+    ("seed", Ty::Int),
+    ("weight_bytes", Ty::Int),
+    ("runs", Ty::Array),
+];
+pub const SYNTHETIC_GPU_RUN: &[(&str, Ty)] = &[
+    ("gpus", Ty::Int),
+    ("measured", Ty::Bool),
+    ("note", Ty::StrOrNull),
+    ("generate_s", Ty::FloatOrNull),
+    ("step_median_us", Ty::FloatOrNull),
+    ("step_min_us", Ty::FloatOrNull),
+    ("decode_tok_s", Ty::FloatOrNull),
+    ("per_layer_us", Ty::FloatOrNull),
+    ("last_layer_us", Ty::FloatOrNull),
+    ("prefill_tok_s", Ty::FloatOrNull),
+    ("speedup_vs_1_gpu", Ty::FloatOrNull),
+    ("step_bytes_per_gpu", Ty::Int),
+    ("step_floor_us", Ty::Float),
+    ("decode_tok_s_floor", Ty::Float),
+    ("step_ratio_to_floor", Ty::FloatOrNull),
 ];
 pub const SYNTHETIC_LAST_LAYER: &[(&str, Ty)] = &[
     ("layer", Ty::Int),
@@ -998,6 +1029,22 @@ pub fn validate(v: &Value, doc: Doc) -> Result<(), Vec<String>> {
                 one_of(l, "ffn", &["dense", "moe"], &format!("$.synthetic.layer_bytes[{i}]"), &mut errs);
             }
         }
+        Doc::SyntheticGpus => {
+            check(v, COMMON, "$", &mut errs);
+            let syn = &v["synthetic_gpus"];
+            check(syn, SYNTHETIC_GPUS, "$.synthetic_gpus", &mut errs);
+            check_each(syn, "runs", SYNTHETIC_GPU_RUN, "$.synthetic_gpus.", &mut errs);
+            for (i, r) in syn.get("runs").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                // A measured run has its step time; one not measured says why.
+                let measured = r.get("measured") == Some(&Value::Bool(true));
+                if measured != r.get("step_median_us").is_some_and(Value::is_number) {
+                    errs.push(format!("$.synthetic_gpus.runs[{i}]: `measured` disagrees with step_median_us"));
+                }
+                if !measured && !r.get("note").is_some_and(Value::is_string) {
+                    errs.push(format!("$.synthetic_gpus.runs[{i}]: not measured and no `note`"));
+                }
+            }
+        }
         Doc::Sweep => {
             check(v, SWEEP_TOP, "$", &mut errs);
             check_each(v, "cases", SWEEP_CASE, "$.", &mut errs);
@@ -1065,7 +1112,8 @@ pub fn validate(v: &Value, doc: Doc) -> Result<(), Vec<String>> {
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
-/// Which kind a file is: `models` → Model, `synthetic` → Synthetic, `torch` → Peers, a `--sweep` tool → Sweep, else Bench.
+/// Which kind a file is: `models` → Model, `synthetic` → Synthetic, `synthetic_gpus` →
+/// SyntheticGpus, `torch` → Peers, a `--sweep` tool → Sweep, else Bench.
 pub fn doc_kind(v: &Value) -> Doc {
     if v.get("tool")
         .and_then(Value::as_str)
@@ -1076,6 +1124,8 @@ pub fn doc_kind(v: &Value) -> Doc {
         Doc::Model
     } else if v.get("synthetic").is_some() {
         Doc::Synthetic
+    } else if v.get("synthetic_gpus").is_some() {
+        Doc::SyntheticGpus
     } else if v.get("torch").is_some() {
         Doc::Peers
     } else {

@@ -22,6 +22,21 @@
 //! Modules: `nccl` (the library), `shard` (which part of each tensor a rank holds), `rank` (a
 //! decoder's collectives and expert remap), `sharded` (a glm-dsa model on N GPUs).
 //!
+//! **Kernels at the per-GPU shapes.** The shard count is a build parameter: the spec's
+//! `[parallel] shards = [2, 8]` (specs/glm-dsa.toml; schema in specs/README.md), replaced by
+//! `MEMRA_SHARDS=2,4,8` at build time (`MEMRA_SHARDS=1`: none; cargo rebuilds when it
+//! changes). For each count N the build plans the spec's `[[kernels]]` once more at a rank's
+//! dims — heads/N (mla_rope, mla_decode, mla_sparse_decode), q_b rows/N, attn_output columns/N,
+//! dense-FFN and shared-expert widths/N (matvec, matmul, swiglu, fused gate/up), LM-head rows/N
+//! — named by the one naming function (`mla_decode__n_head32_…`, `matvec__k2048_n8192__q8_0`).
+//! The split rules exist once, in `memra_codegen::shard`: the ranks cut the weights by them
+//! ([`shard`]) and the planner the dims. Nothing else changes at run time: a rank asks the
+//! registry for its shapes like one GPU does and gets those variants; its load report line
+//! says whether this build planned its GPU count (else the differing shapes run generic and
+//! `--require-specialized` refuses). Shapes a rank keeps (the k_b/v_b heads and the experts,
+//! whose kernels do not bake the head or expert count; router, indexer, argmax) add nothing:
+//! 19 variants per GPU count at GLM-5 dims.
+//!
 //! A rank that fails before a collective leaves the others waiting in it on the GPU; callers
 //! check every rank's setup at a barrier before the first collective ([`run_ranks`]).
 
@@ -97,6 +112,15 @@ pub fn require_devices(n: usize) -> Result<usize, Error> {
         });
     }
     Ok(have)
+}
+
+/// The GPU counts whose per-rank shapes this build specialized kernels for (glm-dsa, the one
+/// architecture with a multi-GPU forward).
+pub fn planned_shards() -> &'static [usize] {
+    crate::kernels::registry::SHARDS_FOR
+        .iter()
+        .find(|(arch, _)| *arch == "glm-dsa")
+        .map_or(&[], |(_, counts)| *counts)
 }
 
 /// One rank's NCCL communicator. `Send` so its rank's thread can own it; not `Sync`: NCCL

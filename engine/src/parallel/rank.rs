@@ -156,12 +156,46 @@ impl Rank {
             .as_ref()
             .map_or("none".to_string(), |r| format!("{}..{}", r.start, r.end));
         format!(
-            "rank {} of {} on device {}: attention heads {}..{}, routed experts {experts}; attention and FFN outputs all-reduced (NCCL)",
+            "rank {} of {} on device {}: attention heads {}..{}, routed experts {experts}; attention and FFN outputs all-reduced (NCCL); {}",
             s.rank,
             s.n_ranks,
             self.comm.device(),
             heads.start,
-            heads.end
+            heads.end,
+            shard_kernels_line(s.n_ranks, super::planned_shards())
         )
+    }
+}
+
+/// Whether this build has specialized variants at the per-GPU shapes of `n_ranks` GPUs (the
+/// kernel report above counts what was picked; this says why the shard shapes are or are not).
+pub fn shard_kernels_line(n_ranks: usize, planned: &[usize]) -> String {
+    if planned.contains(&n_ranks) {
+        format!(
+            "kernels specialized for the {n_ranks}-GPU shard shapes (this build plans {planned:?} GPUs)"
+        )
+    } else {
+        format!(
+            "this build has no {n_ranks}-GPU shard variants (it plans {planned:?} GPUs): the per-GPU shapes run generic; rebuild with MEMRA_SHARDS={n_ranks} or add {n_ranks} to [parallel] shards in specs/glm-dsa.toml"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_kernels_line;
+
+    #[test]
+    fn the_report_says_whether_shard_shapes_are_specialized() {
+        let yes = shard_kernels_line(2, &[2, 8]);
+        assert!(
+            yes.contains("specialized for the 2-GPU shard shapes"),
+            "{yes}"
+        );
+        let no = shard_kernels_line(4, &[2, 8]);
+        assert!(
+            no.contains("no 4-GPU shard variants") && no.contains("MEMRA_SHARDS=4"),
+            "{no}"
+        );
     }
 }

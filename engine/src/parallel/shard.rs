@@ -1,64 +1,32 @@
 //! Which part of each MLA-model tensor a rank holds, and weight sources that upload exactly that
 //! part (a GGUF file's bytes, or the synthetic generator's window of the 1-GPU tensor).
 //!
-//! Rank r of N holds (GGUF names; rows = the product of the dims after ne0):
-//! - heads `r·H/N ..`: `attn_q_b`, `attn_k_b`, `attn_v_b` row blocks (their rows are head-major),
-//!   `attn_output` column block (its row length is n_head · v_head_dim, head-major);
-//! - experts `r·E/N ..`: `ffn_{gate,up,down}_exps` row blocks (expert-major rows);
-//! - dense FFN and shared expert: `ffn_gate`/`ffn_up` (and `_shexp`) row blocks,
-//!   `ffn_down` (and `_shexp`) column block;
-//! - vocabulary rows `r·V/N ..` of `output.weight` (the LM head; its logits are all-gathered);
-//! - everything else whole: norms, `attn_q_a`, `attn_kv_a_mqa` (the latent cache is
-//!   replicated), the indexer, the router and its bias, the embedding (a tied LM head too).
+//! The split rules themselves ([`cut_of`], the per-rank parts and windows) live in
+//! `memra_codegen::shard`, where the build also applies them to the dims to plan each rank's
+//! specialized kernels (the spec's `[parallel] shards`); this file applies them to the weights.
+//! In short: attention heads (`attn_q_b`, `attn_k_b`, `attn_v_b` rows, `attn_output` columns),
+//! routed experts (the `_exps` stacks' rows), dense FFN and shared expert (gate/up rows, down
+//! columns) and the LM head's vocabulary rows are split; the rest (norms, `attn_q_a`,
+//! `attn_kv_a_mqa`: the latent cache is replicated, the indexer, the router, the embedding) is
+//! whole.
 //!
 //! A row block makes a partial output with whole rows (heads, experts, FFN columns); a column
 //! block a partial sum of the full output. The decoder all-reduces the attention output and the
 //! FFN output, the only places a partial result meets the residual stream, and all-gathers the
 //! logits.
 
+use std::fmt;
 use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
+use memra_codegen::shard as rules;
 use memra_gguf::{Gguf, TensorInfo};
+
+pub use memra_codegen::shard::{Cut, cut_of};
 
 use crate::cuda::Gpu;
 use crate::models::gpu::{DeviceTensor, Result, WeightSource, alloc, err};
 use crate::models::mla::MlaConfig;
-use crate::synthetic::SyntheticWeights;
-
-/// How a tensor is split across ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cut {
-    Whole,
-    /// Equal row blocks.
-    Rows,
-    /// Equal column blocks (each row's elements), whole quant blocks.
-    Cols,
-}
-
-/// The rule above, by tensor name.
-pub fn cut_of(name: &str) -> Cut {
-    if name == "output.weight" {
-        return Cut::Rows;
-    }
-    let Some(rest) = name
-        .strip_prefix("blk.")
-        .and_then(|r| r.split_once('.'))
-        .map(|(_, r)| r)
-    else {
-        return Cut::Whole;
-    };
-    match rest {
-        "attn_q_b.weight" | "attn_k_b.weight" | "attn_v_b.weight" => Cut::Rows,
-        "attn_output.weight" => Cut::Cols,
-        "ffn_gate.weight" | "ffn_up.weight" | "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" => {
-            Cut::Rows
-        }
-        "ffn_down.weight" | "ffn_down_shexp.weight" => Cut::Cols,
-        "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight" => Cut::Rows,
-        _ => Cut::Whole,
-    }
-}
 
 /// Rank `rank` of `n_ranks`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,43 +35,68 @@ pub struct Shard {
     pub n_ranks: usize,
 }
 
+/// Rows `row0..row0 + rows` and elements `col0..col0 + cols` of each of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub row0: usize,
+    pub rows: usize,
+    pub col0: usize,
+    pub cols: usize,
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Window {
+            row0,
+            rows,
+            col0,
+            cols,
+        } = self;
+        write!(f, "rows {row0}+{rows} cols {col0}+{cols}")
+    }
+}
+
+impl Window {
+    /// An error naming `t` unless the window is whole quant blocks inside it.
+    pub fn check(&self, t: &TensorInfo<'_>) -> Result<()> {
+        let (k, n) = (t.row_len() as usize, t.n_rows() as usize);
+        let bs = t.ggml_type.block_size() as usize;
+        let Window {
+            row0,
+            rows,
+            col0,
+            cols,
+        } = *self;
+        if col0 % bs != 0 || cols % bs != 0 || col0 + cols > k || row0 + rows > n {
+            return Err(err(format!(
+                "tensor '{}': window {self} is not whole {} blocks of {bs} inside [{n} × {k}]",
+                t.name,
+                t.ggml_type.name()
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Shard {
     /// The `rank`-th of `n_ranks` equal parts of `0..total`; an error when they are not equal.
     pub fn part(&self, total: usize, what: &dyn Fn() -> String) -> Result<Range<usize>> {
-        if self.n_ranks == 0 || total % self.n_ranks != 0 {
-            return Err(err(format!(
-                "{}: {total} does not split into {} equal parts (--gpus must divide it)",
-                what(),
-                self.n_ranks
-            )));
-        }
-        let per = total / self.n_ranks;
-        Ok(self.rank * per..(self.rank + 1) * per)
+        let r = rules::part(total as u64, self.rank, self.n_ranks, &what()).map_err(err)?;
+        Ok(r.start as usize..r.end as usize)
     }
 
-    /// `(rows, cols)` of `t` this rank holds, as `(start, count)` pairs.
-    pub fn window(&self, t: &TensorInfo<'_>) -> Result<((usize, usize), (usize, usize))> {
-        let (k, n) = (t.row_len() as usize, t.n_rows() as usize);
-        let name = || format!("tensor '{}' ({})", t.name, cut_name(cut_of(t.name)));
-        Ok(match cut_of(t.name) {
-            Cut::Whole => ((0, n), (0, k)),
-            Cut::Rows => {
-                let r = self.part(n, &|| format!("{} rows", name()))?;
-                ((r.start, r.len()), (0, k))
-            }
-            Cut::Cols => {
-                let c = self.part(k, &|| format!("{} row length", name()))?;
-                let bs = t.ggml_type.block_size() as usize;
-                if c.len() % bs != 0 {
-                    return Err(err(format!(
-                        "{}: {} of {k} elements per rank is not whole {} blocks of {bs}",
-                        name(),
-                        c.len(),
-                        t.ggml_type.name()
-                    )));
-                }
-                ((0, n), (c.start, c.len()))
-            }
+    /// The window of `t` this rank holds.
+    pub fn window(&self, t: &TensorInfo<'_>) -> Result<Window> {
+        let bs = t.ggml_type.block_size();
+        let (r, c) = rules::window(t.name, t.row_len(), t.n_rows(), bs, self.rank, self.n_ranks)
+            .map_err(err)?;
+        let (row0, col0) = (r.start as usize, c.start as usize);
+        let (rows, cols) = ((r.end - r.start) as usize, (c.end - c.start) as usize);
+        Ok(Window {
+            row0,
+            rows,
+            col0,
+            cols,
         })
     }
 
@@ -147,86 +140,50 @@ pub fn check_split<B: AsRef<[u8]>>(
     Ok(())
 }
 
-fn cut_name(c: Cut) -> &'static str {
-    match c {
-        Cut::Whole => "whole",
-        Cut::Rows => "row blocks per GPU",
-        Cut::Cols => "column blocks per GPU",
-    }
-}
-
 /// A weight source that can upload a window of a tensor.
 pub trait SliceSource: WeightSource {
-    /// Rows `(start, count)` and columns `(start, count)` (elements; whole quant blocks).
-    fn upload_window(
-        &self,
-        gpu: &Gpu,
-        t: &TensorInfo<'_>,
-        rows: (usize, usize),
-        cols: (usize, usize),
-    ) -> Result<DeviceTensor>;
+    /// The window `w` of `t` (whole quant blocks) as a tensor of `w.rows` rows of `w.cols`.
+    fn upload_window(&self, gpu: &Gpu, t: &TensorInfo<'_>, w: Window) -> Result<DeviceTensor>;
 }
 
 impl<B: AsRef<[u8]>> SliceSource for Gguf<B> {
-    fn upload_window(
-        &self,
-        gpu: &Gpu,
-        t: &TensorInfo<'_>,
-        (row0, rows): (usize, usize),
-        (col0, cols): (usize, usize),
-    ) -> Result<DeviceTensor> {
-        let bytes = window_bytes(self.tensor_data(*t), t, (row0, rows), (col0, cols))?;
-        let what = format!(
-            "tensor '{}' (rows {row0}+{rows}, cols {col0}+{cols})",
-            t.name
-        );
+    fn upload_window(&self, gpu: &Gpu, t: &TensorInfo<'_>, w: Window) -> Result<DeviceTensor> {
+        let bytes = window_bytes(self.tensor_data(*t), t, w)?;
+        let what = format!("tensor '{}' ({w})", t.name);
         let mut data = alloc::<u8>(gpu, bytes.len(), &what)?;
         gpu.stream()
             .memcpy_htod(&bytes, &mut data)
             .map_err(|e| err(format!("copying {what} to the GPU: {e:?}")))?;
+        let (name, ty) = (t.name.to_string(), t.ggml_type);
         Ok(DeviceTensor {
-            name: t.name.to_string(),
-            ty: t.ggml_type,
-            k: cols,
-            n: rows,
+            name,
+            ty,
+            k: w.cols,
+            n: w.rows,
             data,
         })
     }
 }
 
-impl SliceSource for SyntheticWeights {
-    fn upload_window(
-        &self,
-        gpu: &Gpu,
-        t: &TensorInfo<'_>,
-        rows: (usize, usize),
-        cols: (usize, usize),
-    ) -> Result<DeviceTensor> {
-        self.upload_slice(gpu, t, rows, cols)
-    }
-}
-
 /// The bytes of a window of a tensor's data (`data`: the whole tensor as stored).
-pub fn window_bytes(
-    data: &[u8],
-    t: &TensorInfo<'_>,
-    (row0, rows): (usize, usize),
-    (col0, cols): (usize, usize),
-) -> Result<Vec<u8>> {
+pub fn window_bytes(data: &[u8], t: &TensorInfo<'_>, w: Window) -> Result<Vec<u8>> {
+    w.check(t)?;
+    let Window {
+        row0,
+        rows,
+        col0,
+        cols,
+    } = w;
     let ty = t.ggml_type;
     let (k, n) = (t.row_len(), t.n_rows() as usize);
     let bs = ty.block_size() as usize;
-    let bad = || {
+    let row_bytes = ty.row_bytes(k).ok_or_else(|| {
         err(format!(
-            "tensor '{}': window rows {row0}+{rows} cols {col0}+{cols} is not whole {} blocks inside [{n} × {k}]",
+            "tensor '{}': rows of {k} are not whole {} blocks",
             t.name,
             ty.name()
         ))
-    };
-    if col0 % bs != 0 || cols % bs != 0 || col0 + cols > k as usize || row0 + rows > n {
-        return Err(bad());
-    }
-    let row_bytes = ty.row_bytes(k).ok_or_else(bad)? as usize;
+    })? as usize;
     let (b0, nb) = (
         (col0 / bs) * ty.type_size() as usize,
         (cols / bs) * ty.type_size() as usize,
@@ -257,8 +214,8 @@ impl WeightSource for ShardSource<'_> {
         if cut_of(t.name) == Cut::Whole {
             return self.src.upload(gpu, t);
         }
-        let (rows, cols) = self.shard.window(t)?;
-        self.src.upload_window(gpu, t, rows, cols)
+        let w = self.shard.window(t)?;
+        self.src.upload_window(gpu, t, w)
     }
 
     fn upload_f32(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<CudaSlice<f32>> {
@@ -282,32 +239,13 @@ mod tests {
     use memra_reference::models::GlmDsa;
 
     use super::*;
+    use crate::kernels::registry::Param;
+    use crate::models::gpu;
 
     fn micro() -> Gguf<Vec<u8>> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let spec = ArchSpec::load(&root.join("specs/glm-dsa.toml")).unwrap();
         Gguf::parse(fixture::micro_model(&spec, 3).unwrap()).unwrap()
-    }
-
-    #[test]
-    fn cuts_follow_the_tensor_roles() {
-        assert_eq!(cut_of("blk.3.attn_q_b.weight"), Cut::Rows);
-        assert_eq!(
-            cut_of("blk.3.indexer.attn_q_b.weight"),
-            Cut::Whole,
-            "the indexer is replicated"
-        );
-        assert_eq!(cut_of("blk.0.attn_output.weight"), Cut::Cols);
-        assert_eq!(cut_of("blk.7.ffn_down_exps.weight"), Cut::Rows);
-        assert_eq!(cut_of("blk.7.ffn_down_shexp.weight"), Cut::Cols);
-        assert_eq!(
-            cut_of("blk.0.attn_kv_a_mqa.weight"),
-            Cut::Whole,
-            "the latent cache is replicated"
-        );
-        assert_eq!(cut_of("output.weight"), Cut::Rows, "vocab-parallel LM head");
-        assert_eq!(cut_of("token_embd.weight"), Cut::Whole);
-        assert_eq!(cut_of("blk.7.ffn_gate_inp.weight"), Cut::Whole);
     }
 
     /// The windows of two ranks, dequantized, are the 1-GPU tensor's rows / columns, for every
@@ -326,7 +264,7 @@ mod tests {
             let n_ranks = 2;
             for rank in 0..n_ranks {
                 let s = Shard { rank, n_ranks };
-                let ((r0, rows), (c0, cols)) = match s.window(&t) {
+                let w = match s.window(&t) {
                     Ok(w) => w,
                     // Micro dims may not split into whole blocks; that must be an error naming the tensor.
                     Err(e) => {
@@ -334,6 +272,7 @@ mod tests {
                         continue;
                     }
                 };
+                let (r0, rows, c0, cols) = (w.row0, w.rows, w.col0, w.cols);
                 match cut {
                     Cut::Rows => assert_eq!(
                         (r0, rows, c0, cols),
@@ -349,7 +288,7 @@ mod tests {
                     ),
                     Cut::Whole => unreachable!(),
                 }
-                let bytes = window_bytes(file.tensor_data(t), &t, (r0, rows), (c0, cols)).unwrap();
+                let bytes = window_bytes(file.tensor_data(t), &t, w).unwrap();
                 let got = quant::dequantize(t.ggml_type, &bytes, rows * cols).unwrap();
                 for r in 0..rows {
                     let want = &full[(r0 + r) * k + c0..(r0 + r) * k + c0 + cols];
@@ -426,5 +365,116 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("routed experts"), "{e}");
+    }
+
+    /// The kernel requests a rank of a GLM-5-dims model makes (models/mla.rs's `KernelPlan`
+    /// calls) for every launch on a split tensor or a per-rank dim, from the rank's windows
+    /// and config: (family, request, what).
+    #[cfg(feature = "model-glm-dsa")]
+    fn rank_requests(shard: Shard) -> Vec<(&'static str, Vec<(&'static str, Param)>, String)> {
+        let desc = crate::synthetic::describe("glm-5", 4).unwrap(); // 3 dense + 1 MoE layer
+        let file = desc.open().unwrap();
+        let spec = crate::models::glm_dsa::mla_spec(Path::new("glm-5"), &file).unwrap();
+        let cfg = shard.config(&spec.config).unwrap();
+        let moe = cfg.moe.clone().unwrap();
+        let int = |v: usize| Param::Int(v as i64);
+        let sym = Param::Sym;
+        let mut out = Vec::new();
+        for t in file.tensors() {
+            let role = t.name.rsplit_once("blk.").map_or(t.name, |(_, r)| {
+                r.split_once('.').map_or(r, |(_, role)| role)
+            });
+            if cut_of(t.name) == Cut::Whole {
+                continue;
+            }
+            let w = shard.window(&t).unwrap();
+            let q = |family| sym(gpu::qtype_token(family, t.ggml_type).unwrap());
+            let what = format!("{} ({w})", t.name);
+            let mut expert = |k: usize, n: usize, mode| {
+                let req = [("k", int(k)), ("n", int(n))];
+                let req = [&req[..], &[("qtype", q("moe_matvec")), ("mode", sym(mode))]].concat();
+                out.push(("moe_matvec", req, what.clone()));
+            };
+            match role {
+                "attn_k_b.weight" => expert(w.cols, cfg.kv_lora, "plain"),
+                "attn_v_b.weight" => expert(w.cols, cfg.v, "plain"),
+                "ffn_gate_exps.weight" => expert(w.cols, moe.n_ff_exp, "swiglu"),
+                "ffn_down_exps.weight" => expert(w.cols, cfg.n_embd, "down"),
+                "ffn_up_exps.weight" => {}
+                _ => {
+                    if role == "ffn_gate.weight" || role == "ffn_gate_shexp.weight" {
+                        expert(w.cols, w.rows, "swiglu");
+                        out.push(("swiglu", vec![("n_ff", int(w.rows))], what.clone()));
+                    }
+                    for family in ["matvec", "matmul"] {
+                        let req =
+                            vec![("k", int(w.cols)), ("n", int(w.rows)), ("qtype", q(family))];
+                        out.push((family, req, what.clone()));
+                    }
+                }
+            }
+        }
+        let mla = vec![
+            ("n_head", int(cfg.n_head)),
+            ("kv_lora", int(cfg.kv_lora)),
+            ("rope", int(cfg.rope)),
+            ("cache_t", sym("bf16")),
+        ];
+        let mut rope = mla.clone();
+        rope.extend([("nope", int(cfg.nope)), ("rope_mode", sym(cfg.rope_mode))]);
+        let heads = format!("{} heads", cfg.n_head);
+        out.push(("mla_rope", rope, heads.clone()));
+        out.push(("mla_decode", mla.clone(), heads.clone()));
+        out.push(("mla_sparse_decode", mla, heads));
+        out
+    }
+
+    /// Every such launch of every rank of each GPU count this build planned
+    /// (`[parallel] shards` / `MEMRA_SHARDS`) finds a specialized variant, so
+    /// `--require-specialized` holds on a sharded run; a count not planned does not.
+    #[cfg(feature = "model-glm-dsa")]
+    #[test]
+    fn every_sharded_launch_of_glm5_has_a_specialized_variant() {
+        use crate::kernels::registry::{Policy, SHARDS_FOR, select_with};
+        let counts = SHARDS_FOR
+            .iter()
+            .find(|(a, _)| *a == "glm-dsa")
+            .map_or(&[][..], |(_, c)| *c);
+        assert!(
+            !counts.is_empty(),
+            "this build planned no glm-dsa shard shapes"
+        );
+        for &n_ranks in counts {
+            for rank in [0, n_ranks - 1] {
+                let reqs = rank_requests(Shard { rank, n_ranks });
+                // 4 layers: attention q_b, attn_output (matvec + matmul), k_b, v_b (6); dense
+                // FFN gate (fused gate/up, swiglu, 2 linear), up, down (8); MoE experts (2),
+                // shared expert like a dense FFN (8); the LM head (2); 3 MLA kernels.
+                assert_eq!(
+                    reqs.len(),
+                    3 * (6 + 8) + (6 + 2 + 8) + 2 + 3,
+                    "{n_ranks} GPUs"
+                );
+                for (family, req, what) in &reqs {
+                    let s = select_with(family, req, Policy::RequireSpecialized)
+                        .unwrap_or_else(|e| panic!("{n_ranks} GPUs rank {rank}, {what}: {e}"));
+                    assert!(s.specialized, "{}", s.reason);
+                }
+            }
+        }
+        let unplanned = (2..=64)
+            .filter(|n| 64 % n == 0 && !counts.contains(n))
+            .next()
+            .unwrap();
+        let reqs = rank_requests(Shard {
+            rank: 0,
+            n_ranks: unplanned,
+        });
+        let (family, req, _) = reqs.iter().find(|r| r.0 == "mla_decode").unwrap();
+        let e = select_with(family, req, Policy::RequireSpecialized).unwrap_err();
+        assert!(
+            e.to_string().contains("specialized variant is required"),
+            "{e}"
+        );
     }
 }

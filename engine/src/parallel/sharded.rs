@@ -17,18 +17,16 @@
 //!
 //! Kernels: a rank's shapes that differ from the preset's — 64/N heads (mla_rope, mla_decode,
 //! mla_sparse_decode), q_b's and the FFNs' N-times-smaller rows, attn_output's and ffn_down's
-//! shorter rows, the LM head's vocabulary block — run the generic variants (every dim a run-time
-//! argument); the per-head absorption (k_b, v_b), the routed experts, the router, the indexer and
-//! argmax keep their specialized variants (their dims do not change). Specialized shard
-//! variants need the shard count as a build parameter: build.rs planning the spec's `[[kernels]]`
-//! once more per count (e.g. `MEMRA_SHARDS=2,8`) at the preset with `n_head`, `n_ff`,
-//! `n_ff_shexp` and `n_vocab` divided by it (shard.rs's cut rules restated in the spec, since
-//! codegen must not depend on the engine); the registry would hold both and the kernel plan
-//! picks by dims as it does now. Not built yet.
+//! shorter rows, the LM head's vocabulary block — have specialized variants when the build
+//! planned N (`[parallel] shards` / `MEMRA_SHARDS`, see the module doc of `crate::parallel`),
+//! else run the generic ones (the rank's report line says which); the per-head absorption
+//! (k_b, v_b), the routed experts, the router, the indexer and argmax keep the 1-GPU variants
+//! (their dims do not change).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 
 use memra_gguf::GgufFile;
@@ -95,12 +93,53 @@ pub struct ShardedMla {
     broken: Option<String>,
 }
 
+/// With CUDA graphs on several GPUs (`MEMRA_SHARDED_GRAPHS=1`), every forward starts on all
+/// ranks together with their streams idle: a graph holding NCCL calls is a collective launch
+/// (each rank must launch the graph of the same capture), and with
+/// `NCCL_GRAPH_MIXING_SUPPORT=0` (set by `nccl::graph_mixing_off`) NCCL requires that no eager
+/// collective (prefill, warm-up) still runs on a communicator when one of its graphs is
+/// launched, nor the other way round. Costs one host sync per step on each rank (a decode step
+/// is synchronized by the caller anyway). Unverified on a GPU: see the module doc.
+pub struct StepGate {
+    barrier: Barrier,
+    /// Sticky: a rank that could not reach an idle stream makes every later step fail on all
+    /// ranks (instead of the others launching collectives it will never join).
+    failed: AtomicBool,
+}
+
+impl StepGate {
+    pub fn new(n_ranks: usize) -> StepGate {
+        StepGate {
+            barrier: Barrier::new(n_ranks),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Every rank calls it before a forward with its stream sync's result; all return together,
+    /// each with an error when any rank's sync failed.
+    pub fn enter(&self, idle: Result<()>) -> Result<()> {
+        if idle.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        self.barrier.wait();
+        idle?;
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(err(
+                "another rank failed before this step; the multi-GPU model is unusable",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn rank_main(
     comm: Communicator,
     weights: Weights,
     file: Arc<GgufFile>,
     label: PathBuf,
     mut opts: GpuOptions,
+    gate: Option<Arc<StepGate>>,
     cmds: Receiver<Cmd>,
     replies: Sender<Reply>,
 ) {
@@ -148,7 +187,10 @@ fn rank_main(
     };
     while let Ok(cmd) = cmds.recv() {
         let reply = match cmd {
-            Cmd::Forward(tokens) => Reply::Unit(model.forward(&tokens)),
+            Cmd::Forward(tokens) => Reply::Unit(match &gate {
+                Some(g) => g.enter(model.sync()).and_then(|()| model.forward(&tokens)),
+                None => model.forward(&tokens),
+            }),
             Cmd::Logits => Reply::Logits(model.logits()),
             Cmd::Argmax => Reply::Argmax(model.argmax()),
             Cmd::Sync => Reply::Unit(model.sync()),
@@ -186,7 +228,8 @@ impl ShardedMla {
         }
         // Decode steps captured as CUDA graphs that hold the NCCL calls hung on the H200 (2 GPUs,
         // 2026-11-30) while eager steps passed the same 2-GPU test: graphs stay off here unless
-        // MEMRA_SHARDED_GRAPHS=1 asks for them.
+        // MEMRA_SHARDED_GRAPHS=1 asks for them (then with the step gate and NCCL's graph mixing
+        // off, the candidate fix: `StepGate`).
         let graphs_asked = opts.graphs;
         let graphs = graphs_asked && std::env::var("MEMRA_SHARDED_GRAPHS").is_ok_and(|v| v == "1");
         let opts = &GpuOptions {
@@ -204,17 +247,22 @@ impl ShardedMla {
         // One mapping for all ranks (a synthetic header is one temporary file per process).
         let header = Arc::new(header);
         require_devices(n_gpus)?;
+        if graphs {
+            super::nccl::graph_mixing_off();
+        }
         let comms = Communicator::init_all(&(0..n_gpus).collect::<Vec<_>>())?;
+        let gate = graphs.then(|| Arc::new(StepGate::new(n_gpus)));
         let mut workers = Vec::with_capacity(n_gpus);
         for comm in comms {
             let (cmd_tx, cmd_rx) = channel();
             let (rep_tx, rep_rx) = channel();
             let (weights, label, opts) = (weights.clone(), label.to_path_buf(), opts.clone());
+            let gate = gate.clone();
             let file = header.clone();
             let name = format!("memra-rank{}", comm.rank());
             let handle = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || rank_main(comm, weights, file, label, opts, cmd_rx, rep_tx))
+                .spawn(move || rank_main(comm, weights, file, label, opts, gate, cmd_rx, rep_tx))
                 .map_err(|e| err(format!("spawning a GPU worker thread: {e}")))?;
             workers.push(Worker {
                 cmds: cmd_tx,
@@ -476,5 +524,30 @@ mod tests {
         }
         let _ = std::fs::remove_file(qwen);
         let _ = std::fs::remove_file(glm);
+    }
+
+    /// No rank blocks when one fails; all get the error, that step and every later one.
+    #[test]
+    fn the_step_gate_releases_every_rank_and_shares_a_failure() {
+        let gate = std::sync::Arc::new(super::StepGate::new(3));
+        let run = |fail_rank: Option<usize>| -> Vec<bool> {
+            let handles: Vec<_> = (0..3)
+                .map(|r| {
+                    let g = gate.clone();
+                    std::thread::spawn(move || {
+                        let idle = if Some(r) == fail_rank {
+                            Err(crate::models::gpu::err("sync failed"))
+                        } else {
+                            Ok(())
+                        };
+                        g.enter(idle).is_ok()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        assert_eq!(run(None), [true, true, true]);
+        assert_eq!(run(Some(1)), [false, false, false]);
+        assert_eq!(run(None), [false, false, false], "the failure is sticky");
     }
 }
