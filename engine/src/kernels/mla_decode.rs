@@ -110,11 +110,20 @@ pub(crate) fn phases(p: &MlaDecodeParams, smem: usize) -> Vec<(i32, LaunchConfig
     vec![(1, launch_config(p, smem)), (2, merge)]
 }
 
+/// Fewest cache rows one split of dense decode handles.
+pub const MIN_SPLIT_ROWS: usize = 64;
+
 /// A split count for up to `max_len` rows: one block per multiprocessor per head block, at least
-/// 64 rows per split.
+/// [`MIN_SPLIT_ROWS`] rows per split.
 pub fn splits_for(max_len: usize, n_head: usize, sm_count: usize) -> usize {
+    splits_with(max_len, n_head, sm_count, MIN_SPLIT_ROWS)
+}
+
+/// As [`splits_for`] with at least `min_rows` rows per split.
+pub fn splits_with(max_len: usize, n_head: usize, sm_count: usize, min_rows: usize) -> usize {
     let want = sm_count.div_ceil(n_head.div_ceil(HEADS_PER_BLOCK).max(1));
-    want.min(max_len.div_ceil(64)).clamp(1, i32::MAX as usize)
+    want.min(max_len.div_ceil(min_rows.max(1)))
+        .clamp(1, i32::MAX as usize)
 }
 
 pub fn launch_config(p: &MlaDecodeParams, smem: usize) -> LaunchConfig {

@@ -33,9 +33,15 @@ pub struct MlaSparseDecodeArgs<'a, C: CacheElem> {
     pub phase: i32,
 }
 
-/// A split count for up to `top_k` selected rows (mla_decode's rule over the selected rows).
+/// Fewest selected rows one split handles. Half of dense decode's: the gathered rows are few
+/// (2048 at GLM-5), so more splits hide the gather latency. The H200 block-count sweep at
+/// T = 131072, k = 2048 (benches/results/h200-2026-11-30-s4-final-2b78117.txt): 33.4 µs at 32
+/// splits (64 rows each), 31.7 µs at 64, 35.9 µs at 128.
+pub const MIN_SPLIT_ROWS: usize = 32;
+
+/// A split count for up to `top_k` selected rows (mla_decode's rule, [`MIN_SPLIT_ROWS`] rows).
 pub fn splits_for(top_k: usize, n_head: usize, sm_count: usize) -> usize {
-    mla_decode::splits_for(top_k, n_head, sm_count)
+    mla_decode::splits_with(top_k, n_head, sm_count, MIN_SPLIT_ROWS)
 }
 
 /// Multiprocessors of the device a kernel runs on.
@@ -128,8 +134,9 @@ mod tests {
                 .map(|x| x.0)
                 .collect::<Vec<_>>()
         };
-        // GLM-5 decode: 2048 selected rows in 32 splits, one launch with the spread merge.
-        assert_eq!(splits_for(2048, 64, 132), 32);
+        // GLM-5 decode: 2048 selected rows in 64 splits, one launch with the spread merge.
+        assert_eq!(splits_for(2048, 64, 132), 64);
+        assert_eq!(ph(64, 64, 132), vec![3]);
         assert_eq!(ph(64, 32, 132), vec![3]);
         assert_eq!(ph(64, 4, 132), vec![0]);
         assert_eq!(ph(64, 1, 132), vec![0]);
