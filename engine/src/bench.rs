@@ -139,9 +139,12 @@ pub struct BenchArgs {
     pub ctx: usize,
     /// GPUs for the `--synthetic` model (NCCL, heads / experts / FFN split, parallel/); above 1
     /// it is also measured on one GPU for the comparison, decode and a `--prompt-tokens`
-    /// prefill (printed; no --json yet).
+    /// prefill (printed; `--json`: the `synthetic_gpus` object of benches/results/SCHEMA.md).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpus: u32,
+    /// `--synthetic`: fail unless every kernel (each GPU's, with `--gpus`) is specialized.
+    #[arg(long)]
+    pub require_specialized: bool,
     /// Measure nothing: report on this earlier `--json` output (no GPU needed; bench/report.rs).
     #[arg(long, value_name = "RUN_JSON")]
     pub report: Option<PathBuf>,
@@ -1439,6 +1442,10 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     let run = RunHeader::measure(args)?;
     let copy_gbps = run.copy_gbps;
     let seed = Rng::from_env_or_time("memra bench --synthetic").seed();
+    let policy = match args.require_specialized {
+        true => crate::kernels::registry::Policy::RequireSpecialized,
+        false => crate::kernels::registry::Policy::Best,
+    };
     eprintln!(
         "memra bench: synthetic {preset}, {layers} layers ({:.1} GB of weights), ctx {}",
         desc.total_bytes() as f64 / 1e9,
@@ -1446,15 +1453,15 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     );
     if args.gpus > 1 {
         let (gpus, steps, prompt) = (args.gpus as usize, args.decode_tokens, args.prompt_tokens);
-        let (table, runs) = bs::compare_gpus(&desc, gpus, args.ctx, steps, prompt, seed)?;
+        let (table, runs) = bs::compare_gpus(&desc, gpus, args.ctx, steps, prompt, seed, policy)?;
         print!("{table}");
         let v = bs::gpus_to_json(&desc, args.ctx, steps, prompt, seed, copy_gbps, &runs)?;
         return run.write(args, "synthetic_gpus", v);
     }
-    let full = bs::measure(&desc, args.device, args.ctx, args.decode_tokens, seed)?;
+    let full = bs::measure_with(&desc, args.device, args.ctx, args.decode_tokens, seed, policy)?;
     let fewer = if layers > 1 {
         let d = crate::synthetic::describe(preset, layers - 1)?;
-        Some(bs::measure(&d, args.device, args.ctx, args.decode_tokens, seed)?)
+        Some(bs::measure_with(&d, args.device, args.ctx, args.decode_tokens, seed, policy)?)
     } else {
         None
     };

@@ -188,7 +188,7 @@ pub fn gpus_to_json(
     }))
 }
 
-pub use gpu::{compare_gpus, measure, measure_gpus, prefill_gpus};
+pub use gpu::{compare_gpus, measure, measure_gpus, measure_with, prefill_gpus};
 
 mod gpu {
     use std::path::PathBuf;
@@ -213,6 +213,7 @@ mod gpu {
         steps: usize,
         prompt_tokens: usize,
         seed: u64,
+        policy: Policy,
     ) -> Result<(String, Vec<GpuRun>), Box<dyn std::error::Error>> {
         let fewer = if desc.n_layer > 1 {
             Some(describe(&desc.preset, desc.n_layer - 1)?)
@@ -222,8 +223,8 @@ mod gpu {
         let mut runs = Vec::new();
         for g in [1, gpus] {
             eprintln!("memra bench: {} layers on {g} GPU(s)", desc.n_layer);
-            let measured = measure_gpus(desc, g, 0, ctx, steps, seed).and_then(|full| {
-                let less = fewer.as_ref().map(|d| measure_gpus(d, g, 0, ctx, steps, seed)).transpose()?;
+            let measured = measure_gpus(desc, g, 0, ctx, steps, seed, policy).and_then(|full| {
+                let less = fewer.as_ref().map(|d| measure_gpus(d, g, 0, ctx, steps, seed, policy)).transpose()?;
                 Ok((full, less))
             });
             let (full, less) = match measured {
@@ -241,7 +242,7 @@ mod gpu {
             }
             let prefill_tok_s = match prompt_tokens {
                 0 => None,
-                n => Some(prefill_gpus(desc, g, n, seed)?),
+                n => Some(prefill_gpus(desc, g, n, seed, policy)?),
             };
             let last_layer_us = less.map(|l| full.median_us - l.median_us);
             runs.push(GpuRun { gpus: g, full: Some(full), last_layer_us, prefill_tok_s, note: None });
@@ -279,10 +280,11 @@ mod gpu {
         gpus: usize,
         tokens: usize,
         seed: u64,
+        policy: Policy,
     ) -> Result<f64, Box<dyn std::error::Error>> {
         let opts = GpuOptions {
             device: 0,
-            policy: Policy::Best,
+            policy,
             max_ctx: Some(tokens + 16),
             graphs: true,
             fuse_ffn: true,
@@ -320,11 +322,23 @@ mod gpu {
         steps: usize,
         seed: u64,
     ) -> Result<Step, Box<dyn std::error::Error>> {
+        measure_with(desc, device, ctx, steps, seed, Policy::Best)
+    }
+
+    /// [`measure`] under a kernel policy (`--require-specialized`, `--generic`).
+    pub fn measure_with(
+        desc: &Description,
+        device: usize,
+        ctx: usize,
+        steps: usize,
+        seed: u64,
+        policy: Policy,
+    ) -> Result<Step, Box<dyn std::error::Error>> {
         let file = desc.open()?;
         let source = SyntheticWeights::new(desc, seed);
         let opts = GpuOptions {
             device,
-            policy: Policy::Best,
+            policy,
             max_ctx: Some(ctx + steps + 8),
             graphs: true,
             fuse_ffn: true,
@@ -346,8 +360,8 @@ mod gpu {
         time_steps(&mut model, steps, seed, generate_s)
     }
 
-    /// [`measure`] with the model split over GPUs `0..gpus` (parallel::sharded; 1 = [`measure`]
-    /// on `device`).
+    /// [`measure_with`] with the model split over GPUs `0..gpus` (parallel::sharded; 1 = on
+    /// `device`).
     pub fn measure_gpus(
         desc: &Description,
         gpus: usize,
@@ -355,13 +369,14 @@ mod gpu {
         ctx: usize,
         steps: usize,
         seed: u64,
+        policy: Policy,
     ) -> Result<Step, Box<dyn std::error::Error>> {
         if gpus <= 1 {
-            return measure(desc, device, ctx, steps, seed);
+            return measure_with(desc, device, ctx, steps, seed, policy);
         }
         let opts = GpuOptions {
             device: 0,
-            policy: Policy::Best,
+            policy,
             max_ctx: Some(ctx + steps + 8),
             graphs: true,
             fuse_ffn: true,
