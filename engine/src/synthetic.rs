@@ -754,7 +754,7 @@ mod tests {
                 .collect();
             assert_eq!(sorted(got), sorted(want), "{n} layers");
             let file = d.open().unwrap();
-            memra_reference::models::GlmDsa::hparams_from_gguf(&file)
+            memra_reference::models::MlaModelHparams::from_gguf(&file)
                 .unwrap_or_else(|e| panic!("{n} layers: {e}"));
         }
     }
@@ -785,7 +785,7 @@ mod tests {
         let w = GlmDsaWeights::from_gguf(&file, &hp).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(w.layers.len(), 4);
         assert_eq!(w.layers[3].ffn_gate_exps.map(|t| t.ggml_type), Some(Q4K));
-        memra_reference::models::GlmDsa::hparams_from_gguf(&file).unwrap_or_else(|e| panic!("{e}"));
+        memra_reference::models::MlaModelHparams::from_gguf(&file).unwrap_or_else(|e| panic!("{e}"));
         for t in file.tensors().iter() {
             let want = d.dims.tensor(t.name).unwrap();
             assert_eq!(

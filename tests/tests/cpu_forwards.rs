@@ -19,7 +19,7 @@ use memra_codegen::spec::ArchSpec;
 use memra_engine::tokenizer::Tokenizer;
 use memra_gguf::{GgmlType, Gguf};
 use memra_reference::mla::MlaMode;
-use memra_reference::models::{CpuCache, CpuModel, Deepseek2, Gemma3, GlmDsa};
+use memra_reference::models::{CpuCache, CpuModel, Gemma3, MlaModel};
 use memra_reference::{logit_verdict_rows, max_abs_diff, rel_err};
 
 const PROMPT: &str = "The capital of France is Paris, and the capital of Italy is";
@@ -199,7 +199,7 @@ fn glm_dsa_micro_forward_sparse_and_dense() {
         tensor_type(&gguf, "blk.1.ffn_gate_exps.weight"),
         GgmlType::Q4_K
     );
-    let mut m = GlmDsa::from_gguf(&gguf).unwrap_or_else(|e| panic!("{e}"));
+    let mut m = MlaModel::from_gguf(&gguf).unwrap_or_else(|e| panic!("{e}"));
     let hp = m.hparams().clone();
     let top_k = hp.indexer.expect("glm-dsa reads the indexer keys").top_k;
     assert_eq!(top_k, 4);
@@ -266,7 +266,7 @@ fn glm_dsa_micro_forward_sparse_and_dense() {
 fn deepseek2_micro_forward() {
     let seed = seed();
     let gguf = micro("deepseek2", seed);
-    let m = Deepseek2::from_gguf(&gguf).unwrap_or_else(|e| panic!("{e}"));
+    let m = MlaModel::from_gguf(&gguf).unwrap_or_else(|e| panic!("{e}"));
     let hp = m.hparams();
     assert_eq!(hp.q_lora, None, "V2-Lite: a direct attn_q");
     assert!(hp.indexer.is_none());
@@ -293,7 +293,7 @@ fn deepseek2_micro_forward() {
     assert!(matches!(model.new_cache(), CpuCache::Mla(_)));
     naive_matches_absorbed(
         |mode| {
-            let mut m = Deepseek2::from_gguf(&gguf).unwrap();
+            let mut m = MlaModel::from_gguf(&gguf).unwrap();
             m.set_mla_mode(mode);
             let mut cache = m.new_cache();
             m.forward(&mut cache, &tokens, true).unwrap()

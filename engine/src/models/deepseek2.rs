@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use memra_gguf::GgufFile;
-use memra_reference::models::Deepseek2 as Reference;
+use memra_reference::models::MlaModelHparams;
 
 use super::gpu::{err, Result};
 use super::mla::{config_from, ffn_from, MlaDecoder, MlaLayerSpec, MlaSpec, QSpec};
@@ -17,7 +17,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<MlaDecoder> {
     let file = GgufFile::open(path).map_err(|e| err(e.to_string()))?;
     let hp = Deepseek2Hparams::from_gguf(&file).map_err(|e| err(e.to_string()))?;
     let w = Deepseek2Weights::from_gguf(&file, &hp).map_err(|e| err(e.to_string()))?;
-    let sem = Reference::hparams_from_gguf(&file).map_err(|e| err(e.to_string()))?;
+    let sem = MlaModelHparams::from_gguf(&file).map_err(|e| err(e.to_string()))?;
     let config = config_from(Deepseek2::ARCH, Deepseek2::ROPE, &sem);
     let layers = w
         .layers

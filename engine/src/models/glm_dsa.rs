@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use memra_gguf::{Gguf, GgufFile};
-use memra_reference::models::GlmDsa as Reference;
+use memra_reference::models::MlaModelHparams;
 
 use super::gpu::{err, Result, WeightSource};
 use super::mla::{config_from, ffn_from, IndexerSpec, MlaDecoder, MlaLayerSpec, MlaSpec, QSpec};
@@ -35,7 +35,7 @@ pub fn load_with<B: AsRef<[u8]>>(
 pub fn mla_spec<'f, B: AsRef<[u8]>>(path: &Path, file: &'f Gguf<B>) -> Result<MlaSpec<'f>> {
     let hp = GlmDsaHparams::from_gguf(file).map_err(|e| err(e.to_string()))?;
     let w = GlmDsaWeights::from_gguf(file, &hp).map_err(|e| err(e.to_string()))?;
-    let sem = Reference::hparams_from_gguf(file).map_err(|e| err(e.to_string()))?;
+    let sem = MlaModelHparams::from_gguf(file).map_err(|e| err(e.to_string()))?;
     let config = config_from(GlmDsa::ARCH, GlmDsa::ROPE, &sem);
     let mut layers = Vec::with_capacity(w.layers.len());
     for (il, l) in w.layers.iter().enumerate() {

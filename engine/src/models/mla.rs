@@ -1512,7 +1512,7 @@ mod tests {
     use memra_codegen::fixture;
     use memra_codegen::spec::ArchSpec;
     use memra_gguf::Gguf;
-    use memra_reference::models::{Deepseek2, GlmDsa};
+    use memra_reference::models::MlaModelHparams;
 
     use super::config_from;
 
@@ -1527,7 +1527,7 @@ mod tests {
         let g = config_from(
             "glm-dsa",
             "interleaved",
-            &GlmDsa::hparams_from_gguf(&micro("glm-dsa")).unwrap(),
+            &MlaModelHparams::from_gguf(&micro("glm-dsa")).unwrap(),
         );
         assert_eq!(
             (g.n_head, g.nope, g.rope, g.v, g.kv_lora, g.q_lora),
@@ -1550,7 +1550,7 @@ mod tests {
         let d = config_from(
             "deepseek2",
             "interleaved",
-            &Deepseek2::hparams_from_gguf(&micro("deepseek2")).unwrap(),
+            &MlaModelHparams::from_gguf(&micro("deepseek2")).unwrap(),
         );
         assert_eq!(d.q_lora, None, "V2-Lite: a direct attn_q");
         assert!(d.indexer.is_none());

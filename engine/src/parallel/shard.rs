@@ -236,7 +236,7 @@ mod tests {
     use memra_codegen::fixture;
     use memra_codegen::spec::ArchSpec;
     use memra_gguf::{Gguf, quant};
-    use memra_reference::models::GlmDsa;
+    use memra_reference::models::MlaModelHparams;
 
     use super::*;
     use crate::kernels::registry::Param;
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn configs_that_do_not_split_are_refused() {
-        let hp = GlmDsa::hparams_from_gguf(&micro()).unwrap();
+        let hp = MlaModelHparams::from_gguf(&micro()).unwrap();
         let cfg = crate::models::mla::config_from("glm-dsa", "interleaved", &hp);
         let two = Shard {
             rank: 1,

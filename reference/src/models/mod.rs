@@ -6,9 +6,7 @@
 //! unsupported type is a [`ModelError`] naming the file and the key or tensor, never a panic.
 
 pub mod common;
-pub mod deepseek2;
 pub mod gemma3;
-pub mod glm_dsa;
 pub mod mla_model;
 pub mod olmoe;
 pub mod qwen3;
@@ -19,20 +17,22 @@ use std::path::{Path, PathBuf};
 use memra_gguf::{GgmlType, Gguf, GgufFile, TensorInfo};
 
 pub use common::{KvCache, MoeHparams, Yarn};
-pub use deepseek2::{Deepseek2, Deepseek2Cache, Deepseek2Hparams};
 pub use gemma3::{Gemma3, Gemma3Cache, Gemma3Hparams};
-pub use glm_dsa::{GlmDsa, GlmDsaCache, GlmDsaHparams};
-pub use mla_model::{DsaSelections, IndexerHparams, MlaModelCache, MlaModelHparams};
+pub use mla_model::{
+    DsaSelections, IndexerHparams, MlaArch, MlaModel, MlaModelCache, MlaModelHparams, MLA_ARCHS,
+};
 pub use olmoe::{Olmoe, OlmoeCache, OlmoeHparams};
 pub use qwen3::{Qwen3, Qwen3Cache, Qwen3Hparams};
 
-/// Any supported architecture, chosen by `general.architecture`.
+/// Any supported architecture, chosen by `general.architecture`: the GQA architectures with a
+/// forward file here, and every architecture whose spec has MLA attention ([`MLA_ARCHS`],
+/// generated from `specs/*.toml`: no code per MLA architecture).
 pub enum CpuModel {
     Gemma3(Gemma3),
     Qwen3(Qwen3),
     Olmoe(Olmoe),
-    GlmDsa(GlmDsa),
-    Deepseek2(Deepseek2),
+    /// glm-dsa, deepseek2, ...
+    Mla(MlaModel),
 }
 
 /// The cache of a [`CpuModel`].
@@ -56,8 +56,27 @@ impl CpuCache {
     }
 }
 
-/// Architectures [`CpuModel`] loads (GGUF `general.architecture` values).
-pub const CPU_ARCHS: &[&str] = &["gemma3", "qwen3", "olmoe", "glm-dsa", "deepseek2"];
+/// The architectures with a hand-written CPU forward in this module.
+const GQA_ARCHS: [&str; 3] = ["gemma3", "qwen3", "olmoe"];
+
+/// Architectures [`CpuModel`] loads (GGUF `general.architecture` values): [`GQA_ARCHS`] then
+/// the [`MLA_ARCHS`] names.
+pub const CPU_ARCHS: &[&str] = &cpu_archs::<{ GQA_ARCHS.len() + MLA_ARCHS.len() }>();
+
+const fn cpu_archs<const N: usize>() -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < GQA_ARCHS.len() {
+        out[i] = GQA_ARCHS[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < MLA_ARCHS.len() {
+        out[i + j] = MLA_ARCHS[j].name;
+        j += 1;
+    }
+    out
+}
 
 impl CpuModel {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
@@ -65,12 +84,14 @@ impl CpuModel {
     }
 
     pub fn from_gguf<B: AsRef<[u8]>>(gguf: &Gguf<B>) -> Result<Self, ModelError> {
-        Ok(match gguf.architecture()? {
+        let arch = gguf.architecture()?;
+        if let Some(mla) = MlaArch::named(arch) {
+            return Ok(CpuModel::Mla(MlaModel::for_arch(gguf, mla)?));
+        }
+        Ok(match arch {
             "gemma3" => CpuModel::Gemma3(Gemma3::from_gguf(gguf)?),
             "qwen3" => CpuModel::Qwen3(Qwen3::from_gguf(gguf)?),
             "olmoe" => CpuModel::Olmoe(Olmoe::from_gguf(gguf)?),
-            "glm-dsa" => CpuModel::GlmDsa(GlmDsa::from_gguf(gguf)?),
-            "deepseek2" => CpuModel::Deepseek2(Deepseek2::from_gguf(gguf)?),
             other => {
                 return Err(ModelError::new(
                     gguf.path(),
@@ -88,8 +109,7 @@ impl CpuModel {
             CpuModel::Gemma3(_) => "gemma3",
             CpuModel::Qwen3(_) => "qwen3",
             CpuModel::Olmoe(_) => "olmoe",
-            CpuModel::GlmDsa(_) => "glm-dsa",
-            CpuModel::Deepseek2(_) => "deepseek2",
+            CpuModel::Mla(m) => m.arch(),
         }
     }
 
@@ -98,8 +118,7 @@ impl CpuModel {
             CpuModel::Gemma3(m) => m.hparams.n_vocab,
             CpuModel::Qwen3(m) => m.hparams.n_vocab,
             CpuModel::Olmoe(m) => m.hparams.n_vocab,
-            CpuModel::GlmDsa(m) => m.hparams().n_vocab,
-            CpuModel::Deepseek2(m) => m.hparams().n_vocab,
+            CpuModel::Mla(m) => m.hparams().n_vocab,
         }
     }
 
@@ -109,8 +128,7 @@ impl CpuModel {
             CpuModel::Gemma3(m) => m.hparams.n_ctx_train,
             CpuModel::Qwen3(m) => m.hparams.n_ctx_train,
             CpuModel::Olmoe(m) => m.hparams.n_ctx_train,
-            CpuModel::GlmDsa(m) => m.hparams().n_ctx_train,
-            CpuModel::Deepseek2(m) => m.hparams().n_ctx_train,
+            CpuModel::Mla(m) => m.hparams().n_ctx_train,
         }
     }
 
@@ -119,8 +137,7 @@ impl CpuModel {
             CpuModel::Gemma3(m) => CpuCache::Kv(m.new_cache()),
             CpuModel::Qwen3(m) => CpuCache::Kv(m.new_cache()),
             CpuModel::Olmoe(m) => CpuCache::Kv(m.new_cache()),
-            CpuModel::GlmDsa(m) => CpuCache::Mla(m.new_cache()),
-            CpuModel::Deepseek2(m) => CpuCache::Mla(m.new_cache()),
+            CpuModel::Mla(m) => CpuCache::Mla(m.new_cache()),
         }
     }
 
@@ -136,8 +153,7 @@ impl CpuModel {
             (CpuModel::Gemma3(m), CpuCache::Kv(c)) => m.forward(c, tokens, all_logits),
             (CpuModel::Qwen3(m), CpuCache::Kv(c)) => m.forward(c, tokens, all_logits),
             (CpuModel::Olmoe(m), CpuCache::Kv(c)) => m.forward(c, tokens, all_logits),
-            (CpuModel::GlmDsa(m), CpuCache::Mla(c)) => m.forward(c, tokens, all_logits),
-            (CpuModel::Deepseek2(m), CpuCache::Mla(c)) => m.forward(c, tokens, all_logits),
+            (CpuModel::Mla(m), CpuCache::Mla(c)) => m.forward(c, tokens, all_logits),
             _ => Err(ModelError::new(
                 None,
                 "forward: the cache was made for another model",
@@ -378,13 +394,21 @@ mod tests {
         let mut rng = crate::rng::Rng::from_env_or_time("par_matmul");
         let seed = rng.seed();
         // Token counts around the token block (16) and row counts that split over threads.
-        for (k, n, t) in [(5, 3, 1), (33, 70, 15), (33, 70, 16), (64, 129, 17), (40, 300, 50)] {
+        for (k, n, t) in [
+            (5, 3, 1),
+            (33, 70, 15),
+            (33, 70, 16),
+            (64, 129, 17),
+            (40, 300, 50),
+        ] {
             let w: Vec<f32> = (0..k * n).map(|_| rng.normal()).collect();
             let x: Vec<f32> = (0..k * t).map(|_| rng.normal()).collect();
             let want = crate::linear::matmul(&w, k, n, &x, t);
             let got = par_matmul(&w, k, n, &x, t);
             assert!(
-                want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                want.iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "seed {seed}: par_matmul differs from matmul at k {k}, n {n}, t {t}"
             );
         }
