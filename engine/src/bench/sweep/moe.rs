@@ -10,23 +10,16 @@
 //! before this sweep), `resident` = the blocks the device holds at once shared out over the
 //! slots, each walking its slot's tiles with one pipeline. Only specialized variants.
 
-use std::fmt::Write as _;
-use std::path::Path;
-
 use cudarc::driver::CudaSlice;
 use memra_gguf::{GgmlType, quant};
 use memra_reference::{Rng, act, q8};
 use rayon::prelude::*;
 use serde_json::{Value, json};
 
-use super::{
-    BenchArgs, L2Flush, PATTERN_ROWS, TOLERANCE, err_vs, floor_us, gbps, pct_net, poison,
-    quantize_variant, time_checked, time_dirty,
-};
-use crate::bench::{
-    alloc, commit, copy_bandwidth, driver_version, drv, l2_bytes, tile, token, utc_now,
-};
-use crate::cuda::{Error, Gpu, Kernel, Kernels};
+use super::harness::{self, Case, Measured, Output, Rates, baseline, best, tuning_label};
+use super::{BenchArgs, PATTERN_ROWS};
+use crate::bench::{alloc, drv, tile, token};
+use crate::cuda::{Error, Gpu, Kernel};
 use crate::kernels::matvec::{self, GridPolicy, MatvecTuning};
 use crate::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
 use crate::kernels::quantize_q8;
@@ -105,19 +98,7 @@ const TUNINGS: [(u32, u32, u32, u32); 8] = [
 const XQ8_TUNINGS: usize = 3;
 
 fn candidates(ty: GgmlType, mode: Mode, k: usize) -> Vec<MatvecTuning> {
-    let base: Vec<MatvecTuning> = TUNINGS
-        .iter()
-        .map(|&(threads, lanes, rows_per_group, stages)| MatvecTuning {
-            batch: 1,
-            threads,
-            lanes,
-            rows_per_group,
-            stages,
-            accumulate: false,
-            xq8: false,
-            fuse_x: false,
-        })
-        .collect();
+    let base = harness::tunings(1, &TUNINGS);
     let fused: &[bool] = if mode == Mode::Down {
         &[false]
     } else {
@@ -139,28 +120,8 @@ fn candidates(ty: GgmlType, mode: Mode, k: usize) -> Vec<MatvecTuning> {
     };
     base.into_iter()
         .chain(q8)
-        .filter(|t| {
-            matvec::geometry(ty, t).is_some_and(|g| {
-                g.smem_bytes + matvec::fused_x_bytes(ty, t, k).unwrap_or(u32::MAX)
-                    <= matvec::MAX_DYNAMIC_SMEM
-            })
-        })
+        .filter(|t| harness::fits(ty, t, k))
         .collect()
-}
-
-fn label(t: &MatvecTuning) -> String {
-    format!(
-        "t{}_l{}_r{}_s{}{}",
-        t.threads,
-        t.lanes,
-        t.rows_per_group,
-        t.stages,
-        match (t.xq8, t.fuse_x) {
-            (false, _) => "",
-            (true, false) => "_q8",
-            (true, true) => "_q8f",
-        }
-    )
 }
 
 /// A specialized variant (leaked, as the matvec sweep's).
@@ -172,7 +133,7 @@ fn render(s: &MoeShape, t: &MatvecTuning) -> &'static KernelVariant {
             s.k,
             s.n,
             s.mode.token(),
-            label(t)
+            tuning_label(t)
         )
         .into_boxed_str(),
     );
@@ -182,17 +143,7 @@ fn render(s: &MoeShape, t: &MatvecTuning) -> &'static KernelVariant {
         ("qtype", Param::Sym(tok)),
         ("mode", Param::Sym(s.mode.token())),
     ];
-    for (key, v) in [
-        ("threads", t.threads),
-        ("lanes", t.lanes),
-        ("rows_per_group", t.rows_per_group),
-        ("stages", t.stages),
-    ] {
-        params.push((key, Param::Int(v as i64)));
-    }
-    if t.xq8 {
-        params.push(("xq8", Param::Int(matvec::xq8_value(t) as i64)));
-    }
+    params.extend(harness::tuning_params(t));
     let source: &'static str =
         Box::leak(moe_matvec::render_source(name, s.ty, s.mode, s.k, s.n, t).into_boxed_str());
     Box::leak(Box::new(KernelVariant {
@@ -243,16 +194,14 @@ pub fn plan() -> Vec<MoeCase> {
         .collect()
 }
 
-struct Buffers {
+pub(super) struct Buffers {
     w: CudaSlice<u8>,
     w_up: Option<CudaSlice<u8>>,
     ids: CudaSlice<i32>,
     weights: CudaSlice<f32>,
     x: CudaSlice<f32>,
     xq: CudaSlice<f32>,
-    y: CudaSlice<f32>,
-    want: Vec<f32>,
-    want_q8: Vec<f32>,
+    out: Output,
 }
 
 /// Dot products of every pattern row with every x row: `[x row][pattern row]`, f64 (or the q8
@@ -382,9 +331,11 @@ fn prepare(
             .map_err(drv("cuMemcpyHtoD (weights)"))?,
         x: st.clone_htod(&xh).map_err(drv("cuMemcpyHtoD (x)"))?,
         xq: alloc::<f32>(st, x_rows * quantize_q8::row_floats(s.k))?,
-        y: alloc::<f32>(st, y_rows * s.n)?,
-        want,
-        want_q8,
+        out: Output {
+            y: alloc::<f32>(st, y_rows * s.n)?,
+            want,
+            want_q8,
+        },
     };
     gpu.sync()?;
     Ok(b)
@@ -441,324 +392,129 @@ fn launch(
         ldx,
         ldy: s.n,
     };
-    moe_matvec::moe_matvec_with(kernel, &inp, &mut buf.y.slice_mut(..), dims, grid)
+    moe_matvec::moe_matvec_with(kernel, &inp, &mut buf.out.y.slice_mut(..), dims, grid)
 }
 
-fn check(
-    gpu: &Gpu,
-    kernel: &Kernel,
-    qk: &Kernel,
-    case: &MoeCase,
-    buf: &mut Buffers,
-    grid: GridPolicy,
-) -> Result<f64, Error> {
-    poison(gpu, &mut buf.y)?;
-    launch(kernel, qk, case, buf, grid)?;
-    let want = if moe_matvec::tuning(kernel)?.xq8 {
-        &buf.want_q8
-    } else {
-        &buf.want
-    };
-    err_vs(gpu, &buf.y, want)
-}
+impl Case for MoeCase {
+    type Buffers = Buffers;
+    // The wrapper's launch before this sweep.
+    const DIRTY_GRID: GridPolicy = GridPolicy::PerTile;
+    const SUMMARY_HEADING: &'static str = "summary:";
+    const DIRTY_LABELS: (&'static str, &'static str) = (
+        " | default/tile after a memset flush ",
+        " | default/tile after a memset flush ",
+    );
 
-struct Measured {
-    variant: &'static str,
-    tuning: MatvecTuning,
-    grid: &'static str,
-    blocks: u32,
-    rel_err: f64,
-    ok: bool,
-    median_us: f64,
-    min_us: f64,
-}
-
-fn blocks(kernel: &Kernel, case: &MoeCase, grid: GridPolicy) -> u32 {
-    let s = &case.shape;
-    let t = moe_matvec::tuning(kernel).unwrap_or_default();
-    let Some(mut geo) = matvec::geometry(s.ty, &t) else {
-        return 0;
-    };
-    geo.smem_bytes += matvec::fused_x_bytes(s.ty, &t, s.k).unwrap_or(0);
-    let max = match grid {
-        GridPolicy::PerTile => usize::MAX,
-        GridPolicy::Resident => matvec::resident_blocks(kernel, &geo).unwrap_or(usize::MAX),
-        GridPolicy::AtMost(b) => b as usize,
-    };
-    let c = moe_matvec::launch_config_blocks(&geo, s.mode, s.n, 1, s.n_used, max);
-    c.grid_dim.0 * c.grid_dim.1
-}
-
-fn list(cases: &[MoeCase]) {
-    for c in cases {
-        let s = &c.shape;
+    fn list(cases: &[Self]) {
+        for c in cases {
+            let s = &c.shape;
+            println!(
+                "{:<6} {:<46} {:<6} {}x{} e{} u{}  {} candidates: {}",
+                s.model,
+                s.tensor,
+                s.ty.name(),
+                s.k,
+                s.n,
+                s.n_expert,
+                s.n_used,
+                c.candidates.len(),
+                c.candidates
+                    .iter()
+                    .map(|(t, _)| tuning_label(t))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
         println!(
-            "{:<6} {:<46} {:<6} {}x{} e{} u{}  {} candidates: {}",
+            "{} cases, {} specialized variants, 2 grid policies each",
+            cases.len(),
+            cases.iter().map(|c| c.candidates.len()).sum::<usize>()
+        );
+    }
+
+    fn candidates(&self) -> Vec<(MatvecTuning, &'static KernelVariant, bool)> {
+        self.candidates.iter().map(|&(t, v)| (t, v, true)).collect()
+    }
+
+    fn bytes(&self) -> u64 {
+        MoeCase::bytes(self)
+    }
+
+    fn prepare(&self, gpu: &Gpu, rng: &mut Rng) -> Result<Buffers, Box<dyn std::error::Error>> {
+        prepare(gpu, self, rng).map_err(|e| format!("{}: {e}", self.shape.tensor).into())
+    }
+
+    fn output(buf: &mut Buffers) -> &mut Output {
+        &mut buf.out
+    }
+
+    fn launch(
+        &self,
+        kernel: &Kernel,
+        qk: &Kernel,
+        buf: &mut Buffers,
+        grid: GridPolicy,
+    ) -> Result<(), Error> {
+        launch(kernel, qk, self, buf, grid)
+    }
+
+    fn blocks(&self, kernel: &Kernel, grid: GridPolicy) -> u32 {
+        let s = &self.shape;
+        let t = moe_matvec::tuning(kernel).unwrap_or_default();
+        harness::grid_geometry(kernel, s.ty, &t, s.k, grid).map_or(0, |(geo, max)| {
+            let c = moe_matvec::launch_config_blocks(&geo, s.mode, s.n, 1, s.n_used, max);
+            c.grid_dim.0 * c.grid_dim.1
+        })
+    }
+
+    fn what(&self) -> String {
+        self.shape.tensor.to_string()
+    }
+
+    fn table_head() -> String {
+        format!("{:<48} {:<6}", "case", "dtype")
+    }
+
+    fn table_columns(&self, _specialized: bool) -> String {
+        format!("{:<48} {:<6}", self.shape.tensor, self.shape.ty.name())
+    }
+
+    fn summary(&self, m: &[Measured], rates: &Rates) -> String {
+        let bytes = MoeCase::bytes(self);
+        let s = &self.shape;
+        format!(
+            "{} {} {} {}x{}: best {} | default/tile {}",
             s.model,
             s.tensor,
             s.ty.name(),
             s.k,
             s.n,
-            s.n_expert,
-            s.n_used,
-            c.candidates.len(),
-            c.candidates
-                .iter()
-                .map(|(t, _)| label(t))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+            rates.pick(bytes, best(m, true)),
+            rates.pick(bytes, baseline(m))
+        )
     }
-    println!(
-        "{} cases, {} specialized variants, 2 grid policies each",
-        cases.len(),
-        cases.iter().map(|c| c.candidates.len()).sum::<usize>()
-    );
+
+    /// The matvec sweep's keys (`batch` 1) and the MoE launch's.
+    fn json_case(&self) -> Vec<(&'static str, Value)> {
+        let s = &self.shape;
+        vec![
+            ("model", json!(s.model)),
+            ("tensor", json!(s.tensor)),
+            ("k", json!(s.k)),
+            ("n", json!(s.n)),
+            ("dtype", json!(s.ty.name())),
+            ("batch", json!(1)),
+            ("mode", json!(s.mode.token())),
+            ("n_expert", json!(s.n_expert)),
+            ("n_used", json!(s.n_used)),
+            ("bytes", json!(MoeCase::bytes(self))),
+        ]
+    }
 }
 
 /// `memra bench --sweep moe_matvec`.
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let cases = plan();
-    if args.list {
-        list(&cases);
-        return Ok(());
-    }
-    let gpu =
-        Gpu::new(args.device).map_err(|e| format!("memra bench --sweep needs a CUDA GPU: {e}"))?;
-    let driver = driver_version().unwrap_or_else(|| "unknown".into());
-    let l2 = l2_bytes(&gpu);
-    let mut all: Vec<&'static KernelVariant> = cases
-        .iter()
-        .flat_map(|c| c.candidates.iter().map(|(_, v)| *v))
-        .collect();
-    all.push(quantize_variant());
-    all.sort_by_key(|v| v.name);
-    all.dedup_by_key(|v| v.name);
-    eprintln!(
-        "memra bench --sweep moe_matvec: {} ({}), {driver}, L2 {} MiB; {} cases, compiling {} variants",
-        gpu.name(),
-        gpu.arch(),
-        l2 >> 20,
-        cases.len(),
-        all.len()
-    );
-    let kernels: Kernels = gpu.load(&all)?;
-    let qk = kernels.get(quantize_variant().name)?;
-    let copy = copy_bandwidth(&gpu, 3, args.iters)?;
-    let mut flush = alloc::<u8>(gpu.stream(), 2 * l2)?;
-    let mut cleaner = L2Flush::new(&gpu, l2)?;
-    let floor = floor_us(&gpu, args, &mut cleaner)?;
-    eprintln!("copy bandwidth {copy:.0} GB/s; harness floor {floor:.2} us");
-    let mut rng = Rng::from_env_or_time("memra bench --sweep moe_matvec");
-    eprintln!(
-        "seed {} (replay with MEMRA_SEED={})",
-        rng.seed(),
-        rng.seed()
-    );
-    let mut results: Vec<(usize, Vec<Measured>, Option<f64>)> = Vec::new();
-    let mut failures = 0usize;
-    for (ci, case) in cases.iter().enumerate() {
-        let mut buf =
-            prepare(&gpu, case, &mut rng).map_err(|e| format!("{}: {e}", case.shape.tensor))?;
-        let mut measured = Vec::new();
-        for (tuning, v) in &case.candidates {
-            let kernel = kernels.get(v.name)?;
-            for grid in ["tile", "resident"] {
-                let p = if grid == "tile" {
-                    GridPolicy::PerTile
-                } else {
-                    GridPolicy::Resident
-                };
-                let checked = check(&gpu, kernel, qk, case, &mut buf, p);
-                let (err, ok, median_us, min_us) = time_checked(
-                    &gpu,
-                    args,
-                    &mut cleaner,
-                    v.name,
-                    grid,
-                    case.shape.tensor,
-                    checked,
-                    &mut || launch(kernel, qk, case, &mut buf, p),
-                );
-                failures += usize::from(!ok);
-                measured.push(Measured {
-                    variant: v.name,
-                    tuning: *tuning,
-                    grid,
-                    blocks: blocks(kernel, case, p),
-                    rel_err: err,
-                    ok,
-                    median_us,
-                    min_us,
-                });
-            }
-        }
-        let dirty = match case.candidates.first() {
-            Some((_, v)) if measured.first().is_some_and(|m| m.ok) => {
-                let kernel = kernels.get(v.name)?;
-                time_dirty(&gpu, args, &mut flush, &mut || {
-                    launch(kernel, qk, case, &mut buf, GridPolicy::PerTile)
-                })
-            }
-            _ => None,
-        };
-        eprintln!(
-            "[{}/{}] {}",
-            ci + 1,
-            cases.len(),
-            summarize(case, &measured, copy, floor, dirty)
-        );
-        results.push((ci, measured, dirty));
-        drop(buf);
-        if let Some(path) = &args.json {
-            write_json(path, args, &gpu, &driver, (copy, floor), &cases, &results)?;
-        }
-    }
-    println!(
-        "copy bandwidth: {copy:.0} GB/s (clean L2 flush before every timed launch; median of {} launches); harness floor {floor:.2} us",
-        args.iters
-    );
-    print!("{}", table(&cases, &results, copy, floor));
-    if failures > 0 {
-        return Err(format!("{failures} candidate launches failed or disagreed with the CPU oracle (ERROR / WRONG lines; not ranked)").into());
-    }
-    Ok(())
-}
-
-fn best(m: &[Measured]) -> Option<&Measured> {
-    m.iter()
-        .filter(|r| r.ok)
-        .min_by(|a, b| a.median_us.total_cmp(&b.median_us))
-}
-
-/// The default tuning, one block per tile: the wrapper's launch before this sweep.
-fn baseline(m: &[Measured]) -> Option<&Measured> {
-    let d = m.first()?.tuning;
-    m.iter().find(|r| r.ok && r.grid == "tile" && r.tuning == d)
-}
-
-fn summarize(case: &MoeCase, m: &[Measured], copy: f64, floor: f64, dirty: Option<f64>) -> String {
-    let bytes = case.bytes();
-    let fmt = |r: Option<&Measured>| {
-        r.map(|r| {
-            format!(
-                "{:.2} us {:.1}% (net of floor {}) ({} {})",
-                r.median_us,
-                100.0 * gbps(bytes, r.median_us) / copy,
-                pct_net(bytes, r.median_us, floor, copy).map_or("-".into(), |p| format!("{p:.1}%")),
-                label(&r.tuning),
-                r.grid
-            )
-        })
-        .unwrap_or_else(|| "-".into())
-    };
-    let s = &case.shape;
-    format!(
-        "{} {} {} {}x{}: best {} | default/tile {} | default/tile after a memset flush {}",
-        s.model,
-        s.tensor,
-        s.ty.name(),
-        s.k,
-        s.n,
-        fmt(best(m)),
-        fmt(baseline(m)),
-        dirty.map_or("-".into(), |us| format!("{us:.2} us"))
-    )
-}
-
-fn table(
-    cases: &[MoeCase],
-    results: &[(usize, Vec<Measured>, Option<f64>)],
-    copy: f64,
-    floor: f64,
-) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<48} {:<6} {:<16} {:<8} {:>6} {:>10} {:>7} {:>6} {:>9}",
-        "case", "dtype", "tuning", "grid", "blocks", "median_us", "GB/s", "%copy", "rel_err"
-    );
-    for (ci, m, _) in results {
-        let c = &cases[*ci];
-        for r in m {
-            let _ = writeln!(
-                out,
-                "{:<48} {:<6} {:<16} {:<8} {:>6} {:>10.2} {:>7.0} {:>5.1}% {:>9.1e}{}",
-                c.shape.tensor,
-                c.shape.ty.name(),
-                label(&r.tuning),
-                r.grid,
-                r.blocks,
-                r.median_us,
-                gbps(c.bytes(), r.median_us),
-                100.0 * gbps(c.bytes(), r.median_us) / copy,
-                r.rel_err,
-                if r.ok { "" } else { "  FAILED" }
-            );
-        }
-    }
-    let _ = writeln!(out, "\nsummary:");
-    for (ci, m, dirty) in results {
-        let _ = writeln!(out, "{}", summarize(&cases[*ci], m, copy, floor, *dirty));
-    }
-    out
-}
-
-/// The matvec sweep's document shape (SCHEMA.md, `Doc::Sweep`): `batch` 1, no generic twins.
-fn write_json(
-    path: &Path,
-    args: &BenchArgs,
-    gpu: &Gpu,
-    driver: &str,
-    (copy, floor): (f64, f64),
-    cases: &[MoeCase],
-    results: &[(usize, Vec<Measured>, Option<f64>)],
-) -> Result<(), Box<dyn std::error::Error>> {
-    let cases_json: Vec<Value> = results
-        .iter()
-        .map(|(ci, m, dirty)| {
-            let c = &cases[*ci];
-            let s = &c.shape;
-            let bytes = c.bytes();
-            let pick = |r: Option<&Measured>| r.map(|r| json!({ "variant": r.variant, "grid": r.grid, "median_us": r.median_us }));
-            let rows: Vec<Value> = m
-                .iter()
-                .map(|r| {
-                    let g = gbps(bytes, r.median_us);
-                    json!({
-                        "variant": r.variant, "kind": "specialized",
-                        "tuning": { "batch": 1, "threads": r.tuning.threads, "lanes": r.tuning.lanes,
-                                    "rows_per_group": r.tuning.rows_per_group, "stages": r.tuning.stages, "xq8": matvec::xq8_value(&r.tuning) },
-                        "grid": r.grid, "blocks": r.blocks, "ok": r.ok,
-                        "rel_err": if r.rel_err.is_finite() { json!(r.rel_err) } else { Value::Null },
-                        "median_us": if r.ok { json!(r.median_us) } else { Value::Null },
-                        "min_us": if r.ok { json!(r.min_us) } else { Value::Null },
-                        "gbps": if r.ok { json!(g) } else { Value::Null },
-                        "pct_copy": if r.ok { json!(100.0 * g / copy) } else { Value::Null },
-                        "pct_copy_net": if r.ok { json!(pct_net(bytes, r.median_us, floor, copy)) } else { Value::Null },
-                    })
-                })
-                .collect();
-            json!({
-                "model": s.model, "tensor": s.tensor, "k": s.k, "n": s.n, "dtype": s.ty.name(), "batch": 1,
-                "mode": s.mode.token(), "n_expert": s.n_expert, "n_used": s.n_used, "bytes": bytes,
-                "best_specialized": pick(best(m)), "best_generic": Value::Null,
-                "baseline_default_per_tile": pick(baseline(m)), "dirty_flush_us": dirty,
-                "candidates": rows,
-            })
-        })
-        .collect();
-    let doc = json!({
-        "tool": "memra bench --sweep moe_matvec", "commit": commit(args), "date": utc_now(),
-        "device": gpu.name(), "sm": gpu.arch().to_string(), "driver": driver,
-        "copy_gbps": copy, "iters": args.iters, "warmup": args.warmup, "l2_flushed": true,
-        "flush": "clean: a read pass over a never-written buffer of 2 x L2 before every timed launch", "floor_us": floor,
-        "cases_planned": cases.len(), "cases_done": results.len(), "tolerance_rel_l2": TOLERANCE,
-        "pattern_rows": PATTERN_ROWS, "cases": cases_json,
-    });
-    std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-        .map_err(|e| format!("write {}: {e}", path.display()))?;
-    Ok(())
+    harness::run(args, moe_matvec::FAMILY, &plan())
 }
 
 #[cfg(test)]
