@@ -20,10 +20,12 @@
 mod dense_common;
 mod gpu_common;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use dense_common::{V, bf16_to_f32, variant};
 use gpu_common::{down, gpu, load_all, up};
-use memra_engine::cuda::{Gpu, Kernel};
+use memra_engine::cuda::{Error, Gpu, Kernel};
 use memra_engine::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use memra_engine::kernels::dsa_indexer::{self, DsaIndexerParams};
 use memra_engine::kernels::dsa_topk::{self, DsaTopkParams};
@@ -46,6 +48,8 @@ const SCALE: f32 = 1.0 / 16.0;
 const LENGTHS: [usize; 6] = [1, 7, 2047, 2048, 2049, 40000];
 const SCORE_TOL: f64 = 1e-5;
 const ATTN_TOL: f64 = 1e-2;
+/// Score values with exact ties for dsa_topk (−0 and +0 compare equal; ±∞).
+const PALETTE: [f32; 7] = [-1.0, -0.0, 0.0, 0.5, 2.0, f32::INFINITY, f32::NEG_INFINITY];
 
 // ---------------------------------------------------------------------------------------------
 // Harness.
@@ -60,6 +64,161 @@ fn bf16_vals(rng: &mut Rng, n: usize) -> (Vec<u16>, Vec<f32>) {
     let bits: Vec<u16> = rng.normal_vec(n, 1.0).iter().map(|&x| to_bf16(x)).collect();
     let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
     (bits, vals)
+}
+
+/// `v` sorted, without repeats.
+fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Indexer head weights as glm-dsa scales them (1/sqrt(d_I·H_I)), both signs.
+fn head_weights(rng: &mut Rng) -> Vec<f32> {
+    let (nh, hd) = (IDX.n_head, IDX.head_dim);
+    rng.normal_vec(nh, 1.0)
+        .iter()
+        .map(|v| v / ((hd * nh) as f32).sqrt())
+        .collect()
+}
+
+/// Indexer parameters at GLM-5 dims: `n_q` queries over `max_ctx` cached keys, score rows
+/// `max_ctx` apart.
+fn indexer_params(n_q: usize, max_ctx: usize, n_blk: usize) -> DsaIndexerParams {
+    DsaIndexerParams {
+        n_q,
+        n_idx_head: IDX.n_head,
+        idx_head_dim: IDX.head_dim,
+        max_ctx,
+        ld_scores: max_ctx,
+        n_blk,
+    }
+}
+
+/// MLA decode parameters at GLM-5 dims.
+fn mla_params(max_ctx: usize, n_split: usize) -> MlaDecodeParams {
+    MlaDecodeParams {
+        n_head: N_HEAD,
+        kv_lora: KV_LORA,
+        rope: ROPE,
+        max_ctx,
+        n_split,
+        scale: SCALE,
+    }
+}
+
+/// The split counts sorted without repeats, and a zeroed work buffer for the largest.
+fn splits_and_work(s: &Arc<CudaStream>, splits: Vec<usize>) -> (Vec<usize>, CudaSlice<f32>) {
+    let splits = sorted(splits);
+    let largest = *splits.last().expect("a split count");
+    let work = s
+        .alloc_zeros::<f32>(mla_decode::work_floats(N_HEAD, KV_LORA, largest))
+        .expect("alloc");
+    (splits, work)
+}
+
+/// dsa_indexer on whole device buffers.
+fn indexer<C: KeyElem>(
+    k: &Kernel,
+    q: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    keys: &CudaSlice<C>,
+    pos: &CudaSlice<i32>,
+    scores: &mut CudaSlice<f32>,
+    p: &DsaIndexerParams,
+) -> Result<(), Error> {
+    dsa_indexer::dsa_indexer(
+        k,
+        &q.as_view(),
+        &w.as_view(),
+        &keys.as_view(),
+        &pos.as_view(),
+        &mut scores.as_view_mut(),
+        p,
+    )
+}
+
+/// dsa_topk on whole device buffers.
+fn topk(
+    k: &Kernel,
+    scores: &CudaSlice<f32>,
+    pos: &CudaSlice<i32>,
+    idx: &mut CudaSlice<i32>,
+    count: &mut CudaSlice<i32>,
+    scratch: &mut CudaSlice<u32>,
+    p: &DsaTopkParams,
+) -> Result<(), Error> {
+    dsa_topk::dsa_topk(
+        k,
+        &scores.as_view(),
+        &pos.as_view(),
+        &mut idx.as_view_mut(),
+        &mut count.as_view_mut(),
+        &mut scratch.as_view_mut(),
+        p,
+    )
+}
+
+/// mla_sparse_decode over the TOP_K-long selection, on whole device buffers.
+#[allow(clippy::too_many_arguments)]
+fn sparse(
+    k: &Kernel,
+    q: &CudaSlice<f32>,
+    cache: &CudaSlice<u16>,
+    idx: &CudaSlice<i32>,
+    count: &CudaSlice<i32>,
+    out: &mut CudaSlice<f32>,
+    work: &mut CudaSlice<f32>,
+    p: &MlaDecodeParams,
+) -> Result<(), Error> {
+    mla_sparse_decode::mla_sparse_decode(
+        k,
+        &q.as_view(),
+        &cache.as_view(),
+        &idx.as_view(),
+        &count.as_view(),
+        &mut out.as_view_mut(),
+        &mut work.as_view_mut(),
+        TOP_K,
+        p,
+    )
+}
+
+/// dsa_index_key of `(k rows, LayerNorm weight, bias)` into a cache filled with `nan` (a NaN of
+/// its type, so a row written by mistake shows), read back.
+fn index_key_cache<C: KeyElem>(
+    s: &Arc<CudaStream>,
+    k: &Kernel,
+    [raw, w, b]: [&CudaSlice<f32>; 3],
+    pos: &CudaSlice<i32>,
+    nan: C,
+    p: &DsaIndexKeyParams,
+) -> Vec<C> {
+    let mut cache = up(s, &vec![nan; p.max_ctx * p.head_dim]);
+    dsa_index_key::dsa_index_key(
+        k,
+        &raw.as_view(),
+        &w.as_view(),
+        &b.as_view(),
+        &pos.as_view(),
+        &mut cache.as_view_mut(),
+        p,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    down(s, &cache)
+}
+
+/// Score rows for dsa_topk: 0 = normal, 1 = a palette of exact ties (±0, ±∞, `extra`),
+/// else all `equal`.
+fn fill_row(row: &mut [f32], kind: u8, extra: &[f32], equal: f32, rng: &mut Rng) {
+    let palette: Vec<f32> = PALETTE.iter().chain(extra).copied().collect();
+    match kind {
+        0 => row.copy_from_slice(&rng.normal_vec(row.len(), 1.0)),
+        1 => row
+            .iter_mut()
+            .for_each(|v| *v = palette[rng.below(palette.len())]),
+        _ => row.iter_mut().for_each(|v| *v = equal),
+    }
 }
 
 #[track_caller]
@@ -227,12 +386,7 @@ fn indexer_and_topk<C: KeyElem>(
     let s = gpu.stream();
     let (nh, hd) = (IDX.n_head, IDX.head_dim);
     let q = rng.normal_vec(nh * hd, 1.0);
-    // Head weights as glm-dsa scales them (1/sqrt(d_I·H_I)), both signs.
-    let w: Vec<f32> = rng
-        .normal_vec(nh, 1.0)
-        .iter()
-        .map(|v| v / ((hd * nh) as f32).sqrt())
-        .collect();
+    let w = head_weights(rng);
     let want = ref_scores(&q, &w, kvals, n);
     // Σ_h |w_h|·ReLU(q_h·k): the size of the terms each score sums. The kernel's rounding error
     // scales with it, not with the signed sum, which can cancel (a single visible key makes the
@@ -244,25 +398,9 @@ fn indexer_and_topk<C: KeyElem>(
     let auto_blk = dsa_indexer::blocks_for(n, std::mem::size_of::<C>(), 256, SMS);
     // The wrapper's block count, then 5 blocks (many tiles per warp: the prefetch pipeline).
     for (k, n_blk) in ks.indexer.iter().flat_map(|k| [(k, auto_blk), (k, 5)]) {
-        let p = DsaIndexerParams {
-            n_q: 1,
-            n_idx_head: nh,
-            idx_head_dim: hd,
-            max_ctx,
-            ld_scores: max_ctx,
-            n_blk,
-        };
+        let p = indexer_params(1, max_ctx, n_blk);
         dscores = up(s, &vec![f32::NAN; max_ctx]);
-        dsa_indexer::dsa_indexer(
-            k,
-            &dq.as_view(),
-            &dw.as_view(),
-            &keys.as_view(),
-            &dpos.as_view(),
-            &mut dscores.as_view_mut(),
-            &p,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        indexer(k, &dq, &dw, keys, &dpos, &mut dscores, &p).unwrap_or_else(|e| panic!("{e}"));
         let got = down(s, &dscores);
         assert_close_scaled(
             &format!("{} n={n} n_blk={n_blk}", k.name()),
@@ -326,16 +464,8 @@ fn run_topk(
     for launch in 0..2 {
         let mut didx = up(s, &vec![i32::MIN; n_q * TOP_K]);
         let mut dcount = up(s, &vec![i32::MIN; n_q]);
-        dsa_topk::dsa_topk(
-            k,
-            &scores.as_view(),
-            &pos.as_view(),
-            &mut didx.as_view_mut(),
-            &mut dcount.as_view_mut(),
-            &mut scratch.as_view_mut(),
-            &p,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        topk(k, scores, pos, &mut didx, &mut dcount, &mut scratch, &p)
+            .unwrap_or_else(|e| panic!("{e}"));
         let left = down(s, &scratch);
         if let Some(i) = left.iter().position(|&w| w != 0) {
             panic!(
@@ -367,9 +497,7 @@ fn topk_blocks(gpu: &Gpu, n_q: usize, n: usize) -> Vec<usize> {
     let sms = gpu.sm_count().expect("sm count");
     let mut v = vec![1, dsa_topk::blocks_for(n_q, n, sms), 3, sms / n_q];
     v.retain(|&b| b >= 1 && b * n_q <= sms);
-    v.sort_unstable();
-    v.dedup();
-    v
+    sorted(v)
 }
 
 #[track_caller]
@@ -436,39 +564,13 @@ fn check_sparse(
     let auto = mla_sparse_decode::splits_for(sel.len(), N_HEAD, sms);
     // 1: direct; 3: last-block merge; 8 and auto: one launch with a barrier and a spread merge
     // (phase 3); sms + 1 (more blocks than fit at once): partials then a merge launch.
-    let mut splits = vec![1, 3, 8, auto, sms + 1];
-    splits.sort_unstable();
-    splits.dedup();
-    let mut work = s
-        .alloc_zeros::<f32>(mla_decode::work_floats(
-            N_HEAD,
-            KV_LORA,
-            *splits.last().unwrap(),
-        ))
-        .expect("alloc");
+    let (splits, mut work) = splits_and_work(s, vec![1, 3, 8, auto, sms + 1]);
     for (ki, k) in ks.sparse.iter().enumerate() {
         for &n_split in &splits {
-            let p = MlaDecodeParams {
-                n_head: N_HEAD,
-                kv_lora: KV_LORA,
-                rope: ROPE,
-                max_ctx,
-                n_split,
-                scale: SCALE,
-            };
+            let p = mla_params(max_ctx, n_split);
             let mut dout = up(s, &vec![f32::NAN; N_HEAD * KV_LORA]);
-            mla_sparse_decode::mla_sparse_decode(
-                k,
-                &dq.as_view(),
-                &dc.as_view(),
-                &didx.as_view(),
-                &dcount.as_view(),
-                &mut dout.as_view_mut(),
-                &mut work.as_view_mut(),
-                TOP_K,
-                &p,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
+            sparse(k, &dq, &dc, didx, dcount, &mut dout, &mut work, &p)
+                .unwrap_or_else(|e| panic!("{e}"));
             let got = down(s, &dout);
             assert_close(
                 &format!("{} n={n} n_split={n_split}", k.name()),
@@ -574,16 +676,6 @@ fn gpu_dsa_topk_ties_and_batches() {
             ),
         ],
     );
-    let palette = [
-        -1.0f32,
-        -0.0,
-        0.0,
-        0.5,
-        2.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        1e-30,
-    ];
     let ld = 200_000;
     // Rows: (position, kind) with kind 0 = random, 1 = palette ties, 2 = all equal.
     let rows: [(usize, u8); 7] = [
@@ -597,14 +689,7 @@ fn gpu_dsa_topk_ties_and_batches() {
     ];
     let mut scores = vec![f32::NAN; rows.len() * ld];
     for (t, &(p, kind)) in rows.iter().enumerate() {
-        let row = &mut scores[t * ld..][..=p];
-        match kind {
-            0 => row.copy_from_slice(&rng.normal_vec(p + 1, 1.0)),
-            1 => row
-                .iter_mut()
-                .for_each(|v| *v = palette[rng.below(palette.len())]),
-            _ => row.iter_mut().for_each(|v| *v = 0.25),
-        }
+        fill_row(&mut scores[t * ld..][..=p], kind, &[1e-30], 0.25, &mut rng);
     }
     let pos: Vec<i32> = rows.iter().map(|&(p, _)| p as i32).collect();
     let (dsc, dpos) = (up(s, &scores), up(s, &pos));
@@ -629,7 +714,7 @@ fn gpu_dsa_topk_ties_and_batches() {
 
 /// Median launch time (µs) of `f` over 50 timed launches after 5 warm-up ones (no L2 flush: in
 /// a decode step each kernel reads what the previous one just wrote).
-fn median_us(gpu: &Gpu, f: &mut dyn FnMut(usize) -> Result<(), memra_engine::cuda::Error>) -> f64 {
+fn median_us(gpu: &Gpu, f: &mut dyn FnMut(usize) -> Result<(), Error>) -> f64 {
     let mut no_flush = gpu.stream().alloc_zeros::<u8>(1).expect("alloc");
     let us = memra_engine::bench::time_launches(gpu, 5, 50, &mut no_flush, f)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -654,33 +739,14 @@ fn gpu_dsa_block_count_sweep() {
     let (kbits, _) = bf16_vals(&mut rng, n * hd);
     let keys = up(s, &kbits);
     let q = rng.normal_vec(nh * hd, 1.0);
-    let w: Vec<f32> = rng
-        .normal_vec(nh, 1.0)
-        .iter()
-        .map(|v| v / ((hd * nh) as f32).sqrt())
-        .collect();
+    let w = head_weights(&mut rng);
     let (dq, dw, dpos) = (up(s, &q), up(s, &w), up(s, &[(n - 1) as i32]));
     let mut dscores = up(s, &vec![f32::NAN; n]);
     let mut first: Option<Vec<f32>> = None;
     for n_blk in [sms / 2, sms, 2 * sms, 4 * sms] {
-        let p = DsaIndexerParams {
-            n_q: 1,
-            n_idx_head: nh,
-            idx_head_dim: hd,
-            max_ctx: n,
-            ld_scores: n,
-            n_blk,
-        };
+        let p = indexer_params(1, n, n_blk);
         let us = median_us(&gpu, &mut |_| {
-            dsa_indexer::dsa_indexer(
-                ki,
-                &dq.as_view(),
-                &dw.as_view(),
-                &keys.as_view(),
-                &dpos.as_view(),
-                &mut dscores.as_view_mut(),
-                &p,
-            )
+            indexer(ki, &dq, &dw, &keys, &dpos, &mut dscores, &p)
         });
         eprintln!("sweep dsa_indexer {} n_blk {n_blk}: {us:.2} us", ki.name());
         let got = down(s, &dscores);
@@ -711,9 +777,7 @@ fn gpu_dsa_block_count_sweep() {
         dsa_topk::blocks_for(1, n, sms),
     ];
     blocks.retain(|&b| b <= sms);
-    blocks.sort_unstable();
-    blocks.dedup();
-    for n_blk in blocks {
+    for n_blk in sorted(blocks) {
         let mut scratch = s
             .alloc_zeros::<u32>(dsa_topk::scratch_words(1, n_blk).max(1))
             .expect("alloc");
@@ -724,13 +788,13 @@ fn gpu_dsa_block_count_sweep() {
             n_blk,
         };
         let us = median_us(&gpu, &mut |_| {
-            dsa_topk::dsa_topk(
+            topk(
                 kt,
-                &dscores.as_view(),
-                &dpos.as_view(),
-                &mut didx.as_view_mut(),
-                &mut dcount.as_view_mut(),
-                &mut scratch.as_view_mut(),
+                &dscores,
+                &dpos,
+                &mut didx,
+                &mut dcount,
+                &mut scratch,
                 &p,
             )
         });
@@ -746,49 +810,26 @@ fn gpu_dsa_block_count_sweep() {
     let d = KV_LORA + ROPE;
     let (cbits, _) = bf16_vals(&mut rng, n * d);
     let (dc, dqm) = (up(s, &cbits), up(s, &rng.normal_vec(N_HEAD * d, 1.0)));
-    let mut splits = vec![
-        1,
-        4,
-        8,
-        16,
-        32,
-        64,
-        128,
-        sms,
-        mla_sparse_decode::splits_for(TOP_K, N_HEAD, sms),
-    ];
-    splits.sort_unstable();
-    splits.dedup();
-    let mut work = s
-        .alloc_zeros::<f32>(mla_decode::work_floats(
-            N_HEAD,
-            KV_LORA,
-            *splits.last().unwrap(),
-        ))
-        .expect("alloc");
+    let (splits, mut work) = splits_and_work(
+        s,
+        vec![
+            1,
+            4,
+            8,
+            16,
+            32,
+            64,
+            128,
+            sms,
+            mla_sparse_decode::splits_for(TOP_K, N_HEAD, sms),
+        ],
+    );
     let mut dout = s.alloc_zeros::<f32>(N_HEAD * KV_LORA).expect("alloc");
     let mut one: Option<Vec<f32>> = None;
     for n_split in splits {
-        let p = MlaDecodeParams {
-            n_head: N_HEAD,
-            kv_lora: KV_LORA,
-            rope: ROPE,
-            max_ctx: n,
-            n_split,
-            scale: SCALE,
-        };
+        let p = mla_params(n, n_split);
         let us = median_us(&gpu, &mut |_| {
-            mla_sparse_decode::mla_sparse_decode(
-                kp,
-                &dqm.as_view(),
-                &dc.as_view(),
-                &didx.as_view(),
-                &dcount.as_view(),
-                &mut dout.as_view_mut(),
-                &mut work.as_view_mut(),
-                TOP_K,
-                &p,
-            )
+            sparse(kp, &dqm, &dc, &didx, &dcount, &mut dout, &mut work, &p)
         });
         eprintln!(
             "sweep mla_sparse_decode {} n_split {n_split}: {us:.2} us",
@@ -826,29 +867,16 @@ fn gpu_dsa_topk_multiblock_lengths() {
             variant("dsa_topk", &[]),
         ],
     );
-    let palette = [
-        -1.0f32,
-        -0.0,
-        0.0,
-        0.5,
-        2.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-    ];
     for n in [1usize, 7, 2047, 2048, 2049, 40_000, 131_072] {
         let ld = n + 17;
         for kind in 0..4u8 {
             let mut row = vec![f32::NAN; ld];
             match kind {
-                0 => row[..n].copy_from_slice(&rng.normal_vec(n, 1.0)),
-                1 => row[..n]
-                    .iter_mut()
-                    .for_each(|v| *v = palette[rng.below(palette.len())]),
                 // Distinct values in one top-11-bit bin: the candidate list overflows.
                 3 => row[..n]
                     .iter_mut()
                     .for_each(|v| *v = 1.0 + rng.below(1 << 20) as f32 / (1u32 << 23) as f32),
-                _ => row[..n].iter_mut().for_each(|v| *v = -3.5),
+                _ => fill_row(&mut row[..n], kind, &[], -3.5, &mut rng),
             }
             let want = top_k(&row[..n], TOP_K);
             let (dsc, dpos) = (up(s, &row), up(s, &[(n - 1) as i32]));
@@ -884,29 +912,14 @@ fn gpu_dsa_bad_positions_and_shapes() {
     let max_ctx = 100;
     let keys = up(s, &vec![0u16; max_ctx * hd]);
     let dw = up(s, &vec![1.0f32; nh]);
-    let p = DsaIndexerParams {
-        n_q: 2,
-        n_idx_head: nh,
-        idx_head_dim: hd,
-        max_ctx,
-        ld_scores: max_ctx,
-        n_blk: 2,
-    };
+    let p = indexer_params(2, max_ctx, 2);
     let dq2 = up(s, &vec![1.0f32; 2 * nh * hd]);
     let dw2 = up(s, &vec![1.0f32; 2 * nh]);
     for bad in [-1i32, max_ctx as i32] {
         let dpos = up(s, &[5, bad]);
         let mut dsc = up(s, &vec![7.0f32; 2 * max_ctx]);
-        dsa_indexer::dsa_indexer(
-            &ks.indexer[0],
-            &dq2.as_view(),
-            &dw2.as_view(),
-            &keys.as_view(),
-            &dpos.as_view(),
-            &mut dsc.as_view_mut(),
-            &p,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        indexer(&ks.indexer[0], &dq2, &dw2, &keys, &dpos, &mut dsc, &p)
+            .unwrap_or_else(|e| panic!("{e}"));
         let sc = down(s, &dsc);
         assert!(
             sc[..6].iter().all(|&v| v == 0.0),
@@ -947,26 +960,18 @@ fn gpu_dsa_bad_positions_and_shapes() {
     );
     let didx = up(s, &(0..TOP_K as i32).collect::<Vec<_>>());
     let mut work = s.alloc_zeros::<f32>(1).expect("alloc");
-    let mp = MlaDecodeParams {
-        n_head: N_HEAD,
-        kv_lora: KV_LORA,
-        rope: ROPE,
-        max_ctx,
-        n_split: 1,
-        scale: SCALE,
-    };
+    let mp = mla_params(max_ctx, 1);
     for bad in [0i32, -1, max_ctx as i32 + 1] {
         let dcount = up(s, &[bad]);
         let mut dout = up(s, &vec![0.0f32; N_HEAD * KV_LORA]);
-        mla_sparse_decode::mla_sparse_decode(
+        sparse(
             &ks.sparse[0],
-            &dq.as_view(),
-            &dc.as_view(),
-            &didx.as_view(),
-            &dcount.as_view(),
-            &mut dout.as_view_mut(),
-            &mut work.as_view_mut(),
-            TOP_K,
+            &dq,
+            &dc,
+            &didx,
+            &dcount,
+            &mut dout,
+            &mut work,
             &mp,
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -978,7 +983,7 @@ fn gpu_dsa_bad_positions_and_shapes() {
     // Refused shapes.
     let dpos = up(s, &[0i32]);
     let mut dsc = up(s, &vec![0.0f32; max_ctx]);
-    let refused = |r: Result<(), memra_engine::cuda::Error>, what: &str| {
+    let refused = |r: Result<(), Error>, what: &str| {
         let e = r.expect_err(what);
         eprintln!("refused ({what}): {e}");
     };
@@ -1000,15 +1005,7 @@ fn gpu_dsa_bad_positions_and_shapes() {
         },
     ] {
         refused(
-            dsa_indexer::dsa_indexer(
-                &ks.indexer[0],
-                &dq.as_view(),
-                &dw.as_view(),
-                &keys.as_view(),
-                &dpos.as_view(),
-                &mut dsc.as_view_mut(),
-                &bad,
-            ),
+            indexer(&ks.indexer[0], &dq, &dw, &keys, &dpos, &mut dsc, &bad),
             &format!("{bad:?}"),
         );
     }
@@ -1024,13 +1021,13 @@ fn gpu_dsa_bad_positions_and_shapes() {
         n_blk: 1,
     };
     refused(
-        dsa_topk::dsa_topk(
+        topk(
             &ks.topk[0],
-            &dsc.as_view(),
-            &dpos.as_view(),
-            &mut didx1.as_view_mut(),
-            &mut dcount1.as_view_mut(),
-            &mut scratch.as_view_mut(),
+            &dsc,
+            &dpos,
+            &mut didx1,
+            &mut dcount1,
+            &mut scratch,
             &one,
         ),
         "idx shorter than k",
@@ -1041,13 +1038,13 @@ fn gpu_dsa_bad_positions_and_shapes() {
         .alloc_zeros::<u32>(dsa_topk::scratch_words(1, too_many))
         .expect("alloc");
     refused(
-        dsa_topk::dsa_topk(
+        topk(
             &ks.topk[0],
-            &dsc.as_view(),
-            &dpos.as_view(),
-            &mut didx.as_view_mut(),
-            &mut dcount1.as_view_mut(),
-            &mut big.as_view_mut(),
+            &dsc,
+            &dpos,
+            &mut didx,
+            &mut dcount1,
+            &mut big,
             &DsaTopkParams {
                 n_blk: too_many,
                 ..one
@@ -1057,13 +1054,13 @@ fn gpu_dsa_bad_positions_and_shapes() {
     );
     for (bad, what) in [(0, "n_blk 0"), (5, "scratch for 4 blocks, 5 asked")] {
         refused(
-            dsa_topk::dsa_topk(
+            topk(
                 &ks.topk[0],
-                &dsc.as_view(),
-                &dpos.as_view(),
-                &mut didx.as_view_mut(),
-                &mut dcount1.as_view_mut(),
-                &mut scratch.as_view_mut(),
+                &dsc,
+                &dpos,
+                &mut didx,
+                &mut dcount1,
+                &mut scratch,
                 &DsaTopkParams { n_blk: bad, ..one },
             ),
             what,
@@ -1125,32 +1122,15 @@ fn gpu_dsa_index_key_glm5() {
         } else {
             (RopeMode::Neox, true)
         };
+        let inputs = [&draw, &dw, &db];
         let rows: Vec<f32> = if f32_cache {
-            let mut dc = up(s, &vec![f32::NAN; max_ctx * hd]);
-            dsa_index_key::dsa_index_key(
-                k,
-                &draw.as_view(),
-                &dw.as_view(),
-                &db.as_view(),
-                &dpos.as_view(),
-                &mut dc.as_view_mut(),
-                &p,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-            down(s, &dc)
+            index_key_cache(s, k, inputs, &dpos, f32::NAN, &p)
         } else {
-            let mut dc = up(s, &vec![0x7fc0u16; max_ctx * hd]);
-            dsa_index_key::dsa_index_key(
-                k,
-                &draw.as_view(),
-                &dw.as_view(),
-                &db.as_view(),
-                &dpos.as_view(),
-                &mut dc.as_view_mut(),
-                &p,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-            down(s, &dc).into_iter().map(bf16_to_f32).collect()
+            // 0x7fc0: a bf16 NaN.
+            index_key_cache(s, k, inputs, &dpos, 0x7fc0u16, &p)
+                .into_iter()
+                .map(bf16_to_f32)
+                .collect()
         };
         let tol = if f32_cache { 1e-5 } else { 4e-3 };
         let rope = Rope::new(mode, n_rot, 1e6);
