@@ -4,8 +4,8 @@
 
 mod dense_common;
 
-use dense_common::{V, headers, variant};
-use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use dense_common::{V, assert_compile_sm90, headers, variant};
+use memra_engine::cuda::{SmArch, library};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
 use memra_engine::kernels::{add_rmsnorm, argmax, embed, geglu, qk_norm_rope, rmsnorm, swiglu, topk};
@@ -85,37 +85,9 @@ fn dense_templates_compile_for_sm90_without_spills() {
     if library::nvrtc_or_skip("dense_templates_compile_for_sm90_without_spills").is_none() {
         return;
     }
-    let variants = all_variants();
-    let cache = KernelCache::new(CacheConfig::memory_only());
-    let results = compile_variants(&cache, &variants, headers(), SmArch(90));
-    let mut failures = Vec::new();
-    for (v, r) in variants.iter().zip(results) {
-        match r {
-            Err(e) => failures.push(format!("{}: {e}", v.name)),
-            Ok(c) => {
-                let rep = c.cubin.report();
-                eprintln!(
-                    "{:<60} regs {:>3}  spill st/ld {}/{}  stack {}  smem {}",
-                    v.name,
-                    rep.registers.unwrap_or(0),
-                    rep.spill_stores.unwrap_or(0),
-                    rep.spill_loads.unwrap_or(0),
-                    rep.stack_frame.unwrap_or(0),
-                    rep.static_smem.unwrap_or(0)
-                );
-                if rep.registers.is_none() {
-                    failures.push(format!("{}: no ptxas report in the NVRTC log", v.name));
-                }
-                if !v.is_generic() && (rep.spills() || rep.stack_frame.unwrap_or(0) > 0) {
-                    failures.push(format!("{}: specialized variant spills or has a stack frame: {rep:?}", v.name));
-                }
-                if rep.spills() {
-                    failures.push(format!("{}: spills {rep:?}", v.name));
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
+    // Specialized variants must neither spill nor keep a stack frame; generic ones must not spill.
+    let variants: Vec<_> = all_variants().into_iter().map(|v| (v, !v.is_generic())).collect();
+    assert_compile_sm90(&variants, |v, rep| rep.spills().then(|| format!("{}: spills {rep:?}", v.name)));
 }
 
 #[test]

@@ -3,52 +3,25 @@
 //! error would cost a device run). Every distinct matvec sweep tuning (f32 x, xq8, fused xq8,
 //! batch 1 and 4) for Q4_K and the batch-1 ones for BF16 (the two unit shapes furthest apart),
 //! and every moe_matvec sweep tuning of the routed swiglu and down cases. Registers and spills
-//! are printed; spills fail only for the default tuning, since a spilling candidate is merely
-//! slow and the sweep ranks it. Skips without NVRTC.
+//! are printed; spills (or a stack frame) fail only for the default tuning, since a spilling
+//! candidate is merely slow and the sweep ranks it. Skips without NVRTC.
 
 mod dense_common;
 
-use dense_common::headers;
+use dense_common::assert_compile_sm90;
 use memra_engine::bench::sweep;
-use memra_engine::cuda::{CacheConfig, KernelCache, SmArch, compile_variants, library};
+use memra_engine::cuda::library;
 use memra_engine::kernels::matvec::MatvecTuning;
 use memra_engine::kernels::registry::KernelVariant;
 use memra_gguf::GgmlType;
 
+/// Compiles the candidates for sm_90 (see [`assert_compile_sm90`]): those paired with `true`
+/// (the default tunings) must not spill; skips without NVRTC.
 fn compile(test: &str, list: Vec<(&'static KernelVariant, bool)>) {
     if library::nvrtc_or_skip(test).is_none() {
         return;
     }
-    let variants: Vec<&'static KernelVariant> = list.iter().map(|(v, _)| *v).collect();
-    let cache = KernelCache::new(CacheConfig::memory_only());
-    let results = compile_variants(&cache, &variants, headers(), SmArch(90));
-    let mut failures = Vec::new();
-    for ((v, strict), r) in list.iter().zip(results) {
-        match r {
-            Err(e) => failures.push(format!("{}: {e}", v.name)),
-            Ok(c) => {
-                let rep = c.cubin.report();
-                eprintln!(
-                    "{:<80} regs {:>3}  spill st/ld {}/{}  stack {}",
-                    v.name,
-                    rep.registers.unwrap_or(0),
-                    rep.spill_stores.unwrap_or(0),
-                    rep.spill_loads.unwrap_or(0),
-                    rep.stack_frame.unwrap_or(0)
-                );
-                if *strict && rep.spills() {
-                    failures.push(format!("{}: the default tuning spills: {rep:?}", v.name));
-                }
-            }
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        list.len(),
-        failures.join("\n")
-    );
+    assert_compile_sm90(&list, |_, _| None);
 }
 
 #[test]

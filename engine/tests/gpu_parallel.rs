@@ -14,6 +14,8 @@
 //! (needs libnccl.so.2: found via MEMRA_NCCL_PATH, the pip wheel nvidia-nccl-cu12/-cu13 in a
 //! site-packages, CONDA_PREFIX, LD_LIBRARY_PATH or the system loader).
 
+mod library_common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -23,6 +25,8 @@ use memra_engine::cuda::graph::Graph;
 use memra_engine::cuda::library::{self, CudaLib, SearchPaths};
 use memra_engine::parallel::{self, Communicator};
 use memra_reference::Rng;
+
+use library_common::{assert_missing_then_unloadable, empty_dir};
 
 /// The CUDA devices to use, or `None` after a visible SKIP line when there are fewer than 2.
 fn devices_or_skip(test: &str) -> Option<Vec<usize>> {
@@ -197,42 +201,9 @@ fn gpu_nccl_all_reduce_and_all_gather_match_the_cpu() {
     );
 }
 
-fn empty_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memra-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[test]
 fn missing_nccl_is_an_error_listing_the_paths_tried() {
-    let dir = empty_dir("no-nccl");
-    let err = library::load(CudaLib::Nccl, &SearchPaths::only([dir.clone()]))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains(&format!(
-            "{} (given): not found",
-            dir.join("libnccl.so.2").display()
-        )),
-        "{err}"
-    );
-    assert!(
-        err.contains("MEMRA_NCCL_PATH"),
-        "the error says how to fix it: {err}"
-    );
-    std::fs::write(dir.join("libnccl.so.2"), b"not an ELF file").unwrap();
-    let err = library::load(CudaLib::Nccl, &SearchPaths::only([dir.clone()]))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains(&format!(
-            "{} (given): dlopen failed",
-            dir.join("libnccl.so.2").display()
-        )),
-        "{err}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_missing_then_unloadable(CudaLib::Nccl, "no-nccl", "libnccl.so.2", "MEMRA_NCCL_PATH");
 }
 
 #[test]

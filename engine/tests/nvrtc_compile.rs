@@ -2,7 +2,7 @@
 //! library search's error. Tests that need NVRTC print one SKIP line when it is absent
 //! (set MEMRA_NVRTC_PATH or run scripts/setup-python).
 
-use std::path::PathBuf;
+mod library_common;
 
 use cudarc::driver::CudaSlice;
 use memra_engine::cuda::library::{self, CudaLib, SearchPaths};
@@ -10,6 +10,8 @@ use memra_engine::cuda::nvrtc::{self, HeaderSet};
 use memra_engine::cuda::{Error, SmArch};
 use memra_engine::kernels::launch::{ArgKind, KernelArgs, check_params};
 use memra_engine::kernels::registry::KernelVariant;
+
+use library_common::{assert_missing_then_unloadable, empty_dir};
 
 const SCALE_HEADER: &str = "#pragma once\nnamespace demo { template <int K> __device__ float scale(float v) { return v * K; } }\n";
 
@@ -129,13 +131,6 @@ fn param_check_accepts_the_mirror_and_rejects_mismatches() {
     assert!(missing.contains("takes 4 parameters, the struct has 3 fields"), "{missing}");
 }
 
-fn empty_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memra-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[test]
 fn discovery_error_lists_the_paths_tried() {
     let dir = empty_dir("no-nvrtc");
@@ -153,9 +148,5 @@ fn discovery_error_lists_the_paths_tried() {
 
 #[test]
 fn discovery_reports_files_that_do_not_load() {
-    let dir = empty_dir("bad-nvrtc");
-    std::fs::write(dir.join("libnvrtc.so.13"), b"not an ELF file").unwrap();
-    let err = library::load(CudaLib::Nvrtc, &SearchPaths::only([dir.clone()])).unwrap_err().to_string();
-    assert!(err.contains(&format!("{} (given): dlopen failed", dir.join("libnvrtc.so.13").display())), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_missing_then_unloadable(CudaLib::Nvrtc, "bad-nvrtc", "libnvrtc.so.13", "MEMRA_NVRTC_PATH");
 }
