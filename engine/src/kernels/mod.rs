@@ -22,6 +22,7 @@ pub mod matvec;
 pub mod quantize_q8;
 
 // MoE families (H-moe).
+pub mod moe_combine;
 pub mod moe_matvec;
 pub mod moe_router;
 

@@ -17,6 +17,7 @@ use cudarc::driver::CudaSlice;
 use memra_gguf::{Gguf, TensorInfo};
 
 use super::GpuOptions;
+use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::gpu::{self, DecoderStack, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StackState, StepGraph, err, upload_f32};
 use crate::cuda::{Gpu, Kernels};
 use crate::kernels::attn_decode::{self, AttnDecodeParams};
@@ -200,6 +201,8 @@ enum Ffn {
         down: DeviceTensor,
         swiglu: &'static str,
         down_kernel: &'static str,
+        /// Expert-grouped prefill (moe_grouped.rs); `None` runs moe_matvec for every chunk.
+        grouped: Option<GroupedMoe>,
     },
 }
 
@@ -254,6 +257,8 @@ struct Bufs {
     router: CudaSlice<f32>,
     ids: CudaSlice<i32>,
     wts: CudaSlice<f32>,
+    /// Expert-grouped MoE scratch, for prefill chunks that run grouped.
+    grouped: Option<GroupedScratch>,
 }
 
 /// A GQA decoder model loaded on the GPU.
@@ -318,7 +323,8 @@ impl Decoder {
                     }
                     let swiglu = want(&mut plan, &gate, moe.n_ff_exp, "swiglu")?;
                     let down_kernel = want(&mut plan, &down, e, "down")?;
-                    Ffn::Moe { router, gate, up, down, swiglu, down_kernel }
+                    let grouped = GroupedMoe::plan(&mut plan, &gate, &up, &down, moe.n_expert, moe.n_ff_exp);
+                    Ffn::Moe { router, gate, up, down, swiglu, down_kernel, grouped }
                 }
             };
             let qk_norm = match (&l.attn_q_norm, &l.attn_k_norm) {
@@ -443,7 +449,7 @@ impl Net {
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
         let n_vocab = self.n_vocab();
-        let Bufs { tokens, pos, x, h, q, k: kb, v, att, o, gate, up, ff, work, router, ids, wts } = bufs;
+        let Bufs { tokens, pos, x, h, q, k: kb, v, att, o, gate, up, ff, work, router, ids, wts, grouped: grouped_scratch } = bufs;
 
         let table = self.embd_table();
         embed::embed(k.get(self.names.embed)?, &tokens.slice(..t), &table.data.slice(..), &mut x.slice_mut(..t * e), t, e, n_vocab, c.embed_scale)?;
@@ -497,21 +503,26 @@ impl Net {
                     glu(k.get(self.names.glu)?, &gate.slice(..t * n_ff), &up.slice(..t * n_ff), &mut ff.slice_mut(..t * n_ff), t, n_ff, GluLayout::separate(n_ff))?;
                     wd.forward(k, &ff.slice(..t * n_ff), &mut o.slice_mut(..t * e), t)?;
                 }
-                Ffn::Moe { router: wr, gate: wg, up: wu, down: wd, swiglu, down_kernel } => {
+                Ffn::Moe { router: wr, gate: wg, up: wu, down: wd, swiglu, down_kernel, grouped } => {
                     let m = c.moe.as_ref().expect("MoE layers have a MoE config (checked at load)");
                     let (ne, nu, nf) = (m.n_expert, m.n_used, m.n_ff_exp);
                     wr.forward(k, &h.slice(..t * e), &mut router.slice_mut(..t * ne), t)?;
                     let name = self.names.moe_router.expect("planned with the MoE config");
                     moe_router::moe_router(k.get(name)?, &router.slice(..t * ne), None, &mut ids.slice_mut(..t * nu), &mut wts.slice_mut(..t * nu), t, ne, nu, m.norm, m.scale)?;
-                    let (gv, uv, ids_v, wts_v) = (wg.data.slice(..), wu.data.slice(..), ids.slice(..t * nu), wts.slice(..t * nu));
-                    let hv = h.slice(..t * e);
-                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &ids_v, weights: None, x: &hv };
-                    let dims = MoeDims { k: e, n: nf, n_tokens: t, n_used: nu, n_expert: ne, ldx: e, ldy: nf };
-                    moe_matvec::moe_matvec(k.get(swiglu)?, &inp, &mut ff.slice_mut(..t * nu * nf), dims)?;
-                    let (dv, ffv) = (wd.data.slice(..), ff.slice(..t * nu * nf));
-                    let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &ids_v, weights: Some(&wts_v), x: &ffv };
-                    let dims = MoeDims { k: nf, n: e, n_tokens: t, n_used: nu, n_expert: ne, ldx: nf, ldy: e };
-                    moe_matvec::moe_matvec(k.get(down_kernel)?, &inp, &mut o.slice_mut(..t * e), dims)?;
+                    if let (Some(gm), Some(scratch)) = (grouped, grouped_scratch.as_mut()) {
+                        let (hv, ids_v, wts_v) = (h.slice(..t * e), ids.slice(..t * nu), wts.slice(..t * nu));
+                        gm.forward(&state.gpu, k, (wg, wu, wd), scratch, &hv, &ids_v, &wts_v, &mut o.slice_mut(..t * e), t, nu, ne)?;
+                    } else {
+                        let (gv, uv, ids_v, wts_v) = (wg.data.slice(..), wu.data.slice(..), ids.slice(..t * nu), wts.slice(..t * nu));
+                        let hv = h.slice(..t * e);
+                        let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &ids_v, weights: None, x: &hv };
+                        let dims = MoeDims { k: e, n: nf, n_tokens: t, n_used: nu, n_expert: ne, ldx: e, ldy: nf };
+                        moe_matvec::moe_matvec(k.get(swiglu)?, &inp, &mut ff.slice_mut(..t * nu * nf), dims)?;
+                        let (dv, ffv) = (wd.data.slice(..), ff.slice(..t * nu * nf));
+                        let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &ids_v, weights: Some(&wts_v), x: &ffv };
+                        let dims = MoeDims { k: nf, n: e, n_tokens: t, n_used: nu, n_expert: ne, ldx: nf, ldy: e };
+                        moe_matvec::moe_matvec(k.get(down_kernel)?, &inp, &mut o.slice_mut(..t * e), dims)?;
+                    }
                 }
             }
             let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |n| &n.attn_norm);
@@ -622,6 +633,10 @@ impl Bufs {
             router: a(c.moe.as_ref().map_or(1, |m| m.n_expert), "router logits")?,
             ids: gpu::alloc(gpu, t * c.moe.as_ref().map_or(1, |m| m.n_used), "expert ids")?,
             wts: a(c.moe.as_ref().map_or(1, |m| m.n_used), "expert weights")?,
+            grouped: match &c.moe {
+                Some(m) if moe_grouped::use_grouped(t) => Some(GroupedScratch::new(gpu, t, m.n_used, e, m.n_ff_exp)?),
+                _ => None,
+            },
             work: gpu::alloc(gpu, n_layer * attn_decode::work_floats(1, c.n_head, c.head_dim, max_split).next_multiple_of(4), "attention workspace")?,
         })
     }

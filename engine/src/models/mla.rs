@@ -34,6 +34,7 @@ use super::gpu::{
     self, err, DecoderStack, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StackState,
     StepGraph, WeightSource,
 };
+use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::GpuOptions;
 use crate::cuda::{Gpu, Kernels};
 use crate::parallel::rank::{Rank, RankSpec};
@@ -208,6 +209,8 @@ enum Ffn {
         swiglu: &'static str,
         down_kernel: &'static str,
         shared: Option<Glu>,
+        /// Expert-grouped prefill (moe_grouped.rs); `None` runs moe_matvec for every chunk.
+        grouped: Option<GroupedMoe>,
     },
 }
 
@@ -309,6 +312,8 @@ struct Bufs {
     ids: CudaSlice<i32>,
     wts: CudaSlice<f32>,
     work: CudaSlice<f32>,
+    /// Expert-grouped MoE scratch, for prefill chunks that run grouped.
+    grouped: Option<GroupedScratch>,
 }
 
 /// An MLA model loaded on the GPU.
@@ -461,6 +466,10 @@ impl MlaDecoder {
                     }
                     let swiglu = expert_kernel(&mut plan, &gate, moe.n_ff_exp, "swiglu")?;
                     let down_kernel = expert_kernel(&mut plan, &down, e, "down")?;
+                    // The tensors hold this rank's whole experts (all of them on one GPU).
+                    let n_local = gate.n / moe.n_ff_exp.max(1);
+                    let grouped =
+                        GroupedMoe::plan(&mut plan, &gate, &up, &down, n_local, moe.n_ff_exp);
                     let shared = shared
                         .as_ref()
                         .map(|g| glu(&mut plan, g, &mut upload))
@@ -474,6 +483,7 @@ impl MlaDecoder {
                         swiglu,
                         down_kernel,
                         shared,
+                        grouped,
                     }
                 }
             };
@@ -978,6 +988,7 @@ impl Net {
                     swiglu,
                     down_kernel,
                     shared,
+                    grouped,
                 } => {
                     if let Some(g) = shared {
                         // x += shared(h) now (its norm output is not needed), the routed sum below.
@@ -1023,59 +1034,73 @@ impl Net {
                         }
                         None => ne,
                     };
-                    let (gv, uv, ids_v, wts_v) = (
-                        wg.data.slice(..),
-                        wu.data.slice(..),
-                        b.ids.slice(..t * nu),
-                        b.wts.slice(..t * nu),
-                    );
-                    let hv = b.h.slice(..te);
-                    let inp = MoeMatvecInputs {
-                        w: &gv,
-                        w_up: Some(&uv),
-                        ids: &ids_v,
-                        weights: None,
-                        x: &hv,
-                    };
-                    let dims = MoeDims {
-                        k: e,
-                        n: nf,
-                        n_tokens: t,
-                        n_used: nu,
-                        n_expert: ne,
-                        ldx: e,
-                        ldy: nf,
-                    };
-                    moe_matvec::moe_matvec(
-                        k.get(swiglu)?,
-                        &inp,
-                        &mut b.ff.slice_mut(..t * nu * nf),
-                        dims,
-                    )?;
-                    let (dv, ffv) = (wd.data.slice(..), b.ff.slice(..t * nu * nf));
-                    let inp = MoeMatvecInputs {
-                        w: &dv,
-                        w_up: None,
-                        ids: &ids_v,
-                        weights: Some(&wts_v),
-                        x: &ffv,
-                    };
-                    let dims = MoeDims {
-                        k: nf,
-                        n: e,
-                        n_tokens: t,
-                        n_used: nu,
-                        n_expert: ne,
-                        ldx: nf,
-                        ldy: e,
-                    };
-                    moe_matvec::moe_matvec(
-                        k.get(down_kernel)?,
-                        &inp,
-                        &mut b.o.slice_mut(..te),
-                        dims,
-                    )?;
-                    self.all_reduce(&mut b.o, te)?;
+                    if let (Some(gm), Some(scratch)) = (grouped, b.grouped.as_mut()) {
+                        let (hv, ids_v, wts_v) = (
+                            b.h.slice(..te),
+                            b.ids.slice(..t * nu),
+                            b.wts.slice(..t * nu),
+                        );
+                        let mut ov = b.o.slice_mut(..te);
+                        let w = (wg, wu, wd);
+                        gm.forward(
+                            &state.gpu, k, w, scratch, &hv, &ids_v, &wts_v, &mut ov, t, nu, ne,
+                        )?;
+                        self.all_reduce(&mut b.o, te)?;
+                    } else {
+                        let (gv, uv, ids_v, wts_v) = (
+                            wg.data.slice(..),
+                            wu.data.slice(..),
+                            b.ids.slice(..t * nu),
+                            b.wts.slice(..t * nu),
+                        );
+                        let hv = b.h.slice(..te);
+                        let inp = MoeMatvecInputs {
+                            w: &gv,
+                            w_up: Some(&uv),
+                            ids: &ids_v,
+                            weights: None,
+                            x: &hv,
+                        };
+                        let dims = MoeDims {
+                            k: e,
+                            n: nf,
+                            n_tokens: t,
+                            n_used: nu,
+                            n_expert: ne,
+                            ldx: e,
+                            ldy: nf,
+                        };
+                        moe_matvec::moe_matvec(
+                            k.get(swiglu)?,
+                            &inp,
+                            &mut b.ff.slice_mut(..t * nu * nf),
+                            dims,
+                        )?;
+                        let (dv, ffv) = (wd.data.slice(..), b.ff.slice(..t * nu * nf));
+                        let inp = MoeMatvecInputs {
+                            w: &dv,
+                            w_up: None,
+                            ids: &ids_v,
+                            weights: Some(&wts_v),
+                            x: &ffv,
+                        };
+                        let dims = MoeDims {
+                            k: nf,
+                            n: e,
+                            n_tokens: t,
+                            n_used: nu,
+                            n_expert: ne,
+                            ldx: nf,
+                            ldy: e,
+                        };
+                        moe_matvec::moe_matvec(
+                            k.get(down_kernel)?,
+                            &inp,
+                            &mut b.o.slice_mut(..te),
+                            dims,
+                        )?;
+                        self.all_reduce(&mut b.o, te)?;
+                    }
                 }
             }
             let next_norm = self
@@ -1333,6 +1358,12 @@ impl Bufs {
             ids: gpu::alloc(gpu, t * nu, "expert ids")?,
             wts: a(nu, "expert weights")?,
             work: gpu::alloc(gpu, 1, "attention workspace")?,
+            grouped: match &c.moe {
+                Some(m) if moe_grouped::use_grouped(t) => {
+                    Some(GroupedScratch::new(gpu, t, m.n_used, e, m.n_ff_exp)?)
+                }
+                _ => None,
+            },
         })
     }
 

@@ -6,6 +6,7 @@
 pub mod decoder;
 pub mod gpu;
 pub mod mla;
+pub mod moe_grouped;
 pub mod spec;
 pub mod validate;
 

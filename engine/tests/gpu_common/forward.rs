@@ -202,6 +202,9 @@ pub fn micro_matches_the_cpu_reference(arch: &str, settings: &[(Policy, bool)]) 
     let path = micro(arch, seed);
     let mut cpu = Cpu::load(arch, &path);
     let prompt = random_prompt(&mut rng, 20);
+    // MoE prefills of this length run expert-grouped (models::moe_grouped), decode steps on
+    // moe_matvec: the prefill-vs-decode checks below compare the two paths.
+    assert!(memra_engine::models::moe_grouped::use_grouped(prompt.len()));
     let steps = 12;
     for &(policy, graphs) in settings {
         let what = format!("{arch} seed {seed}, {policy:?}, graphs {graphs}");

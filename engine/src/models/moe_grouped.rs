@@ -1,0 +1,288 @@
+//! Expert-grouped MoE prefill. Per token the expert kernel (moe_matvec) re-reads each selected
+//! expert's weights once per token that chose it; for a prompt the tokens are instead grouped by
+//! expert (the router's ids read back on the host: prefill is not graph-captured) and each
+//! expert with tokens runs the tensor-core matmul over the matrix of its tokens' rows:
+//! gather `h` rows (embed over an f32 table) → gate, up matmuls per expert → SwiGLU over all
+//! pairs → down matmul per expert → moe_combine, the routing-weighted sum in slot order.
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use memra_gguf::GgmlType;
+
+use super::gpu::{self, DeviceTensor, KernelPlan, Result, err};
+use crate::cuda::{Gpu, Kernels};
+use crate::kernels::registry::Param;
+use crate::kernels::swiglu::GluLayout;
+use crate::kernels::{embed, matmul, moe_combine, swiglu};
+
+/// Prompt chunks of at least this many tokens take the grouped path; shorter ones (and decode)
+/// stay on moe_matvec. Not yet measured on a GPU: a starting point, below which most experts
+/// would get one or two tokens.
+pub const GROUPED_MIN_TOKENS: usize = 16;
+
+/// Whether a chunk of `t` tokens runs grouped.
+pub fn use_grouped(t: usize) -> bool {
+    t >= GROUPED_MIN_TOKENS
+}
+
+/// The (token, slot) pairs of a chunk grouped by expert: rows `offsets[x]..offsets[x + 1]` of
+/// the grouped matrices belong to expert `x`, in token order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    /// Grouped row → the token whose `h` row it holds.
+    pub token_of_row: Vec<i32>,
+    /// `token·n_used + slot` → its grouped row (what moe_combine reads).
+    pub row_of_slot: Vec<i32>,
+    /// `n_expert + 1` row offsets.
+    pub offsets: Vec<usize>,
+}
+
+impl ExpertGroups {
+    /// Rows of expert `x`.
+    pub fn rows(&self, x: usize) -> std::ops::Range<usize> {
+        self.offsets[x]..self.offsets[x + 1]
+    }
+}
+
+/// Groups the router's `ids` (`[t][n_used]`) by expert (a stable counting sort). An id outside
+/// `[0, n_expert)` (the router's −1 for an unselectable slot included) is an error naming it.
+pub fn group_by_expert(ids: &[i32], n_used: usize, n_expert: usize) -> std::result::Result<ExpertGroups, String> {
+    if n_used == 0 || !ids.len().is_multiple_of(n_used) {
+        return Err(format!("{} expert ids are not whole rows of n_used = {n_used}", ids.len()));
+    }
+    let mut offsets = vec![0usize; n_expert + 1];
+    for (i, &x) in ids.iter().enumerate() {
+        if x < 0 || x as usize >= n_expert {
+            return Err(format!("token {} slot {}: expert id {x} is outside [0, {n_expert})", i / n_used, i % n_used));
+        }
+        offsets[x as usize + 1] += 1;
+    }
+    for x in 0..n_expert {
+        offsets[x + 1] += offsets[x];
+    }
+    let mut next = offsets.clone();
+    let mut token_of_row = vec![0i32; ids.len()];
+    let mut row_of_slot = vec![0i32; ids.len()];
+    for (i, &x) in ids.iter().enumerate() {
+        let row = next[x as usize];
+        next[x as usize] += 1;
+        token_of_row[row] = (i / n_used) as i32;
+        row_of_slot[i] = row as i32;
+    }
+    Ok(ExpertGroups { token_of_row, row_of_slot, offsets })
+}
+
+/// Device scratch of one prefill chunk: `pairs = t·n_used` rows each.
+pub struct GroupedScratch {
+    token_of_row: CudaSlice<i32>,
+    row_of_slot: CudaSlice<i32>,
+    /// Gathered `h` rows `[pairs][n_embd]`, then the down outputs.
+    rows: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+}
+
+impl GroupedScratch {
+    pub fn new(gpu: &Gpu, t: usize, n_used: usize, n_embd: usize, n_ff_exp: usize) -> Result<GroupedScratch> {
+        let pairs = t * n_used;
+        let what = |w: &str| format!("grouped MoE {w} ({t} tokens × {n_used} experts)");
+        Ok(GroupedScratch {
+            token_of_row: gpu::alloc(gpu, pairs, &what("row tokens"))?,
+            row_of_slot: gpu::alloc(gpu, pairs, &what("slot rows"))?,
+            rows: gpu::alloc(gpu, pairs * n_embd, &what("rows"))?,
+            gate: gpu::alloc(gpu, pairs * n_ff_exp, &what("gate"))?,
+            up: gpu::alloc(gpu, pairs * n_ff_exp, &what("up"))?,
+            act: gpu::alloc(gpu, pairs * n_ff_exp, &what("activations"))?,
+        })
+    }
+}
+
+/// The kernels of the grouped path for one layer's experts.
+pub struct GroupedMoe {
+    gather: &'static str,
+    gate_up: &'static str,
+    down: &'static str,
+    glu: &'static str,
+    combine: &'static str,
+}
+
+/// Bytes of one expert in a stacked `[n_expert][rows][k]` tensor.
+fn expert_bytes(w: &DeviceTensor, n_expert: usize) -> Option<usize> {
+    let rows = w.n.checked_div(n_expert)?;
+    Some(rows * w.ty.row_bytes(w.k as u64)? as usize)
+}
+
+/// One expert's weights of a stacked tensor.
+fn expert<'a>(w: &'a DeviceTensor, x: usize, n_expert: usize) -> CudaView<'a, u8> {
+    let b = expert_bytes(w, n_expert).expect("checked by GroupedMoe::plan");
+    w.data.slice(x * b..(x + 1) * b)
+}
+
+impl GroupedMoe {
+    /// Plans the grouped path's kernels, or `None` (moe_matvec then runs every chunk) when no
+    /// matmul reads the experts' type, an expert's bytes are not 16-byte aligned (the matmul's
+    /// cp.async loads) or the policy refuses one of the kernels.
+    pub fn plan(plan: &mut KernelPlan, gate: &DeviceTensor, up: &DeviceTensor, down: &DeviceTensor, n_expert: usize, n_ff_exp: usize) -> Option<GroupedMoe> {
+        let n_embd = gate.k;
+        let shapes_fit = up.k == n_embd && down.k == n_ff_exp && [gate.n, up.n] == [n_expert * n_ff_exp; 2] && down.n == n_expert * n_embd;
+        let aligned = [gate, up, down].iter().all(|w| expert_bytes(w, n_expert).is_some_and(|b| b.is_multiple_of(16)));
+        // Rows of x and y are float4-loaded at expert offsets: both widths multiples of 4.
+        if !shapes_fit || !aligned || gate.ty != up.ty || !n_embd.is_multiple_of(4) || !n_ff_exp.is_multiple_of(4) {
+            return None;
+        }
+        let (Ok(gq), Ok(dq)) = (gpu::qtype_token(matmul::FAMILY, gate.ty), gpu::qtype_token(matmul::FAMILY, down.ty)) else {
+            return None;
+        };
+        let int = |v: usize| Param::Int(v as i64);
+        let f32_token = gpu::qtype_token(embed::FAMILY, GgmlType::F32).ok()?;
+        // A kernel the policy cannot give (`--require-specialized` without specialized
+        // variants for these shapes) leaves the layer on moe_matvec, which the plan has.
+        let mut want = |family: &str, req: &[(&str, Param)]| plan.want(family, req).ok();
+        Some(GroupedMoe {
+            gather: want(embed::FAMILY, &[("n_embd", int(n_embd)), ("qtype", Param::Sym(f32_token))])?,
+            gate_up: want(matmul::FAMILY, &[("k", int(n_embd)), ("n", int(n_ff_exp)), ("qtype", Param::Sym(gq))])?,
+            down: want(matmul::FAMILY, &[("k", int(n_ff_exp)), ("n", int(n_embd)), ("qtype", Param::Sym(dq))])?,
+            glu: want(swiglu::FAMILY, &[("n_ff", int(n_ff_exp))])?,
+            combine: want(moe_combine::FAMILY, &[("n", int(n_embd))])?,
+        })
+    }
+
+    /// `out[t] = Σ_s wts[t, s] · down_{ids[t, s]}(silu(gate·h[t]) ⊙ up·h[t])` for a chunk of `t`
+    /// tokens: `h` `[t][n_embd]`, `ids` / `wts` `[t][n_used]` from moe_router, `out` `[t][n_embd]`.
+    /// Reads the ids back (waits for the stream).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        (gate, up, down): (&DeviceTensor, &DeviceTensor, &DeviceTensor),
+        s: &mut GroupedScratch,
+        h: &CudaView<'_, f32>,
+        ids: &CudaView<'_, i32>,
+        wts: &CudaView<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+        t: usize,
+        n_used: usize,
+        n_expert: usize,
+    ) -> Result<()> {
+        let (e, nf, pairs) = (gate.k, down.k, t * n_used);
+        if s.token_of_row.len() < pairs || s.rows.len() < pairs * e || s.gate.len() < pairs * nf {
+            return Err(err(format!("grouped MoE: scratch too small for {t} tokens × {n_used} experts")));
+        }
+        let stream = gpu.stream();
+        let ids_host = stream.clone_dtoh(ids).map_err(|e| err(format!("copying expert ids to the host: {e:?}")))?;
+        let g = group_by_expert(&ids_host[..pairs], n_used, n_expert).map_err(|m| err(format!("grouped MoE ({}): {m}", gate.name)))?;
+        stream
+            .memcpy_htod(&g.token_of_row, &mut s.token_of_row.slice_mut(..pairs))
+            .and_then(|_| stream.memcpy_htod(&g.row_of_slot, &mut s.row_of_slot.slice_mut(..pairs)))
+            .map_err(|e| err(format!("copying the expert groups to the GPU: {e:?}")))?;
+        // The h rows as an f32 "embedding table" of t rows, gathered per (expert, token) row.
+        // SAFETY: f32 → its 4 bytes each; the view covers exactly h's t·n_embd floats.
+        let table = unsafe { h.transmute::<u8>(t * e * 4) }.ok_or_else(|| err("grouped MoE: h is shorter than t rows"))?;
+        embed::embed(kernels.get(self.gather)?, &s.token_of_row.slice(..pairs), &table, &mut s.rows.slice_mut(..pairs * e), pairs, e, t, 1.0)?;
+        let (gk, dk) = (kernels.get(self.gate_up)?, kernels.get(self.down)?);
+        let named = |r: std::result::Result<(), crate::cuda::Error>, w: &DeviceTensor, x: usize| r.map_err(|m| err(format!("tensor '{}' expert {x}: {m}", w.name)));
+        for x in 0..n_expert {
+            let r = g.rows(x);
+            if r.is_empty() {
+                continue;
+            }
+            let xs = s.rows.slice(r.start * e..r.end * e);
+            for (w, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
+                named(matmul::matmul(gk, &expert(w, x, n_expert), &xs, &mut y.slice_mut(r.start * nf..r.end * nf), r.len(), e, nf, e, nf), w, x)?;
+            }
+        }
+        swiglu::swiglu(kernels.get(self.glu)?, &s.gate.slice(..pairs * nf), &s.up.slice(..pairs * nf), &mut s.act.slice_mut(..pairs * nf), pairs, nf, GluLayout::separate(nf))?;
+        // The gathered rows are spent: the down outputs go there.
+        for x in 0..n_expert {
+            let r = g.rows(x);
+            if r.is_empty() {
+                continue;
+            }
+            let a = s.act.slice(r.start * nf..r.end * nf);
+            named(matmul::matmul(dk, &expert(down, x, n_expert), &a, &mut s.rows.slice_mut(r.start * e..r.end * e), r.len(), nf, e, nf, e), down, x)?;
+        }
+        moe_combine::moe_combine(kernels.get(self.combine)?, &s.rows.slice(..pairs * e), &s.row_of_slot.slice(..pairs), wts, out, t, n_used, e)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh seeded xorshift (seed printed by the caller).
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Every (token, slot) lands on a row of its expert holding its token; rows of an expert are
+    /// in token order; every row is used once.
+    fn check(ids: &[i32], n_used: usize, n_expert: usize, what: &str) {
+        let g = group_by_expert(ids, n_used, n_expert).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(g.offsets.len(), n_expert + 1, "{what}");
+        assert_eq!(*g.offsets.last().unwrap(), ids.len(), "{what}");
+        let mut seen = vec![false; ids.len()];
+        for (i, &x) in ids.iter().enumerate() {
+            let row = g.row_of_slot[i] as usize;
+            assert!(g.rows(x as usize).contains(&row), "{what}: slot {i} (expert {x}) at row {row}, outside {:?}", g.rows(x as usize));
+            assert_eq!(g.token_of_row[row] as usize, i / n_used, "{what}: row {row}");
+            assert!(!seen[row], "{what}: row {row} used twice");
+            seen[row] = true;
+        }
+        for x in 0..n_expert {
+            let toks = &g.token_of_row[g.rows(x)];
+            assert!(toks.windows(2).all(|w| w[0] < w[1]), "{what}: expert {x} rows not in token order: {toks:?}");
+            let want = ids.iter().filter(|&&v| v as usize == x).count();
+            assert_eq!(g.rows(x).len(), want, "{what}: expert {x} row count");
+        }
+    }
+
+    #[test]
+    fn groups_by_hand() {
+        // 3 tokens, 2 slots, 4 experts: expert 1 gets tokens 0, 2; expert 3 tokens 0, 1, 2;
+        // expert 2 token 1; expert 0 none.
+        let ids = [3, 1, 2, 3, 1, 3];
+        let g = group_by_expert(&ids, 2, 4).unwrap();
+        assert_eq!(g.offsets, vec![0, 0, 2, 3, 6]);
+        assert_eq!(g.token_of_row, vec![0, 2, 1, 0, 1, 2]);
+        assert_eq!(g.row_of_slot, vec![3, 0, 2, 4, 1, 5]);
+        check(&ids, 2, 4, "by hand");
+    }
+
+    #[test]
+    fn groups_random_and_awkward_routings() {
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+        println!("seed {seed}");
+        let mut st = seed;
+        for (t, n_used, n_expert) in [(7, 8, 64), (130, 8, 256), (1, 1, 1), (33, 2, 4)] {
+            // Distinct experts per token, as the router picks them.
+            let mut ids = Vec::new();
+            for _ in 0..t {
+                let mut row: Vec<i32> = Vec::new();
+                while row.len() < n_used {
+                    let x = (next(&mut st) % n_expert as u64) as i32;
+                    if !row.contains(&x) {
+                        row.push(x);
+                    }
+                }
+                ids.extend(row);
+            }
+            check(&ids, n_used, n_expert, &format!("seed {seed}: t {t}, {n_used} of {n_expert}"));
+        }
+        // One expert chosen by every token, the rest by none.
+        check(&vec![5; 130], 1, 64, "all on expert 5");
+    }
+
+    #[test]
+    fn bad_ids_are_errors_naming_the_slot() {
+        let e = group_by_expert(&[0, 1, -1, 2], 2, 4).unwrap_err();
+        assert!(e.contains("token 1 slot 0") && e.contains("-1"), "{e}");
+        let e = group_by_expert(&[0, 4], 2, 4).unwrap_err();
+        assert!(e.contains("token 0 slot 1") && e.contains("[0, 4)"), "{e}");
+        assert!(group_by_expert(&[0, 1, 2], 2, 4).is_err());
+    }
+}
