@@ -274,13 +274,13 @@ pub fn plan_shards(
     specialized: &mut Vec<KernelVariant>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<usize>, BuildError> {
-    let Some(own) = &spec.shards else {
+    let Some(own) = spec.parallel.as_ref().map(|p| &p.shards) else {
         return Ok(Vec::new());
     };
     let counts = over.map_or_else(|| own.clone(), |o| crate::shard::normalize(o.to_vec()));
     let mut planned = Vec::new();
     for n in counts {
-        let rank = match crate::shard::rank_dims(dims, n) {
+        let rank = match crate::shard::rank_dims(spec, dims, n) {
             Ok(d) => d,
             Err(e) => {
                 warnings.push(format!("{}: no {n}-GPU shard variants ({}): {e}", spec.arch, dims.origin));

@@ -5,8 +5,9 @@
 //! via [`source`]) -> [`dims`] (preset or GGUF header, with [`expr`] for shapes) -> [`plan`]
 //! (against the [`families`] catalogue of `templates/README.md`, named by [`variant`]) ->
 //! [`render`] -> [`build`] (the build-script entry point `build::emit`). [`fixture`] writes
-//! GGUF images matching a spec, for tests. [`shard`] holds the multi-GPU split rules: the
-//! engine's ranks cut weights by them, the planner the dims of each `[parallel] shards` count.
+//! GGUF images matching a spec, for tests. [`shard`] applies the spec's multi-GPU split rules
+//! (`[tensors]` `split`, `[parallel]`): the engine's ranks cut weights by them, the planner the
+//! dims of each `[parallel] shards` count.
 
 pub mod build;
 pub mod dims;

@@ -9,6 +9,7 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::expr::Expr;
+use crate::shard::Cut;
 use crate::source::{Loc, SourceFile, SpecErrors, Table, as_float, as_int, describe};
 
 /// Names that mean something in kernel-parameter expressions of per-tensor kernels.
@@ -33,9 +34,19 @@ pub struct ArchSpec {
     pub tensors: Vec<TensorSpec>,
     pub presets: Vec<Preset>,
     pub kernels: Vec<KernelSpec>,
-    /// `[parallel] shards`: the GPU counts (> 1) whose per-rank shapes get specialized
-    /// variants too (`crate::shard`); `None` without the table (a model never split).
-    pub shards: Option<Vec<usize>>,
+    /// `[parallel]`: how the model splits over GPUs (`crate::shard`); `None` without the
+    /// table (a model never split).
+    pub parallel: Option<Parallel>,
+    pub loc: Loc,
+}
+
+/// The `[parallel]` table; the split tensors are the `[tensors]` entries with a `split`.
+#[derive(Clone, Debug)]
+pub struct Parallel {
+    /// The GPU counts (> 1) whose per-rank shapes get specialized variants too.
+    pub shards: Vec<usize>,
+    /// The hparams and derived values a rank holds 1/N of (heads, FFN widths).
+    pub per_rank: Vec<(String, Loc)>,
     pub loc: Loc,
 }
 
@@ -226,6 +237,8 @@ pub struct TensorSpec {
     pub optional: bool,
     /// `Some` for per-layer tensors (default `0..n_layer`), `None` for global ones.
     pub layers: Option<LayerRange>,
+    /// How it is split across GPUs (`split`; absent: whole).
+    pub split: Cut,
     pub loc: Loc,
 }
 
@@ -247,6 +260,18 @@ impl TensorSpec {
 }
 
 pub const DEFAULT_LAYERS: &str = "0..n_layer";
+
+/// Whether GGUF tensor `name` is an instance of the `[tensors]` entry `pattern`: equal, with
+/// `{i}` standing for a layer index (decimal digits).
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once("{i}") {
+        None => pattern == name,
+        Some((head, tail)) => name
+            .strip_prefix(head)
+            .and_then(|rest| rest.strip_suffix(tail))
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit())),
+    }
+}
 
 /// Tensor types of a preset: one type for all layers, or one per layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -538,9 +563,7 @@ fn parse_doc(
             Vec::new()
         }
     };
-    let shards = top
-        .table(src, "parallel")
-        .map(|t| parse_parallel(src, t));
+    let parallel = top.table(src, "parallel").map(|t| parse_parallel(src, t));
     top.finish(
         src,
         &[
@@ -571,10 +594,13 @@ fn parse_doc(
         tensors,
         presets,
         kernels,
-        shards,
+        parallel,
         loc: arch_loc,
     };
     check(src, &spec, default_preset.as_ref(), caps.is_some());
+    if complete && !src.has_errors() {
+        check_splits(src, &spec);
+    }
     complete.then_some(spec)
 }
 
@@ -597,14 +623,16 @@ impl Capabilities {
     }
 }
 
-/// `[parallel] shards = [1, 2, 8]`: GPU counts ≥ 1 (1, the unsplit model, is always planned).
-fn parse_parallel(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<usize> {
-    let mut out = Vec::new();
+/// `[parallel] shards = [1, 2, 8]`: GPU counts ≥ 1 (1, the unsplit model, is always planned);
+/// `per_rank = ["n_head", ...]`: names, checked against the spec by `check`.
+fn parse_parallel(src: &mut SourceFile, mut t: Table<'_, '_>) -> Parallel {
+    let loc = src.loc(&t.span, "parallel");
+    let mut shards = Vec::new();
     match t.array(src, "shards") {
         Some((path, _, items)) => {
             for (i, it) in items.iter().enumerate() {
                 match as_int(it.get_ref()) {
-                    Some(n) if n >= 1 => out.push(n as usize),
+                    Some(n) if n >= 1 => shards.push(n as usize),
                     _ => src.error(
                         &it.span(),
                         &format!("{path}[{i}]"),
@@ -622,8 +650,38 @@ fn parse_parallel(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<usize> {
             "missing required key (the GPU counts to specialize shard shapes for)",
         ),
     }
-    t.finish(src, &["shards"]);
-    crate::shard::normalize(out)
+    let mut per_rank = Vec::new();
+    match t.array(src, "per_rank") {
+        Some((path, _, items)) => {
+            for (i, it) in items.iter().enumerate() {
+                let ipath = format!("{path}[{i}]");
+                match it.get_ref() {
+                    DeValue::String(s) => {
+                        per_rank.push((s.to_string(), src.loc(&it.span(), &ipath)))
+                    }
+                    other => src.error(
+                        &it.span(),
+                        &ipath,
+                        format!(
+                            "expected an hparam or derived name, found {}",
+                            describe(other)
+                        ),
+                    ),
+                }
+            }
+        }
+        None => src.error(
+            &t.span.clone(),
+            "parallel.per_rank",
+            "missing required key (the hparams a GPU holds 1/N of; [] for none)",
+        ),
+    }
+    t.finish(src, &["shards", "per_rank"]);
+    Parallel {
+        shards: crate::shard::normalize(shards),
+        per_rank,
+        loc,
+    }
 }
 
 fn parse_hparams(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<HParam> {
@@ -1124,7 +1182,32 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
             }
             None => field_name(&name),
         };
-        e.finish(src, &["shape", "optional", "layers", "field"]);
+        let split = match e.str(src, "split") {
+            Some(sp) => {
+                let spath = format!("{path}.split");
+                match Cut::from_token(sp.get_ref()) {
+                    Some(_) if shape.len() < 2 => {
+                        src.error(&sp.span(), &spath, "only matrices (2 to 4 dims) are split");
+                        Cut::Whole
+                    }
+                    Some(cut) => cut,
+                    None => {
+                        src.error(
+                            &sp.span(),
+                            &spath,
+                            format!(
+                                "unknown value `{}`; expected one of: {} (no `split`: whole)",
+                                sp.get_ref(),
+                                Cut::TOKENS.join(", ")
+                            ),
+                        );
+                        Cut::Whole
+                    }
+                }
+            }
+            None => Cut::Whole,
+        };
+        e.finish(src, &["shape", "optional", "layers", "field", "split"]);
         if !is_ident(&field) || RESERVED.contains(&field.as_str()) {
             src.error(
                 &kspan,
@@ -1139,6 +1222,7 @@ fn parse_tensors(src: &mut SourceFile, mut t: Table<'_, '_>) -> Vec<TensorSpec> 
                 shape,
                 optional,
                 layers,
+                split,
                 loc,
             });
         }
@@ -1578,6 +1662,32 @@ fn check(
         }
     }
 
+    match &spec.parallel {
+        Some(p) => {
+            for (i, (name, loc)) in p.per_rank.iter().enumerate() {
+                if kind_of(name) != Some("u32") {
+                    src.push(loc.error(format!(
+                        "`{name}` is not an integer hparam or derived value of this spec"
+                    )));
+                } else if p.per_rank[..i].iter().any(|(n, _)| n == name) {
+                    src.push(loc.error(format!("`{name}` is listed twice")));
+                }
+            }
+            if spec.tensors.iter().all(|t| t.split == Cut::Whole) {
+                src.push(p.loc.error(
+                    "no [tensors] entry has a `split`: every GPU would hold and compute the whole model",
+                ));
+            }
+        }
+        None => {
+            for t in spec.tensors.iter().filter(|t| t.split != Cut::Whole) {
+                src.push(t.loc.error(
+                    "`split` needs a [parallel] table (the GPU counts and per_rank values)",
+                ));
+            }
+        }
+    }
+
     for k in &spec.kernels {
         for (name, loc) in &k.tensors {
             match spec.tensor(name) {
@@ -1602,6 +1712,45 @@ fn check(
                         .error("`type` (the tensor's ggml type) needs a `tensors` list"),
                 ),
                 _ => {}
+            }
+        }
+    }
+}
+
+/// Every `[parallel] shards` count splits the default preset (the dims the build plans): each
+/// split tensor's cut (whole rows of its last dim, whole quant blocks of its columns) and each
+/// `per_rank` value are equal parts, by the rules the planner and the ranks use
+/// (`crate::shard`). One error per tensor entry and count, at the entry.
+fn check_splits(src: &mut SourceFile, spec: &ArchSpec) {
+    let Some(p) = &spec.parallel else {
+        return;
+    };
+    // A preset that does not evaluate is reported where it is used (dims, the build).
+    let Ok(dims) = crate::dims::from_preset(spec, None) else {
+        return;
+    };
+    for &n in &p.shards {
+        let at = format!(
+            "{n} GPUs ([parallel] shards) at preset `{}`",
+            spec.default_preset
+        );
+        for (name, loc) in &p.per_rank {
+            if let Some(Value::Int(v)) = dims.value(name)
+                && let Err(e) = crate::shard::rank_value(name, v, n)
+            {
+                src.push(loc.error(format!("{at}: {e}")));
+            }
+        }
+        let mut reported: Vec<usize> = Vec::new();
+        for t in &dims.tensors {
+            let entry = &spec.tensors[t.spec_index];
+            if entry.split == Cut::Whole || reported.contains(&t.spec_index) {
+                continue;
+            }
+            let block = t.ggml_type.block_size();
+            if let Err(e) = crate::shard::rank_shape(entry.split, &t.name, &t.shape, block, n) {
+                src.push(entry.loc.error(format!("{at}: {e}")));
+                reported.push(t.spec_index);
             }
         }
     }

@@ -142,9 +142,12 @@ fn shard_counts_add_only_the_changed_shapes() {
 #[test]
 fn rank_dims_follow_the_split_rules() {
     let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap();
-    assert_eq!(spec.shards, Some(vec![2, 8]));
+    assert_eq!(
+        spec.parallel.as_ref().map(|p| p.shards.clone()),
+        Some(vec![2, 8])
+    );
     let d = dims::from_preset(&spec, None).unwrap();
-    let r = shard::rank_dims(&d, 8).unwrap();
+    let r = shard::rank_dims(&spec, &d, 8).unwrap();
     assert_eq!(int(&r, "n_head"), int(&d, "n_head") / 8);
     assert_eq!(int(&r, "n_ff"), int(&d, "n_ff") / 8);
     assert_eq!(int(&r, "n_ff_shexp"), int(&d, "n_ff_shexp") / 8);
@@ -169,7 +172,7 @@ fn rank_dims_follow_the_split_rules() {
         shape(&r, "blk.5.ffn_gate_inp.weight"),
         shape(&d, "blk.5.ffn_gate_inp.weight")
     );
-    let e = shard::rank_dims(&d, 3).unwrap_err();
+    let e = shard::rank_dims(&spec, &d, 3).unwrap_err();
     assert!(e.contains("3 equal parts"), "{e}");
     // A count the preset does not split into is a warning, not a failed build.
     let g = generate(Some(vec![3, 2]));

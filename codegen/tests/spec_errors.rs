@@ -293,3 +293,145 @@ fn all_errors_are_reported_together() {
     );
     assert_eq!(err.lines().count(), 2, "{err}");
 }
+
+/// BASE split over GPUs: attn_q's rows (64 = 2 heads of 32) and `n_head` per rank.
+fn split_base(split: &str, shards: &str, per_rank: &str) -> String {
+    BASE.replace(
+        "\"n_head * head_dim\"] }",
+        &format!("\"n_head * head_dim\"], split = \"{split}\" }}"),
+    ) + &format!("\n[parallel]\nshards = [{shards}]\nper_rank = [{per_rank}]\n")
+}
+
+#[test]
+fn splits_parse_into_the_tensor_table() {
+    use memra_codegen::shard::{Cut, cut_of, splits};
+    let spec = parse(&split_base("rows", "2", "\"n_head\"")).unwrap();
+    let p = spec.parallel.as_ref().unwrap();
+    assert_eq!(p.shards, [2]);
+    assert_eq!(p.per_rank.len(), 1);
+    assert_eq!(p.per_rank[0].0, "n_head");
+    assert_eq!(splits(&spec), [("blk.{i}.attn_q.weight", Cut::Rows)]);
+    assert_eq!(cut_of(&splits(&spec), "blk.1.attn_q.weight"), Cut::Rows);
+    assert_eq!(cut_of(&splits(&spec), "token_embd.weight"), Cut::Whole);
+    let spec = parse(&split_base("cols", "2", "")).unwrap();
+    assert_eq!(
+        spec.tensor("blk.{i}.attn_q.weight").unwrap().split,
+        Cut::Cols
+    );
+    assert!(parse(BASE).unwrap().parallel.is_none());
+}
+
+#[test]
+fn bad_split_values_and_per_rank_names_are_named() {
+    let text = split_base("heads", "2", "\"n_head\"");
+    expect_error(
+        &text,
+        "split = \"heads\"",
+        "tensors.\"blk.{i}.attn_q.weight\".split",
+        "unknown value `heads`; expected one of: rows, cols",
+    );
+    let text = split_base("rows", "2", "\"n_head\", \"n_heads\", \"rms_eps\", 4");
+    expect_error(
+        &text,
+        "per_rank =",
+        "parallel.per_rank[1]",
+        "`n_heads` is not an integer hparam or derived value",
+    );
+    expect_error(
+        &text,
+        "per_rank =",
+        "parallel.per_rank[2]",
+        "`rms_eps` is not an integer hparam",
+    );
+    expect_error(
+        &text,
+        "per_rank =",
+        "parallel.per_rank[3]",
+        "expected an hparam or derived name",
+    );
+    let text = split_base("rows", "2", "\"n_head\"").replace("per_rank = [\"n_head\"]\n", "");
+    expect_error(
+        &text,
+        "[parallel]",
+        "parallel.per_rank",
+        "missing required key",
+    );
+    let text = BASE.replace(
+        "\"n_embd\", \"n_vocab\"] }",
+        "\"n_embd\", \"n_vocab\"] }\n\"output_norm.weight\" = { shape = [\"n_embd\"], split = \"cols\" }",
+    ) + "\n[parallel]\nshards = [2]\nper_rank = []\n";
+    expect_error(
+        &text,
+        "output_norm",
+        "tensors.\"output_norm.weight\".split",
+        "only matrices (2 to 4 dims) are split",
+    );
+}
+
+#[test]
+fn splits_and_the_parallel_table_need_each_other() {
+    let text = BASE.replace(
+        "\"n_head * head_dim\"] }",
+        "\"n_head * head_dim\"], split = \"rows\" }",
+    );
+    expect_error(
+        &text,
+        "split = \"rows\"",
+        "tensors.\"blk.{i}.attn_q.weight\"",
+        "`split` needs a [parallel] table",
+    );
+    let text = format!("{BASE}\n[parallel]\nshards = [2]\nper_rank = [\"n_head\"]\n");
+    expect_error(
+        &text,
+        "[parallel]",
+        "parallel",
+        "no [tensors] entry has a `split`",
+    );
+}
+
+/// A planned GPU count the default preset does not split into is an error at the tensor entry
+/// (or the per_rank name) naming the tensor, the count and the preset, by `shard::part`'s rule.
+#[test]
+fn indivisible_splits_name_the_tensor_and_the_count() {
+    // 64 rows of 2 heads: 3 GPUs split neither the rows nor the heads.
+    let text = split_base("rows", "2, 3", "\"n_head\"");
+    let line = "split = \"rows\"";
+    let key = "tensors.\"blk.{i}.attn_q.weight\"";
+    expect_error(
+        &text,
+        line,
+        key,
+        "3 GPUs ([parallel] shards) at preset `small`: tensor 'blk.0.attn_q.weight' (row blocks per GPU) rows: 64 does not split into 3 equal parts",
+    );
+    expect_error(
+        &text,
+        "per_rank =",
+        "parallel.per_rank[0]",
+        "3 GPUs ([parallel] shards) at preset `small`: n_head: 2 does not split into 3 equal parts",
+    );
+    let err = parse(&text).unwrap_err();
+    assert_eq!(
+        err.lines().count(),
+        2,
+        "one error per entry and count, none for 2 GPUs: {err}"
+    );
+    // 4 GPUs: 16 of 64 elements per row is not whole Q8_0 blocks of 32.
+    let text = split_base("cols", "4", "");
+    expect_error(
+        &text,
+        "split = \"cols\"",
+        key,
+        "4 GPUs ([parallel] shards) at preset `small`: tensor 'blk.0.attn_q.weight' (column blocks per GPU) row length: 16 of 64 elements per rank is not whole blocks of 32",
+    );
+    // [32, 2, 2]: 4 rows in 2 slices of the last dim; 4 GPUs get 1 row each, not whole slices.
+    let text = split_base("rows", "4", "").replace(
+        "[\"n_embd\", \"n_head * head_dim\"]",
+        "[\"head_dim\", 2, \"n_head\"]",
+    );
+    expect_error(
+        &text,
+        "split = \"rows\"",
+        key,
+        "tensor 'blk.0.attn_q.weight' [32, 2, 2]: a block of 1 rows is not whole slices of its last dim",
+    );
+}

@@ -98,7 +98,7 @@ impl Description {
     /// What one rank of `n_ranks` GPUs holds (`memra_codegen::shard::rank_dims`: split tensors
     /// as the rank's windows, heads and FFN widths divided); its byte counts are one GPU's.
     pub fn rank(&self, n_ranks: usize) -> std::result::Result<Description, String> {
-        let dims = memra_codegen::shard::rank_dims(&self.dims, n_ranks)?;
+        let dims = memra_codegen::shard::rank_dims(&self.spec, &self.dims, n_ranks)?;
         Ok(Description { dims, preset: self.preset.clone(), spec: self.spec.clone(), ..*self })
     }
 

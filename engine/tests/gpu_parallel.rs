@@ -269,7 +269,7 @@ fn expert_remap_kernel_compiles_for_sm90() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_synthetic_shards_are_windows_of_the_whole_tensor() {
     use memra_engine::models::gpu::WeightSource;
-    use memra_engine::parallel::shard::{Cut, Shard, ShardSource, cut_of, window_bytes};
+    use memra_engine::parallel::shard::{Cut, Shard, ShardSource, window_bytes};
     use memra_engine::synthetic::{SyntheticWeights, describe};
     const TEST: &str = "gpu_synthetic_shards_are_windows_of_the_whole_tensor";
     if Gpu::device_count() == 0 {
@@ -286,14 +286,15 @@ fn gpu_synthetic_shards_are_windows_of_the_whole_tensor() {
         let layer_ok = t.name.starts_with("blk.2.")
             || t.name.starts_with("blk.3.")
             || t.name == "output.weight";
-        if !layer_ok || cut_of(t.name) == Cut::Whole {
+        let cut = Shard::new(desc.arch(), 0, 1).unwrap().cut(t.name);
+        if !layer_ok || cut == Cut::Whole {
             continue;
         }
         let whole = source.upload(&gpu, &t).unwrap_or_else(|e| panic!("{e}"));
         let whole = gpu.stream().clone_dtoh(&whole.data).unwrap();
         for n_ranks in [2, 4, 8] {
             for rank in [0, n_ranks - 1] {
-                let shard = Shard { rank, n_ranks };
+                let shard = Shard::new(desc.arch(), rank, n_ranks).unwrap();
                 let w = shard.window(&t).unwrap_or_else(|e| panic!("{e}"));
                 let part = ShardSource {
                     src: &source,

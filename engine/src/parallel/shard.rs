@@ -1,14 +1,14 @@
-//! Which part of each MLA-model tensor a rank holds, and weight sources that upload exactly that
-//! part (a GGUF file's bytes, or the synthetic generator's window of the 1-GPU tensor).
+//! Which part of each tensor a rank holds, and weight sources that upload exactly that part (a
+//! GGUF file's bytes, or the synthetic generator's window of the 1-GPU tensor).
 //!
-//! The split rules themselves ([`cut_of`], the per-rank parts and windows) live in
-//! `memra_codegen::shard`, where the build also applies them to the dims to plan each rank's
-//! specialized kernels (the spec's `[parallel] shards`); this file applies them to the weights.
-//! In short: attention heads (`attn_q_b`, `attn_k_b`, `attn_v_b` rows, `attn_output` columns),
-//! routed experts (the `_exps` stacks' rows), dense FFN and shared expert (gate/up rows, down
-//! columns) and the LM head's vocabulary rows are split; the rest (norms, `attn_q_a`,
-//! `attn_kv_a_mqa`: the latent cache is replicated, the indexer, the router, the embedding) is
-//! whole.
+//! The split rules are spec data: each `[tensors]` entry's `split` (rows / cols / whole) of the
+//! architecture's spec, here as the build's [`SPLITS`] table, applied by `memra_codegen::shard`
+//! (the per-rank parts and windows), where the build also applies them to the dims to plan each
+//! rank's specialized kernels (the spec's `[parallel] shards`); this file applies them to the
+//! weights. For glm-dsa (specs/glm-dsa.toml): attention heads, routed experts, dense FFN and
+//! shared expert and the LM head's vocabulary rows are split; norms, `attn_q_a`,
+//! `attn_kv_a_mqa` (the latent cache is replicated), the indexer, the router and the embedding
+//! are whole.
 //!
 //! A row block makes a partial output with whole rows (heads, experts, FFN columns); a column
 //! block a partial sum of the full output. The decoder all-reduces the attention output and the
@@ -28,11 +28,30 @@ use crate::cuda::Gpu;
 use crate::models::gpu::{DeviceTensor, Result, WeightSource, alloc, err};
 use crate::models::mla::MlaConfig;
 
-/// Rank `rank` of `n_ranks`.
+// `SPLITS`: (architecture, (tensor name pattern, cut) of its split tensors) of every spec with a
+// `[parallel]` table, written by build.rs from specs/*.toml.
+include!(concat!(env!("OUT_DIR"), "/splits.rs"));
+
+/// The split tensors of `arch` ((GGUF name pattern with `{i}`, cut), from its spec); an error
+/// naming the spec when the architecture does not split across GPUs.
+pub fn splits(arch: &str) -> Result<&'static [(&'static str, Cut)]> {
+    SPLITS
+        .iter()
+        .find(|(a, _)| *a == arch)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| {
+            err(format!(
+                "architecture {arch} does not split across GPUs (specs/{arch}.toml has no [parallel] table)"
+            ))
+        })
+}
+
+/// Rank `rank` of `n_ranks`, and the architecture's split tensors ([`splits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
     pub rank: usize,
     pub n_ranks: usize,
+    pub splits: &'static [(&'static str, Cut)],
 }
 
 /// Rows `row0..row0 + rows` and elements `col0..col0 + cols` of each of a tensor.
@@ -79,6 +98,20 @@ impl Window {
 }
 
 impl Shard {
+    /// Rank `rank` of `n_ranks` of a model of architecture `arch`.
+    pub fn new(arch: &str, rank: usize, n_ranks: usize) -> Result<Shard> {
+        Ok(Shard {
+            rank,
+            n_ranks,
+            splits: splits(arch)?,
+        })
+    }
+
+    /// How tensor `name` is split.
+    pub fn cut(&self, name: &str) -> Cut {
+        cut_of(self.splits, name)
+    }
+
     /// The `rank`-th of `n_ranks` equal parts of `0..total`; an error when they are not equal.
     pub fn part(&self, total: usize, what: &dyn Fn() -> String) -> Result<Range<usize>> {
         let r = rules::part(total as u64, self.rank, self.n_ranks, &what()).map_err(err)?;
@@ -88,8 +121,16 @@ impl Shard {
     /// The window of `t` this rank holds.
     pub fn window(&self, t: &TensorInfo<'_>) -> Result<Window> {
         let bs = t.ggml_type.block_size();
-        let (r, c) = rules::window(t.name, t.row_len(), t.n_rows(), bs, self.rank, self.n_ranks)
-            .map_err(err)?;
+        let (r, c) = rules::window(
+            self.cut(t.name),
+            t.name,
+            t.row_len(),
+            t.n_rows(),
+            bs,
+            self.rank,
+            self.n_ranks,
+        )
+        .map_err(err)?;
         let (row0, col0) = (r.start as usize, c.start as usize);
         let (rows, cols) = ((r.end - r.start) as usize, (c.end - c.start) as usize);
         Ok(Window {
@@ -130,8 +171,11 @@ pub fn check_split<B: AsRef<[u8]>>(
     n_ranks: usize,
 ) -> Result<()> {
     let spec = crate::models::glm_dsa::mla_spec(path, file)?;
+    let arch = file
+        .architecture()
+        .map_err(|e| err(format!("{}: {e}", path.display())))?;
     for rank in [0, n_ranks.saturating_sub(1)] {
-        let s = Shard { rank, n_ranks };
+        let s = Shard::new(arch, rank, n_ranks)?;
         s.config(&spec.config)?;
         for t in file.tensors() {
             s.window(&t)?;
@@ -211,7 +255,7 @@ pub struct ShardSource<'a> {
 
 impl WeightSource for ShardSource<'_> {
     fn upload(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<DeviceTensor> {
-        if cut_of(t.name) == Cut::Whole {
+        if self.shard.cut(t.name) == Cut::Whole {
             return self.src.upload(gpu, t);
         }
         let w = self.shard.window(t)?;
@@ -219,7 +263,7 @@ impl WeightSource for ShardSource<'_> {
     }
 
     fn upload_f32(&self, gpu: &Gpu, t: &TensorInfo<'_>) -> Result<CudaSlice<f32>> {
-        if cut_of(t.name) != Cut::Whole {
+        if self.shard.cut(t.name) != Cut::Whole {
             return Err(err(format!(
                 "tensor '{}' is split across GPUs but was asked for as f32",
                 t.name
@@ -242,6 +286,10 @@ mod tests {
     use crate::kernels::registry::Param;
     use crate::models::gpu;
 
+    fn shard(rank: usize, n_ranks: usize) -> Shard {
+        Shard::new("glm-dsa", rank, n_ranks).unwrap()
+    }
+
     fn micro() -> Gguf<Vec<u8>> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let spec = ArchSpec::load(&root.join("specs/glm-dsa.toml")).unwrap();
@@ -255,7 +303,7 @@ mod tests {
         let file = micro();
         let mut checked = 0;
         for t in file.tensors() {
-            let cut = cut_of(t.name);
+            let cut = shard(0, 2).cut(t.name);
             if cut == Cut::Whole {
                 continue;
             }
@@ -263,7 +311,7 @@ mod tests {
             let full = quant::dequantize(t.ggml_type, file.tensor_data(t), k * n).unwrap();
             let n_ranks = 2;
             for rank in 0..n_ranks {
-                let s = Shard { rank, n_ranks };
+                let s = shard(rank, n_ranks);
                 let w = match s.window(&t) {
                     Ok(w) => w,
                     // Micro dims may not split into whole blocks; that must be an error naming the tensor.
@@ -305,6 +353,35 @@ mod tests {
         assert!(checked >= 8, "only {checked} windows checked");
     }
 
+    /// The build's table is every spec's `split`s; an architecture without `[parallel]` is
+    /// refused by name.
+    #[test]
+    fn split_table_is_the_specs() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut split_archs = 0;
+        for entry in std::fs::read_dir(root.join("specs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            let spec = ArchSpec::load(&path).unwrap();
+            match &spec.parallel {
+                Some(_) => {
+                    let want = memra_codegen::shard::splits(&spec);
+                    assert_eq!(splits(&spec.arch).unwrap(), &want[..], "{}", spec.arch);
+                    assert!(!want.is_empty(), "{}", spec.arch);
+                    split_archs += 1;
+                }
+                None => {
+                    let e = splits(&spec.arch).unwrap_err().to_string();
+                    assert!(e.contains(&spec.arch) && e.contains("[parallel]"), "{e}");
+                }
+            }
+        }
+        assert!(split_archs >= 1, "no spec splits across GPUs");
+        assert_eq!(SPLITS.len(), split_archs);
+    }
+
     #[test]
     fn glm5_splits_over_2_4_8_gpus_but_not_3() {
         let desc = crate::synthetic::describe("glm-5", 4).unwrap();
@@ -323,47 +400,22 @@ mod tests {
     fn configs_that_do_not_split_are_refused() {
         let hp = MlaModelHparams::from_gguf(&micro()).unwrap();
         let cfg = crate::models::mla::config_from("glm-dsa", "interleaved", &hp);
-        let two = Shard {
-            rank: 1,
-            n_ranks: 2,
-        }
-        .config(&cfg)
-        .unwrap();
+        let two = shard(1, 2).config(&cfg).unwrap();
         assert_eq!(two.n_head, cfg.n_head / 2);
         assert_eq!(
             two.moe.as_ref().unwrap().n_expert,
             cfg.moe.as_ref().unwrap().n_expert,
             "the router keeps every expert"
         );
-        assert_eq!(
-            Shard {
-                rank: 1,
-                n_ranks: 2
-            }
-            .experts(&cfg)
-            .unwrap(),
-            Some(2..4)
-        );
-        let e = Shard {
-            rank: 0,
-            n_ranks: 3,
-        }
-        .config(&cfg)
-        .unwrap_err()
-        .to_string();
+        assert_eq!(shard(1, 2).experts(&cfg).unwrap(), Some(2..4));
+        let e = shard(0, 3).config(&cfg).unwrap_err().to_string();
         assert!(
             e.contains("attention heads") && e.contains("3 equal parts"),
             "{e}"
         );
         let mut odd = cfg.clone();
         odd.moe.as_mut().unwrap().n_expert = 6;
-        let e = Shard {
-            rank: 0,
-            n_ranks: 4,
-        }
-        .config(&odd)
-        .unwrap_err()
-        .to_string();
+        let e = shard(0, 4).config(&odd).unwrap_err().to_string();
         assert!(e.contains("routed experts"), "{e}");
     }
 
@@ -384,7 +436,7 @@ mod tests {
             let role = t.name.rsplit_once("blk.").map_or(t.name, |(_, r)| {
                 r.split_once('.').map_or(r, |(_, role)| role)
             });
-            if cut_of(t.name) == Cut::Whole {
+            if shard.cut(t.name) == Cut::Whole {
                 continue;
             }
             let w = shard.window(&t).unwrap();
@@ -446,7 +498,7 @@ mod tests {
         );
         for &n_ranks in counts {
             for rank in [0, n_ranks - 1] {
-                let reqs = rank_requests(Shard { rank, n_ranks });
+                let reqs = rank_requests(shard(rank, n_ranks));
                 // 4 layers: attention q_b, attn_output (matvec + matmul), k_b, v_b (6); dense
                 // FFN gate (fused gate/up, swiglu, 2 linear), up, down (8); MoE experts (2),
                 // shared expert like a dense FFN (8); the LM head (2); 3 MLA kernels.
@@ -466,10 +518,7 @@ mod tests {
             .filter(|n| 64 % n == 0 && !counts.contains(n))
             .next()
             .unwrap();
-        let reqs = rank_requests(Shard {
-            rank: 0,
-            n_ranks: unplanned,
-        });
+        let reqs = rank_requests(shard(0, unplanned));
         let (family, req, _) = reqs.iter().find(|r| r.0 == "mla_decode").unwrap();
         let e = select_with(family, req, Policy::RequireSpecialized).unwrap_err();
         assert!(

@@ -143,10 +143,7 @@ fn rank_main(
     cmds: Receiver<Cmd>,
     replies: Sender<Reply>,
 ) {
-    let shard = Shard {
-        rank: comm.rank(),
-        n_ranks: comm.n_ranks(),
-    };
+    let (rank, n_ranks) = (comm.rank(), comm.n_ranks());
     opts.device = comm.device();
     let synth = match &weights {
         Weights::Synthetic { desc, seed } => Some(SyntheticWeights::new(desc, *seed)),
@@ -157,6 +154,10 @@ fn rank_main(
             Some(s) => s,
             None => &*file,
         };
+        let arch = file
+            .architecture()
+            .map_err(|e| err(format!("{}: {e}", label.display())))?;
+        let shard = Shard::new(arch, rank, n_ranks)?;
         let mut spec = glm_dsa::mla_spec(&label, &file)?;
         let experts = shard.experts(&spec.config)?;
         spec.config = shard.config(&spec.config)?;
