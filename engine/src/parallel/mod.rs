@@ -29,8 +29,9 @@
 //! dims — heads/N (mla_rope, mla_decode, mla_sparse_decode), q_b rows/N, attn_output columns/N,
 //! dense-FFN and shared-expert widths/N (matvec, matmul, swiglu, fused gate/up), LM-head rows/N
 //! — named by the one naming function (`mla_decode__n_head32_…`, `matvec__k2048_n8192__q8_0`).
-//! The split rules exist once, in `memra_codegen::shard`: the ranks cut the weights by them
-//! ([`shard`]) and the planner the dims. Nothing else changes at run time: a rank asks the
+//! The split rules are spec data (`[tensors]` `split`, `[parallel] per_rank`), applied in one
+//! place, `memra_codegen::shard`: the ranks cut the weights by them ([`shard`]) and the planner
+//! the dims. Nothing else changes at run time: a rank asks the
 //! registry for its shapes like one GPU does and gets those variants; its load report line
 //! says whether this build planned its GPU count (else the differing shapes run generic and
 //! `--require-specialized` refuses). Shapes a rank keeps (the k_b/v_b heads and the experts,
