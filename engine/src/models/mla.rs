@@ -1359,7 +1359,7 @@ impl Bufs {
             wts: a(nu, "expert weights")?,
             work: gpu::alloc(gpu, 1, "attention workspace")?,
             grouped: match &c.moe {
-                Some(m) if moe_grouped::use_grouped(t) => {
+                Some(m) if moe_grouped::use_grouped(t, m.n_used, m.n_expert) => {
                     Some(GroupedScratch::new(gpu, t, m.n_used, e, m.n_ff_exp)?)
                 }
                 _ => None,

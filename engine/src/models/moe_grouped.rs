@@ -14,14 +14,17 @@ use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{embed, matmul, moe_combine, swiglu};
 
-/// Prompt chunks of at least this many tokens take the grouped path; shorter ones (and decode)
-/// stay on moe_matvec. Not yet measured on a GPU: a starting point, below which most experts
-/// would get one or two tokens.
+/// Prompt chunks take the grouped path from this many tokens on, and only when the experts get
+/// [`GROUPED_MIN_TOKENS_PER_EXPERT`] tokens on average; shorter ones (and decode) stay on
+/// moe_matvec. Not yet measured on a GPU: starting points. The grouped path costs three
+/// launches per expert with tokens and a host round trip; with one or two tokens per expert it
+/// reads about the weight bytes moe_matvec reads.
 pub const GROUPED_MIN_TOKENS: usize = 16;
+pub const GROUPED_MIN_TOKENS_PER_EXPERT: usize = 4;
 
-/// Whether a chunk of `t` tokens runs grouped.
-pub fn use_grouped(t: usize) -> bool {
-    t >= GROUPED_MIN_TOKENS
+/// Whether a chunk of `t` tokens, each routed to `n_used` of `n_expert` experts, runs grouped.
+pub fn use_grouped(t: usize, n_used: usize, n_expert: usize) -> bool {
+    t >= GROUPED_MIN_TOKENS && t * n_used >= GROUPED_MIN_TOKENS_PER_EXPERT * n_expert
 }
 
 /// The (token, slot) pairs of a chunk grouped by expert: rows `offsets[x]..offsets[x + 1]` of
@@ -275,6 +278,15 @@ mod tests {
         }
         // One expert chosen by every token, the rest by none.
         check(&vec![5; 130], 1, 64, "all on expert 5");
+    }
+
+    #[test]
+    fn threshold_needs_tokens_and_tokens_per_expert() {
+        // OLMoE 8 of 64: 4 tokens per expert from 32 tokens; GLM-5 8 of 256: from 128.
+        assert!(!use_grouped(31, 8, 64) && use_grouped(32, 8, 64));
+        assert!(!use_grouped(127, 8, 256) && use_grouped(128, 8, 256));
+        // The micro models' 2 of 4: the token floor decides.
+        assert!(!use_grouped(15, 2, 4) && use_grouped(16, 2, 4));
     }
 
     #[test]

@@ -202,9 +202,10 @@ pub fn micro_matches_the_cpu_reference(arch: &str, settings: &[(Policy, bool)]) 
     let path = micro(arch, seed);
     let mut cpu = Cpu::load(arch, &path);
     let prompt = random_prompt(&mut rng, 20);
-    // MoE prefills of this length run expert-grouped (models::moe_grouped), decode steps on
-    // moe_matvec: the prefill-vs-decode checks below compare the two paths.
-    assert!(memra_engine::models::moe_grouped::use_grouped(prompt.len()));
+    // The micro MoE models' prefills of this length (2 of 4 experts, codegen fixture
+    // MICRO_VALUES) run expert-grouped (models::moe_grouped), decode steps on moe_matvec: the
+    // prefill-vs-decode checks below compare the two paths.
+    assert!(memra_engine::models::moe_grouped::use_grouped(prompt.len(), 2, 4));
     let steps = 12;
     for &(policy, graphs) in settings {
         let what = format!("{arch} seed {seed}, {policy:?}, graphs {graphs}");
