@@ -137,15 +137,15 @@ template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split,
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
         run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, s, scale, 0); });
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, out.data(), work.data(), nh, kvl, rope, max_ctx, s, scale, 0, 1); });
     }
     // Phases 1 (partials) + 2 (merge over 3 blocks per head block): the same bits as phase 0.
     if (n_split > 1) {
         std::vector<float> two(out.size(), NAN);
         run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 1); });
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 1, 1); });
         run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
-            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2); });
+            mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2, 1); });
         if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
     }
     // Counters (and their padding) at the front, back at zero; nothing past the wrapper's size.
@@ -153,6 +153,40 @@ template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split,
     for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
     for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     FILE* fo = fopen(f[2], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
+}
+// n_q queries at positions pos[0..n_q) in one launch (phase 0 when n_split = 1, else phases 1 +
+// 2 with grid z = n_q) must give the bits of n_q one-query launches; phase 0 with several
+// queries and splits (the counters serve one query) must write NaN.
+template <class K> void mla_batch(int nh, int kvl, int rope, int max_ctx, int n_split, int n_q, int work_floats, float scale, int eb, char** f) {
+    auto q = slurp(f[0]), c = slurp(f[1]), pv = slurp(f[2]);
+    const int* pos = (const int*)pv.data();
+    const size_t per_q = (size_t)nh * kvl, D = kvl + rope;
+    std::vector<float> out(n_q * per_q, NAN), one(n_q * per_q, NAN), work((size_t)work_floats + 16, 0.0f);
+    std::fill(work.begin() + work_floats, work.end(), -7.0f);
+    size_t smem = eb == 2 ? (size_t)(64 + 128) * ((D + 63) / 64 * 128) + 64 * 128 + 1536
+                          : std::min(nh, 64) * (D + 4) * 4 + 2 * 8 * (D * eb + 16) + 8 * 256 + 768;
+    const unsigned hbs = (nh + 63) / 64;
+    auto launch = [&](const float* qq, const int* pp, float* o, int nq) {
+        if (n_split == 1) {
+            run_grid({1, hbs, (unsigned)nq}, 256, smem, [&] { mla_decode_impl<K>(qq, c.data(), pp, o, work.data(), nh, kvl, rope, max_ctx, 1, scale, 0, nq); });
+            return;
+        }
+        run_grid({(unsigned)n_split, hbs, (unsigned)nq}, 256, smem, [&] { mla_decode_impl<K>(qq, c.data(), pp, o, work.data(), nh, kvl, rope, max_ctx, n_split, scale, 1, nq); });
+        run_grid({3, hbs, (unsigned)nq}, 256, 0, [&] { mla_decode_impl<K>(qq, c.data(), pp, o, work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2, nq); });
+    };
+    launch((const float*)q.data(), pos, out.data(), n_q);
+    for (int j = 0; j < n_q; ++j) launch((const float*)q.data() + j * nh * D, pos + j, one.data() + j * per_q, 1);
+    if (memcmp(one.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "batched launch differs from one launch per query\n"); exit(3); }
+    if (n_split > 1 && n_q > 1) {
+        std::vector<float> refused(out.size(), 0.0f);
+        run_grid({(unsigned)n_split, hbs, (unsigned)n_q}, 256, smem, [&] {
+            mla_decode_impl<K>((const float*)q.data(), c.data(), pos, refused.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 0, n_q); });
+        for (float v : refused) if (!std::isnan(v)) { fprintf(stderr, "phase 0 over several queries did not write NaN\n"); exit(3); }
+    }
+    const unsigned* ctr = (const unsigned*)work.data();
+    for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
+    FILE* fo = fopen(f[3], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
 int main(int argc, char** argv) {
     using B = CacheType;
@@ -166,6 +200,17 @@ int main(int argc, char** argv) {
         case 1: attn<ACfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
         case 2: attn<ACfg<128, 32, 8, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
         case 3: attn<ACfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        default: return 4;
+        }
+    } else if (kind == 2) {
+        // mla batch: kind=2 cfg nh kvl rope max_ctx n_split n_q work_floats scale q c pos out
+        int a[7]; for (int i = 0; i < 7; ++i) a[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[10]);
+        char** f = argv + 11;
+        switch (cfg) {
+        case 0: mla_batch<MCfg<64, 512, 64, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, 2, f); break;
+        case 1: mla_batch<MCfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, 2, f); break;
+        case 2: mla_batch<MCfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], scale, 4, f); break;
         default: return 4;
         }
     } else {
@@ -477,6 +522,87 @@ fn mla_case(
         "mla_decode emulation {tag}: relative L2 {err:e} > {tol:e} (MEMRA_SEED={})",
         rng.seed()
     );
+}
+
+/// Several query tokens in one launch, each at its own position over the same latent cache.
+#[allow(clippy::too_many_arguments)]
+fn mla_batch_case(
+    bin: &Path,
+    rng: &mut Rng,
+    cfg: usize,
+    nh: usize,
+    kvl: usize,
+    rope: usize,
+    positions: &[usize],
+    n_split: usize,
+    f32_cache: bool,
+) {
+    let (d, n_q) = (kvl + rope, positions.len());
+    let max_ctx = positions.iter().max().unwrap() + 3;
+    let q = rng.normal_vec(n_q * nh * d, 1.0);
+    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let scale = 1.0f32 / 16.0;
+    let work = mla_decode::work_floats_batch(nh, kvl, n_split, n_q);
+    let args: Vec<String> = [2, cfg, nh, kvl, rope, max_ctx, n_split, n_q, work]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([format!("{scale:e}")])
+        .collect();
+    let tag = format!("mla-batch-{cfg}-{nh}-{kvl}-{rope}-{n_split}-{positions:?}");
+    let got = run(
+        bin,
+        &tag.replace([' ', ',', '[', ']'], "_"),
+        &args,
+        &[("q.bin", bytes(&q)), ("c.bin", cb), ("pos.bin", bytes(&pos))],
+        n_q * nh * kvl,
+    );
+    let latent: Vec<f32> = (0..max_ctx)
+        .flat_map(|r| cv[r * d..][..kvl].iter().copied())
+        .collect();
+    let shape = AttnShape {
+        n_head: nh,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: kvl,
+    };
+    let mut want = Vec::new();
+    for (j, &p) in positions.iter().enumerate() {
+        want.extend(attention(
+            &q[j * nh * d..][..nh * d],
+            &cv[..(p + 1) * d],
+            &latent[..(p + 1) * kvl],
+            p + 1,
+            shape,
+            &Mask::causal(&[p]),
+            scale,
+        ));
+    }
+    let err = rel_err(&got, &want);
+    let tol = if f32_cache { TOL } else { TOL_TENSOR_CORES };
+    eprintln!("mla_decode batch emulation {tag}: relative L2 {err:.2e} (tolerance {tol:e})");
+    assert!(
+        err <= tol,
+        "mla_decode batch emulation {tag}: relative L2 {err:e} > {tol:e} (MEMRA_SEED={})",
+        rng.seed()
+    );
+}
+
+#[test]
+fn mla_decode_batched_queries_emulated_on_host_threads_match_reference() {
+    let test = "mla_decode_batched_queries_emulated_on_host_threads_match_reference";
+    let Some(bin) = emulator() else {
+        eprintln!("SKIP {test}: no C++20 compiler");
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    // Prefill: query j at its own position (0 included), one launch; splits take phases 1 + 2.
+    mla_batch_case(bin, &mut rng, 0, 64, 512, 64, &[0, 70, 9], 2, false);
+    mla_batch_case(bin, &mut rng, 1, 40, 128, 8, &[66, 0, 13], 1, false);
+    mla_batch_case(bin, &mut rng, 1, 80, 256, 32, &[5, 31], 3, false); // two head blocks
+    mla_batch_case(bin, &mut rng, 2, 16, 128, 32, &[19, 0, 8], 2, true);
+    mla_batch_case(bin, &mut rng, 2, 64, 256, 32, &[23, 22], 1, true);
+    eprintln!("PASS {test} (MEMRA_SEED={})", rng.seed());
 }
 
 #[test]

@@ -163,26 +163,63 @@ template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int i
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
         run_grid({(unsigned)s, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work, nh, kvl, rope, max_ctx, idx_cap, s, scale, 0); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), out.data(), work, nh, kvl, rope, max_ctx, idx_cap, s, scale, 0, 1); });
     }
     // Phases 1 (partials) + 2 (merge over 3 blocks per head block): the same bits as phase 0.
     if (n_split > 1) {
         std::vector<float> two(out.size(), NAN);
         run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1, 1); });
         run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2, 1); });
         if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
         // Phase 3: partials, a barrier per head block, the merge spread over the blocks (which
         // therefore run at once), in one launch: the same bits again.
         float* three = shared_buf<float>(out.size(), 0);
         std::fill(three, three + out.size(), NAN);
         run_grid_concurrent({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
-            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), three, work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 3); });
+            mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), three, work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 3, 1); });
         if (memcmp(three, out.data(), out.size() * 4) != 0) { fprintf(stderr, "phase 3 differs from phase 0\n"); exit(3); }
     }
     // Counters (and their padding) at the front, back at zero.
     const unsigned* ctr = (const unsigned*)work;
+    for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
+    for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
+    spit(f[4], out.data(), out.size() * 4);
+}
+// n_q queries, query j over idx[j·idx_cap ..][..cnt[j]], in one launch (phase 0 when n_split = 1,
+// else phases 1 + 2 with grid z = n_q) must give the bits of n_q one-query launches; phases 0
+// and 3 with several queries and splits (the counters serve one query) must write NaN.
+template <class K> void sparse_batch(int nh, int kvl, int rope, int max_ctx, int idx_cap, int n_split, int n_q, int work_floats, float scale, int eb, char** f) {
+    auto q = slurp(f[0]), c = slurp(f[1]), ix = slurp(f[2]), cn = slurp(f[3]);
+    const int* idx = (const int*)ix.data();
+    const int* cnt = (const int*)cn.data();
+    const size_t per_q = (size_t)nh * kvl, D = kvl + rope;
+    std::vector<float> out(n_q * per_q, NAN), one(n_q * per_q, NAN), work((size_t)work_floats + 16, 0.0f);
+    std::fill(work.begin() + work_floats, work.end(), -7.0f);
+    unsigned smem = eb == 2 ? (64 + 128) * ((D + 63) / 64 * 128) + 64 * 128 + 1536
+                            : std::min(nh, 64) * (D + 4) * 4 + 2 * 8 * (D * eb + 16) + 8 * 256 + 768;
+    const unsigned hbs = (nh + 63) / 64;
+    auto launch = [&](const float* qq, const int* ii, const int* cc, float* o, int nq) {
+        if (n_split == 1) {
+            run_grid({1, hbs, (unsigned)nq}, 256, smem, [&] { mla_sparse_decode_impl<K>(qq, c.data(), ii, cc, o, work.data(), nh, kvl, rope, max_ctx, idx_cap, 1, scale, 0, nq); });
+            return;
+        }
+        run_grid({(unsigned)n_split, hbs, (unsigned)nq}, 256, smem, [&] { mla_sparse_decode_impl<K>(qq, c.data(), ii, cc, o, work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1, nq); });
+        run_grid({3, hbs, (unsigned)nq}, 256, 0, [&] { mla_sparse_decode_impl<K>(qq, c.data(), ii, cc, o, work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2, nq); });
+    };
+    launch((const float*)q.data(), idx, cnt, out.data(), n_q);
+    for (int j = 0; j < n_q; ++j) launch((const float*)q.data() + j * nh * D, idx + j * idx_cap, cnt + j, one.data() + j * per_q, 1);
+    if (memcmp(one.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "batched launch differs from one launch per query\n"); exit(3); }
+    if (n_split > 1 && n_q > 1) {
+        for (int ph : {0, 3}) {
+            std::vector<float> refused(out.size(), 0.0f);
+            run_grid({(unsigned)n_split, hbs, (unsigned)n_q}, 256, smem, [&] {
+                mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), idx, cnt, refused.data(), work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, ph, n_q); });
+            for (float v : refused) if (!std::isnan(v)) { fprintf(stderr, "phase %d over several queries did not write NaN\n", ph); exit(3); }
+        }
+    }
+    const unsigned* ctr = (const unsigned*)work.data();
     for (int i = 0; i < ((nh + 63) / 64 + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
     for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     spit(f[4], out.data(), out.size() * 4);
@@ -217,6 +254,17 @@ int main(int argc, char** argv) {
         case 0: run_key<KCfg<128, 64, R::Interleaved, B::F32, 128>>(a[0], a[1], a[2], a[3], a[4], base, fs, eps, 4, f); break;
         case 1: run_key<KCfg<0, 0, R::Neox, B::F32, 64>>(a[0], a[1], a[2], a[3], a[4], base, fs, eps, 4, f); break;
         case 2: run_key<KCfg<128, 64, R::Interleaved, B::BF16, 128>>(a[0], a[1], a[2], a[3], a[4], base, fs, eps, 2, f); break;
+        default: return 4;
+        }
+    } else if (kind == 4) {
+        // kind=4 cfg nh kvl rope max_ctx idx_cap n_split n_q work_floats scale q c idx cnt out
+        int b[8]; for (int i = 0; i < 8; ++i) b[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[11]);
+        char** f = argv + 12;
+        switch (cfg) {
+        case 0: sparse_batch<MCfg<64, 512, 64, B::BF16>>(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], scale, 2, f); break;
+        case 1: sparse_batch<MCfg<0, 0, 0, B::BF16>>(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], scale, 2, f); break;
+        case 2: sparse_batch<MCfg<0, 0, 0, B::F32>>(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], scale, 4, f); break;
         default: return 4;
         }
     } else {
@@ -592,6 +640,95 @@ fn sparse_case(
     );
 }
 
+/// Several query tokens in one sparse launch: query j at position `queries[j].0` over a random
+/// `queries[j].1` of its visible rows (its own idx row and count).
+#[allow(clippy::too_many_arguments)]
+fn sparse_batch_case(
+    emu: &mut Emu,
+    rng: &mut Rng,
+    cfg: usize,
+    nh: usize,
+    kvl: usize,
+    rope: usize,
+    queries: &[(usize, usize)],
+    n_split: usize,
+    f32_cache: bool,
+) {
+    let (d, n_q) = (kvl + rope, queries.len());
+    let max_ctx = queries.iter().map(|q| q.0).max().unwrap() + 4;
+    let q = rng.normal_vec(n_q * nh * d, 1.0);
+    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let idx_cap = queries.iter().map(|q| q.1).max().unwrap() + 3;
+    let mut idx = vec![-1i32; n_q * idx_cap];
+    let mut sels = Vec::new();
+    for (j, &(p, n_sel)) in queries.iter().enumerate() {
+        let mut all: Vec<usize> = (0..=p).collect();
+        for i in (1..all.len()).rev() {
+            all.swap(i, rng.below(i + 1));
+        }
+        for (k, &s) in all[..n_sel].iter().enumerate() {
+            idx[j * idx_cap + k] = s as i32;
+        }
+        sels.push(all[..n_sel].to_vec());
+    }
+    let counts: Vec<i32> = queries.iter().map(|q| q.1 as i32).collect();
+    let scale = 1.0f32 / 16.0;
+    let work = mla_decode::work_floats_batch(nh, kvl, n_split, n_q);
+    let mut args = strs(&[
+        4, cfg, nh, kvl, rope, max_ctx, idx_cap, n_split, n_q, work,
+    ]);
+    args.push(format!("{scale:e}"));
+    let outs = emu.run(
+        &args,
+        &[
+            f32_bytes(&q),
+            cb,
+            i32_bytes(&idx),
+            i32_bytes(&counts),
+        ],
+        1,
+    );
+    let got = read_f32(&outs[0]);
+    let latent: Vec<f32> = (0..max_ctx)
+        .flat_map(|r| cv[r * d..][..kvl].iter().copied())
+        .collect();
+    let shape = AttnShape {
+        n_head: nh,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: kvl,
+    };
+    let mut want = Vec::new();
+    for (j, &(p, _)) in queries.iter().enumerate() {
+        let allowed = [sels[j].clone()];
+        let q_pos = [p];
+        let mask = Mask {
+            q_pos: &q_pos,
+            window: None,
+            allowed: Some(&allowed),
+        };
+        want.extend(attention(
+            &q[j * nh * d..][..nh * d],
+            &cv[..(p + 1) * d],
+            &latent[..(p + 1) * kvl],
+            p + 1,
+            shape,
+            &mask,
+            scale,
+        ));
+    }
+    let err = rel_err(&got, &want);
+    let tol = if f32_cache { 1e-5 } else { 1e-2 };
+    eprintln!(
+        "mla_sparse_decode batch emulation cfg {cfg} nh {nh} queries {queries:?} split {n_split}: relative L2 {err:.2e} (tolerance {tol:e})"
+    );
+    assert!(
+        err <= tol,
+        "mla_sparse_decode batch emulation cfg {cfg} nh {nh} queries {queries:?} split {n_split}: relative L2 {err:e} (MEMRA_SEED={})",
+        rng.seed()
+    );
+}
+
 #[allow(clippy::too_many_arguments)]
 fn key_case(
     emu: &mut Emu,
@@ -730,6 +867,10 @@ fn dsa_kernels_emulated_on_host_threads_match_reference() {
     sparse_case(e, &mut rng, 0, 64, 512, 64, 100, 80, 2, 5, false);
     sparse_case(e, &mut rng, 2, 128, 128, 32, 50, 40, 2, 3, true); // two head blocks
     sparse_case(e, &mut rng, 0, 64, 512, 64, 300, 150, 1, 1, false); // three 64-row tiles in one block
+    // Several queries in one launch, each with its own idx row and count (prefill).
+    sparse_batch_case(e, &mut rng, 0, 64, 512, 64, &[(0, 1), (80, 37), (40, 41)], 2, false);
+    sparse_batch_case(e, &mut rng, 1, 40, 128, 8, &[(70, 65), (3, 2), (20, 9)], 1, false);
+    sparse_batch_case(e, &mut rng, 2, 80, 128, 32, &[(30, 12), (9, 10)], 3, true); // two head blocks
     // Index-key producer. cfg 0: 128/64 interleaved f32; 1: generic NeoX f32 (2 warps); 2: bf16.
     let ri = RopeMode::Norm;
     key_case(

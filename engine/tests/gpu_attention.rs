@@ -588,6 +588,103 @@ fn gpu_mla_decode_matches_the_absorbed_mla_oracle() {
     );
 }
 
+/// Several query tokens in one launch (batched prefill), query j at `positions[j]` over the
+/// same cache, against the reference per query; split counts 1, 3 and the batched rule, the
+/// workspace sized for the most and reused.
+fn check_mla_batch<C: HostCache>(
+    gpu: &Gpu,
+    kernels: &[Kernel],
+    n_head: usize,
+    positions: &[usize],
+    rng: &mut Rng,
+) {
+    let s = gpu.stream();
+    let (kvl, rope) = (GLM5.kv_lora, GLM5.rope);
+    let (d, n_q) = (kvl + rope, positions.len());
+    let max_ctx = positions.iter().max().unwrap() + 5;
+    let q = rng.normal_vec(n_q * n_head * d, 1.0);
+    let (c_dev, c_vals) = C::encode(&rng.normal_vec(max_ctx * d, 1.0));
+    let latent: Vec<f32> = (0..max_ctx)
+        .flat_map(|r| c_vals[r * d..][..kvl].iter().copied())
+        .collect();
+    let shape = AttnShape {
+        n_head,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: kvl,
+    };
+    let mut want = Vec::new();
+    for (j, &p) in positions.iter().enumerate() {
+        want.extend(attention(
+            &q[j * n_head * d..][..n_head * d],
+            &c_vals[..(p + 1) * d],
+            &latent[..(p + 1) * kvl],
+            p + 1,
+            shape,
+            &Mask::causal(&[p]),
+            GLM5_SCALE,
+        ));
+    }
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let (dq, dc, dpos) = (up(s, &q), up(s, &c_dev), up(s, &pos));
+    let longest = *positions.iter().max().unwrap() + 1;
+    let tol = if std::mem::size_of::<C>() == 2 { MLA_TC_TOL } else { TOL };
+    for k in kernels {
+        let splits = split_counts(mla_decode::splits_for_batch(longest, n_head, SMS, n_q));
+        let most = *splits.iter().max().unwrap();
+        let mut work = s
+            .alloc_zeros::<f32>(mla_decode::work_floats_batch(n_head, kvl, most, n_q))
+            .expect("alloc");
+        for n_split in splits {
+            let p = MlaDecodeParams {
+                n_head,
+                kv_lora: kvl,
+                rope,
+                max_ctx,
+                n_split,
+                scale: GLM5_SCALE,
+            };
+            let mut dout = nan_buf(s, n_q * n_head * kvl);
+            mla_decode::mla_decode_batch(
+                k,
+                &dq.as_view(),
+                &dc.as_view(),
+                &dpos.as_view(),
+                &mut dout.as_view_mut(),
+                &mut work.as_view_mut(),
+                n_q,
+                &p,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let got = down(s, &dout);
+            let what = format!(
+                "{} batch n_head={n_head} n_q={n_q} longest={longest} n_split={n_split}",
+                k.name()
+            );
+            eprintln!("{what}: relative L2 {:.2e} (tolerance {tol:e})", rel_err(&got[..want.len()], &want));
+            assert_close_tol(&what, &got[..want.len()], &want, tol, rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_mla_decode_batched_queries() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_mla_decode_batched_queries");
+    let bf16 = mla_kernels(&gpu, "bf16");
+    // Mixed positions (0, awkward lengths, a long one): few queries, many splits each.
+    check_mla_batch::<u16>(&gpu, &bf16, GLM5.n_head, &[0, 6, 2047, 40000, 2048], &mut rng);
+    // A prefill chunk: 300 consecutive positions (the grid full of queries, one split each).
+    let chunk: Vec<usize> = (1000..1300).collect();
+    check_mla_batch::<u16>(&gpu, &bf16, GLM5.n_head, &chunk, &mut rng);
+    let f32k = mla_kernels(&gpu, "f32");
+    check_mla_batch::<f32>(&gpu, &f32k, GLM5.n_head, &[2048, 0, 63], &mut rng);
+    let generic = load_all(&gpu, &[variant("mla_decode", &[])]);
+    check_mla_batch::<u16>(&gpu, &generic, 128, &[5, 2049, 0], &mut rng);
+    eprintln!("PASS gpu_mla_decode_batched_queries (MEMRA_SEED={})", rng.seed());
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_mla_decode_f32_cache_and_other_head_counts() {

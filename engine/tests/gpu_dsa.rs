@@ -629,6 +629,101 @@ fn gpu_dsa_glm5_indexer_topk_sparse_attention() {
     eprintln!("PASS gpu_dsa_glm5_indexer_topk_sparse_attention");
 }
 
+/// mla_sparse_decode over several queries in one launch (batched prefill): query j at
+/// `queries[j].0` attends over a random `queries[j].1` of its visible rows (its own idx row of
+/// TOP_K, −1 past the count, and count), against the reference per query; split counts 1, 3 and
+/// the batched rule on one workspace.
+fn check_sparse_batch(gpu: &Gpu, ks: &Kernels, queries: &[(usize, usize)], rng: &mut Rng) {
+    let s = gpu.stream();
+    let (d, n_q) = (KV_LORA + ROPE, queries.len());
+    let max_ctx = queries.iter().map(|q| q.0).max().unwrap() + 9;
+    let q = rng.normal_vec(n_q * N_HEAD * d, 1.0);
+    let (c_bits, c_vals) = bf16_vals(rng, max_ctx * d);
+    let latent: Vec<f32> = (0..max_ctx)
+        .flat_map(|r| c_vals[r * d..][..KV_LORA].iter().copied())
+        .collect();
+    let shape = AttnShape {
+        n_head: N_HEAD,
+        n_kv_head: 1,
+        head_dim_k: d,
+        head_dim_v: KV_LORA,
+    };
+    let mut idx = vec![-1i32; n_q * TOP_K];
+    let mut want = Vec::new();
+    for (j, &(p, n_sel)) in queries.iter().enumerate() {
+        let mut all: Vec<usize> = (0..=p).collect();
+        for i in (1..all.len()).rev() {
+            all.swap(i, rng.below(i + 1));
+        }
+        let sel = sorted(all[..n_sel].to_vec());
+        for (k, &r) in sel.iter().enumerate() {
+            idx[j * TOP_K + k] = r as i32;
+        }
+        let allowed = [sel];
+        let q_pos = [p];
+        let mask = Mask {
+            q_pos: &q_pos,
+            window: None,
+            allowed: Some(&allowed),
+        };
+        want.extend(attention(
+            &q[j * N_HEAD * d..][..N_HEAD * d],
+            &c_vals[..(p + 1) * d],
+            &latent[..(p + 1) * KV_LORA],
+            p + 1,
+            shape,
+            &mask,
+            SCALE,
+        ));
+    }
+    let counts: Vec<i32> = queries.iter().map(|q| q.1 as i32).collect();
+    let (dq, dc, didx, dcount) = (up(s, &q), up(s, &c_bits), up(s, &idx), up(s, &counts));
+    let sms = gpu.sm_count().expect("sm count");
+    let auto = mla_sparse_decode::splits_for_batch(TOP_K, N_HEAD, sms, n_q);
+    let splits = sorted(vec![1, 3, auto]);
+    let most = *splits.last().unwrap();
+    let mut work = s
+        .alloc_zeros::<f32>(mla_decode::work_floats_batch(N_HEAD, KV_LORA, most, n_q))
+        .expect("alloc");
+    for k in &ks.sparse {
+        for &n_split in &splits {
+            let p = mla_params(max_ctx, n_split);
+            let mut dout = up(s, &vec![f32::NAN; n_q * N_HEAD * KV_LORA]);
+            mla_sparse_decode::mla_sparse_decode_batch(
+                k,
+                &dq.as_view(),
+                &dc.as_view(),
+                &didx.as_view(),
+                &dcount.as_view(),
+                &mut dout.as_view_mut(),
+                &mut work.as_view_mut(),
+                TOP_K,
+                n_q,
+                &p,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let got = down(s, &dout);
+            let what = format!("{} batch n_q={n_q} n_split={n_split}", k.name());
+            eprintln!("{what}: relative L2 {:.2e} (tolerance {ATTN_TOL:e})", rel_err(&got, &want));
+            assert_close(&what, &got, &want, ATTN_TOL, rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dsa_sparse_batched_queries() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_dsa_sparse_batched_queries");
+    let ks = kernels(&gpu, "bf16");
+    // Position 0, a full selection, fewer rows than visible, past top_k: per-query counts.
+    check_sparse_batch(&gpu, &ks, &[(0, 1), (2047, 2048), (40000, TOP_K), (5000, 777)], &mut rng);
+    // A prefill chunk past top_k: 200 consecutive positions, each with TOP_K rows.
+    let chunk: Vec<(usize, usize)> = (3000..3200).map(|p| (p, TOP_K)).collect();
+    check_sparse_batch(&gpu, &ks, &chunk, &mut rng);
+    eprintln!("PASS gpu_dsa_sparse_batched_queries (MEMRA_SEED={})", rng.seed());
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_dsa_indexer_topk_131072() {

@@ -9,11 +9,12 @@
 //   THREADS  int              must be 256
 // Kernel parameters:
 //   (const float* q, const void* cache, const int* pos, float* out, float* work, int n_head,
-//    int kv_lora, int rope, int max_ctx, int n_split, float scale, int phase)
-//   D = kv_lora + rope. q [n_head, D] f32 (absorbed q̃ then roped q_pe per head); cache
-//   [max_ctx, D] CACHE_T (row s = [c_s | k_pe_s]); out [n_head, kv_lora] f32:
-//   out_h = Σ_{s ≤ p} softmax_s(scale·q_h·row_s)·c_s with p = pos[0] (device). p ∉ [0, max_ctx)
-//   writes NaN to out.
+//    int kv_lora, int rope, int max_ctx, int n_split, float scale, int phase, int n_q)
+//   D = kv_lora + rope. n_q query tokens (grid.z), each over its own causal prefix of the same
+//   cache: q [n_q, n_head, D] f32 (absorbed q̃ then roped q_pe per head); cache [max_ctx, D]
+//   CACHE_T (row s = [c_s | k_pe_s]); out [n_q, n_head, kv_lora] f32:
+//   out[j]_h = Σ_{s ≤ p} softmax_s(scale·q[j]_h·row_s)·c_s with p = pos[j] (device, [n_q]).
+//   p ∉ [0, max_ctx) writes NaN to out[j].
 // Work split: a block owns a chunk of the rows (grid.x = n_split, chunks of ceil(T / n_split)
 //   rows, rounded up to 8 on the f32 path) and HB = 64 heads (grid.y = ceil(n_head / 64)), so
 //   each row is read once per 64 heads.
@@ -22,13 +23,15 @@
 //   counter to 0.
 //   phase (how a split launch combines): 0 = as just said; 1 = write the partials only (no
 //   counter, no combine; n_split > 1); 2 = combine only, after a phase-1 launch with the same
-//   n_split: grid (any X, ceil(n_head / 64)), no dynamic shared memory, the X blocks of y take
+//   n_split: grid (any X, ceil(n_head / 64), n_q), no dynamic shared memory, the X blocks of y take
 //   turns over head block y's (head, 128-column) units. The last-block combine reads every
 //   partial (n_split · 64 · kv_lora · 4 bytes: 17 MB at 132 splits) through one multiprocessor;
 //   phases 1 + 2 spread that over the grid (memra_engine::kernels::mla_decode picks them above
 //   LAST_BLOCK_COMBINE_MAX splits).
 //   work (f32 units): u32 counters [ceil(n_head / 64)] padded to a multiple of 4 (zeroed once when
-//   allocated), then acc [n_head, n_split, kv_lora] and (m, l) [n_head, n_split, 2]. The counters
+//   allocated), then acc [n_q, n_head, n_split, kv_lora] and (m, l) [n_q, n_head, n_split, 2].
+//   The counters belong to query 0 only: n_q > 1 with n_split > 1 takes phases 1 + 2 (no
+//   counters; phase 0 there writes NaN). The counters
 //   come first so that their place does not depend on n_split: a workspace sized for S splits
 //   serves every n_split ≤ S (with counters after the partials, a launch with more splits wrote
 //   partials over the counters of one with fewer, whose combine then never ran).
@@ -50,7 +53,7 @@
 //   quarter)), online softmax (base 2), then O[h][:] += P[h][r]·c_r (a warp per 8 heads, a lane
 //   per 16 latent dims). f32 arithmetic throughout (compute-bound: the f32 cache doubles the bytes
 //   and is a debugging/reference option).
-// Geometry: grid (n_split, ceil(n_head / 64)), block 256, dynamic shared memory
+// Geometry: grid (n_split, ceil(n_head / 64), n_q), block 256, dynamic shared memory
 //   BF16: (64 + 2·64)·P + 64·64·2 + 6·64·4 bytes with P = ceil(D / 64)·128 (230 912 at D = 576);
 //   F32: min(64, n_head)·(D + 4)·4 + 2·8·(D·4 + 16) + 8·64·4 + 3·64·4 bytes.
 //   Above 48 KiB: raise the function's limit (memra_engine::kernels::mla_decode::smem_bytes).
@@ -141,14 +144,23 @@ __device__ __forceinline__ void merge_unit(float* __restrict__ out, const float*
 // Where the partials sit in work: after the counters (16-byte aligned).
 __device__ __forceinline__ i64 partials_offset(int n_head) { return ((n_head + HB - 1) / HB + 3) / 4 * 4; }
 
+// Query blockIdx.z's partials: acc [n_head, n_split, KVL] and (m, l) [n_head, n_split, 2] (the
+// arrays of all n_q queries follow each other).
+__device__ __forceinline__ float* work_acc_of(float* work, int n_head, int KVL, int n_split) {
+    return work + partials_offset(n_head) + (i64)blockIdx.z * n_head * n_split * KVL;
+}
+__device__ __forceinline__ float* work_ml_of(float* work, int n_head, int KVL, int n_split, int n_q) {
+    return work + partials_offset(n_head) + (i64)n_q * n_head * n_split * KVL + (i64)blockIdx.z * n_head * n_split * 2;
+}
+
 // Phase 0 epilogue (n_split > 1): the partials of this block are in work; the last block of head
 // block hblk (atomic counter at the front of work) merges every split's (acc, m, l) into out
 // and resets the counter to 0. Every thread of the block calls it.
 __device__ __forceinline__ void combine_last(float* __restrict__ out, float* work, int n_head, int h_base, int hb,
                                              int KVL, int n_split, int hblk) {
     u32* counters = reinterpret_cast<u32*>(work);
-    const float* work_acc = work + partials_offset(n_head);
-    const float* work_ml = work_acc + (i64)n_head * n_split * KVL;
+    const float* work_acc = work_acc_of(work, n_head, KVL, n_split);  // n_q = 1 (header)
+    const float* work_ml = work_ml_of(work, n_head, KVL, n_split, 1);
     __shared__ int s_last;
     __threadfence();
     __syncthreads();
@@ -163,12 +175,12 @@ __device__ __forceinline__ void combine_last(float* __restrict__ out, float* wor
 
 // Phase 2: the blocks of grid.x take turns over head block y's (head, 128-column) units (a
 // phase-1 launch wrote the partials; the launch boundary orders them).
-__device__ __forceinline__ void combine_slice(float* __restrict__ out, const float* work, int n_head, int KVL,
-                                              int n_split) {
+__device__ __forceinline__ void combine_slice(float* __restrict__ out, float* work, int n_head, int KVL,
+                                              int n_split, int n_q) {
     const int h_base = blockIdx.y * HB, hb = min(HB, n_head - h_base);
     const int units = KVL / 128;
-    const float* work_acc = work + partials_offset(n_head);
-    const float* work_ml = work_acc + (i64)n_head * n_split * KVL;
+    const float* work_acc = work_acc_of(work, n_head, KVL, n_split);
+    const float* work_ml = work_ml_of(work, n_head, KVL, n_split, n_q);
     for (int u = blockIdx.x; u < hb * units; u += gridDim.x)
         merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * 128, KVL, n_split);
 }
@@ -178,7 +190,8 @@ __device__ __forceinline__ void combine_slice(float* __restrict__ out, const flo
 template <CacheType C, int DC, int KVLC, bool SPARSE>
 __device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
                                     const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
-                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase) {
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase,
+                                    int n_q) {
     constexpr int TR = Elem<C>::TR;
     constexpr int EB = Elem<C>::BYTES;
     constexpr int RPT = TR / 4;  // rows per thread in the score phase
@@ -333,9 +346,8 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     }
     __syncthreads();
 
-    const i64 n_part = (i64)n_head * n_split;
-    float* work_acc = work + partials_offset(n_head);
-    float* work_ml = work_acc + n_part * KVL;
+    float* work_acc = work_acc_of(work, n_head, KVL, n_split);
+    float* work_ml = work_ml_of(work, n_head, KVL, n_split, n_q);
 #pragma unroll
     for (int a = 0; a < HPW; ++a) {
         const int h = warp * HPW + a;
@@ -384,7 +396,8 @@ __device__ __forceinline__ u32 swz(int r, int c, int pitch) { return (u32)(r * p
 template <int DC, int KVLC, bool SPARSE>
 __device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
                                     const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
-                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase) {
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase,
+                                    int n_q) {
     const int D = DC != 0 ? DC : d_rt;
     const int KVL = KVLC != 0 ? KVLC : kvl_rt;
     const int KS = (D + 15) / 16;            // k-steps of Q·Kᵀ
@@ -629,8 +642,8 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         }
     __syncthreads();
 
-    float* work_acc = work + mla_detail::partials_offset(n_head);
-    float* work_ml = work_acc + (i64)n_head * n_split * KVL;
+    float* work_acc = mla_detail::work_acc_of(work, n_head, KVL, n_split);
+    float* work_ml = mla_detail::work_ml_of(work, n_head, KVL, n_split, n_q);
 #pragma unroll
     for (int m = 0; m < 4; ++m)
 #pragma unroll
@@ -665,36 +678,54 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 
 }  // namespace mla_tc
 
+namespace mla_detail {
+
+// Per-query setup shared with mla_sparse_decode: moves q and out to query blockIdx.z. False when
+// this block has nothing to do (past n_head or n_q).
+__device__ __forceinline__ bool select_query(const float*& q, float*& out, int n_head, int kvl, int D, int n_q) {
+    if ((int)blockIdx.y * HB >= n_head || (int)blockIdx.z >= n_q) return false;
+    q += (i64)blockIdx.z * n_head * D;
+    out += (i64)blockIdx.z * n_head * kvl;
+    return true;
+}
+
+// NaN over this head block of out (already at its query), from the blocks with blockIdx.x = 0.
+__device__ __forceinline__ void write_nan(float* out, int n_head, int kvl) {
+    if (blockIdx.x != 0) return;
+    const int h0 = blockIdx.y * HB;
+    const int hb = min(HB, n_head - h0);
+    for (int i = threadIdx.x; i < hb * kvl; i += 256) out[(i64)h0 * kvl + i] = __int_as_float(0x7fc00000);
+}
+
+}  // namespace mla_detail
+
 template <class Cfg>
 __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cache, const int* pos, float* out, float* work,
                                                 int n_head_rt, int kv_lora_rt, int rope_rt, int max_ctx, int n_split,
-                                                float scale, int phase) {
+                                                float scale, int phase, int n_q) {
     static_assert(Cfg::THREADS == 256, "mla_decode needs THREADS = 256 (64 heads x 4 row quarters)");
     static_assert(Cfg::KV_LORA % 128 == 0 && Cfg::KV_LORA <= 512, "KV_LORA must be a multiple of 128, <= 512");
     const int n_head = dim_or<Cfg::N_HEAD>(n_head_rt);
     const int kvl = dim_or<Cfg::KV_LORA>(kv_lora_rt);
     const int rope = dim_or<Cfg::ROPE>(rope_rt);
-    if ((int)blockIdx.y * mla_detail::HB >= n_head) return;
-    const int p = pos[0];
-    if (p < 0 || p >= max_ctx) {
-        if (blockIdx.x == 0) {
-            const int h0 = blockIdx.y * mla_detail::HB;
-            const int hb = min(mla_detail::HB, n_head - h0);
-            for (int i = threadIdx.x; i < hb * kvl; i += 256) out[(i64)h0 * kvl + i] = __int_as_float(0x7fc00000);
-        }
+    if (!mla_detail::select_query(q, out, n_head, kvl, kvl + rope, n_q)) return;
+    const int p = pos[blockIdx.z];
+    // The counters serve query 0 only (header): a counter phase over several queries is refused.
+    if (p < 0 || p >= max_ctx || (n_q > 1 && n_split > 1 && phase == 0)) {
+        mla_detail::write_nan(out, n_head, kvl);
         return;
     }
     if (phase == 2) {
-        mla_detail::combine_slice(out, work, n_head, kvl, n_split);
+        mla_detail::combine_slice(out, work, n_head, kvl, n_split, n_q);
         return;
     }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
     if constexpr (Cfg::CACHE_T == CacheType::BF16) {
         mla_tc::run<DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1, max_ctx,
-                                             n_split, scale, phase);
+                                             n_split, scale, phase, n_q);
     } else {
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope,
-                                                                p + 1, max_ctx, n_split, scale, phase);
+                                                                p + 1, max_ctx, n_split, scale, phase, n_q);
     }
 }
 
@@ -703,8 +734,8 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
 #define MEMRA_DEFINE_MLA_DECODE(SYMBOL, CFG)                                                                  \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                \
         SYMBOL(const float* q, const void* cache, const int* pos, float* out, float* work, int n_head,         \
-               int kv_lora, int rope, int max_ctx, int n_split, float scale, int phase) {                      \
+               int kv_lora, int rope, int max_ctx, int n_split, float scale, int phase, int n_q) {             \
         memra::pdl_entry();                                                                                    \
         memra::mla_decode_impl<CFG>(q, cache, pos, out, work, n_head, kv_lora, rope, max_ctx, n_split, scale,  \
-                                    phase);                                                                    \
+                                    phase, n_q);                                                               \
     }

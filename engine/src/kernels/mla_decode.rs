@@ -34,6 +34,8 @@ pub struct MlaDecodeArgs<'a, C: CacheElem> {
     /// How a split launch combines (template header): 0 = the last block merges (counters),
     /// 1 = partials only, 2 = merge only (after a phase-1 launch).
     pub phase: i32,
+    /// Query tokens (grid.z), each with its own position.
+    pub n_q: i32,
 }
 
 /// The run-time numbers of one launch.
@@ -79,8 +81,17 @@ pub fn smem_bytes(n_head: usize, kv_lora: usize, rope: usize, elem_bytes: usize)
 /// Allocate it zeroed; it serves every split count up to `n_split` for these `n_head`/`kv_lora`
 /// (the counters sit at the front, and each launch leaves them at zero).
 pub fn work_floats(n_head: usize, kv_lora: usize, n_split: usize) -> usize {
-    n_head.div_ceil(HEADS_PER_BLOCK).next_multiple_of(4) + n_head * n_split * (kv_lora + 2)
+    work_floats_batch(n_head, kv_lora, n_split, 1)
 }
+
+/// As [`work_floats`] for `n_q` query tokens: the counters (query 0's only) then every query's
+/// partials. Serves every `n_q' ≤ n_q` and `n_split' ≤ n_split` (the counters stay in front).
+pub fn work_floats_batch(n_head: usize, kv_lora: usize, n_split: usize, n_q: usize) -> usize {
+    n_head.div_ceil(HEADS_PER_BLOCK).next_multiple_of(4) + n_q * n_head * n_split * (kv_lora + 2)
+}
+
+/// Largest query count of one launch (grid.z).
+pub const MAX_QUERIES: usize = 65_535;
 
 /// Up to this many splits the last block of a launch merges the partials (phase 0: it reads
 /// `n_split` · 128 KiB at GLM-5 dims through one multiprocessor); above, the wrappers launch
@@ -93,21 +104,23 @@ pub fn combine_blocks(n_head: usize, kv_lora: usize) -> usize {
     n_head.min(HEADS_PER_BLOCK) * kv_lora.div_ceil(128)
 }
 
-/// The phases a wrapper launches for `n_split` splits, each with its grid (template header).
-pub(crate) fn phases(p: &MlaDecodeParams, smem: usize) -> Vec<(i32, LaunchConfig)> {
-    if p.n_split <= LAST_BLOCK_COMBINE_MAX {
-        return vec![(0, launch_config(p, smem))];
+/// The phases a wrapper launches for `n_split` splits and `n_q` query tokens (grid.z), each with
+/// its grid (template header). The counters serve one query, so with several queries a split
+/// launch always takes phases 1 + 2.
+pub(crate) fn phases_batch(p: &MlaDecodeParams, smem: usize, n_q: usize) -> Vec<(i32, LaunchConfig)> {
+    if p.n_split == 1 || (n_q == 1 && p.n_split <= LAST_BLOCK_COMBINE_MAX) {
+        return vec![(0, launch_config_batch(p, smem, n_q))];
     }
     let merge = LaunchConfig {
         grid_dim: (
             combine_blocks(p.n_head, p.kv_lora) as u32,
             p.n_head.div_ceil(HEADS_PER_BLOCK) as u32,
-            1,
+            n_q as u32,
         ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    vec![(1, launch_config(p, smem)), (2, merge)]
+    vec![(1, launch_config_batch(p, smem, n_q)), (2, merge)]
 }
 
 /// Fewest cache rows one split of dense decode handles.
@@ -121,17 +134,41 @@ pub fn splits_for(max_len: usize, n_head: usize, sm_count: usize) -> usize {
 
 /// As [`splits_for`] with at least `min_rows` rows per split.
 pub fn splits_with(max_len: usize, n_head: usize, sm_count: usize, min_rows: usize) -> usize {
-    let want = sm_count.div_ceil(n_head.div_ceil(HEADS_PER_BLOCK).max(1));
+    splits_with_batch(max_len, n_head, sm_count, min_rows, 1)
+}
+
+/// As [`splits_with`] for `n_q` query tokens: the grid already has `n_q` blocks per head block,
+/// so a query gets `ceil(sm_count / (head blocks · n_q))` splits (1 once the queries fill the
+/// multiprocessors).
+pub fn splits_with_batch(
+    max_len: usize,
+    n_head: usize,
+    sm_count: usize,
+    min_rows: usize,
+    n_q: usize,
+) -> usize {
+    let blocks = n_head.div_ceil(HEADS_PER_BLOCK).max(1) * n_q.max(1);
+    let want = sm_count.div_ceil(blocks);
     want.min(max_len.div_ceil(min_rows.max(1)))
         .clamp(1, i32::MAX as usize)
 }
 
+/// [`splits_for`] for `n_q` query tokens ([`splits_with_batch`]).
+pub fn splits_for_batch(max_len: usize, n_head: usize, sm_count: usize, n_q: usize) -> usize {
+    splits_with_batch(max_len, n_head, sm_count, MIN_SPLIT_ROWS, n_q)
+}
+
 pub fn launch_config(p: &MlaDecodeParams, smem: usize) -> LaunchConfig {
+    launch_config_batch(p, smem, 1)
+}
+
+/// Grid `(n_split, ceil(n_head / 64), n_q)`.
+pub fn launch_config_batch(p: &MlaDecodeParams, smem: usize, n_q: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             p.n_split as u32,
             p.n_head.div_ceil(HEADS_PER_BLOCK) as u32,
-            1,
+            n_q as u32,
         ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
@@ -147,7 +184,14 @@ pub(crate) fn check_launch<C: CacheElem>(
     out: &CudaViewMut<'_, f32>,
     work: &CudaViewMut<'_, f32>,
     p: &MlaDecodeParams,
+    n_q: usize,
 ) -> Result<usize, Error> {
+    if n_q == 0 || n_q > MAX_QUERIES {
+        return Err(checks::invalid(
+            kernel,
+            format!("n_q={n_q} (needs 1..={MAX_QUERIES})"),
+        ));
+    }
     let threads = checks::threads(kernel, THREADS)?;
     if threads != THREADS {
         return Err(checks::invalid(
@@ -195,8 +239,8 @@ pub(crate) fn check_launch<C: CacheElem>(
             format!("needs {smem} bytes of shared memory (> {MAX_SMEM})"),
         ));
     }
-    checks::check_len(kernel, "q", q.len(), p.n_head * d)?;
-    checks::check_len(kernel, "out", out.len(), p.n_head * p.kv_lora)?;
+    checks::check_len(kernel, "q", q.len(), n_q * p.n_head * d)?;
+    checks::check_len(kernel, "out", out.len(), n_q * p.n_head * p.kv_lora)?;
     let cache_n = p
         .max_ctx
         .checked_mul(d)
@@ -207,7 +251,7 @@ pub(crate) fn check_launch<C: CacheElem>(
             kernel,
             "work",
             work.len(),
-            work_floats(p.n_head, p.kv_lora, p.n_split),
+            work_floats_batch(p.n_head, p.kv_lora, p.n_split, n_q),
         )?;
     }
     checks::check_aligned16(kernel, "q", q)?;
@@ -233,9 +277,27 @@ pub fn mla_decode<C: CacheElem>(
     work: &mut CudaViewMut<'_, f32>,
     p: &MlaDecodeParams,
 ) -> Result<(), Error> {
-    checks::check_len(kernel, "pos", pos.len(), 1)?;
-    let smem = check_launch(kernel, q, cache, out, work, p)?;
-    for (phase, cfg) in phases(p, smem) {
+    mla_decode_batch(kernel, q, cache, pos, out, work, 1, p)
+}
+
+/// [`mla_decode`] for `n_q` query tokens in one launch (prefill): query j at device position
+/// `pos[j]` attends over rows `0..=pos[j]`; `q` `[n_q, n_head, kv_lora + rope]`, `out`
+/// `[n_q, n_head, kv_lora]`, `pos` `[n_q]`, `work` at least [`work_floats_batch`] slots (zeroed
+/// once) when `n_split > 1`. Splits: [`splits_for_batch`].
+#[allow(clippy::too_many_arguments)]
+pub fn mla_decode_batch<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    cache: &CudaView<'_, C>,
+    pos: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+    work: &mut CudaViewMut<'_, f32>,
+    n_q: usize,
+    p: &MlaDecodeParams,
+) -> Result<(), Error> {
+    let smem = check_launch(kernel, q, cache, out, work, p, n_q)?;
+    checks::check_len(kernel, "pos", pos.len(), n_q)?;
+    for (phase, cfg) in phases_batch(p, smem, n_q) {
         let mut args = MlaDecodeArgs {
             q: q.slice(..),
             cache: cache.slice(..),
@@ -249,9 +311,11 @@ pub fn mla_decode<C: CacheElem>(
             n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
             scale: p.scale,
             phase,
+            n_q: checks::to_i32(kernel, "n_q", n_q)?,
         };
-        // SAFETY: q holds n_head·D floats, cache max_ctx·D elements of the variant's type, out
-        // n_head·kv_lora floats, work the partials + counters when n_split > 1 (checked above);
+        // SAFETY: q holds n_q·n_head·D floats, cache max_ctx·D elements of the variant's type, out
+        // n_q·n_head·kv_lora floats, pos n_q ints, work the counters + n_q queries' partials when
+        // n_split > 1 (checked above; the counter phase 0 only for n_q = 1, `phases_batch`);
         // rows read are < pos + 1 ≤ max_ctx (other positions write NaN without reading); the
         // dynamic shared memory is the template's formula and the function's limit was raised
         // to it (phase 2 uses none); phase 2 follows phase 1 on the same stream.
@@ -286,12 +350,51 @@ mod tests {
             scale: 1.0,
         };
         assert_eq!(
-            phases(&p, 0).iter().map(|(ph, _)| *ph).collect::<Vec<_>>(),
+            phases_batch(&p, 0, 1).iter().map(|(ph, _)| *ph).collect::<Vec<_>>(),
             [0]
         );
         let p = MlaDecodeParams { n_split: 132, ..p };
-        let two = phases(&p, 0);
+        let two = phases_batch(&p, 0, 1);
         assert_eq!(two.iter().map(|(ph, _)| *ph).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(two[1].1.grid_dim, (256, 1, 1));
+    }
+
+    #[test]
+    fn batched_queries_split_less_and_never_use_the_counters() {
+        // n_q = 1 is the single-token rule.
+        for (len, nh, sms) in [(131_072, 64, 132), (7, 64, 132), (5000, 128, 132), (300, 16, 78)] {
+            assert_eq!(splits_for_batch(len, nh, sms, 1), splits_for(len, nh, sms));
+        }
+        // 3 queries of 64 heads on 132 multiprocessors: 44 splits each; 132 or more queries: one.
+        assert_eq!(splits_for_batch(131_072, 64, 132, 3), 44);
+        assert_eq!(splits_for_batch(131_072, 128, 132, 3), 22);
+        assert_eq!(splits_for_batch(131_072, 64, 132, 132), 1);
+        assert_eq!(splits_for_batch(131_072, 64, 132, 2100), 1);
+        assert_eq!(splits_for_batch(100, 64, 132, 3), 2); // at least 64 rows a split
+        // Every query's partials after the one set of counters.
+        assert_eq!(work_floats_batch(64, 512, 2, 1), work_floats(64, 512, 2));
+        assert_eq!(work_floats_batch(64, 512, 2, 3), 4 + 3 * 64 * 2 * 514);
+        assert_eq!(work_floats_batch(320, 512, 3, 5), 8 + 5 * 320 * 3 * 514);
+        let p = MlaDecodeParams {
+            n_head: 128,
+            kv_lora: 512,
+            rope: 64,
+            max_ctx: 10,
+            n_split: 2,
+            scale: 1.0,
+        };
+        let ph = |p: &MlaDecodeParams, n_q| {
+            phases_batch(p, 7, n_q)
+                .iter()
+                .map(|(ph, c)| (*ph, c.grid_dim, c.shared_mem_bytes))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ph(&p, 1), [(0, (2, 2, 1), 7)]);
+        assert_eq!(ph(&p, 3), [(1, (2, 2, 3), 7), (2, (256, 2, 3), 0)]);
+        let one = MlaDecodeParams { n_split: 1, ..p };
+        assert_eq!(ph(&one, 40), [(0, (1, 2, 40), 7)]);
+        let many = MlaDecodeParams { n_split: 9, ..p };
+        assert_eq!(ph(&many, 1), [(1, (9, 2, 1), 7), (2, (256, 2, 1), 0)]);
+        assert_eq!(ph(&many, 2), [(1, (9, 2, 2), 7), (2, (256, 2, 2), 0)]);
     }
 }

@@ -29,8 +29,10 @@ pub struct MlaSparseDecodeArgs<'a, C: CacheElem> {
     pub idx_cap: i32,
     pub n_split: i32,
     pub scale: f32,
-    /// As mla_decode's: 0 = last-block merge, 1 = partials only, 2 = merge only.
+    /// As mla_decode's: 0 = last-block merge, 1 = partials only, 2 = merge only, 3 = fused.
     pub phase: i32,
+    /// Query tokens (grid.z), each with its own idx row and count.
+    pub n_q: i32,
 }
 
 /// Fewest selected rows one split handles. Half of dense decode's: the gathered rows are few
@@ -42,6 +44,11 @@ pub const MIN_SPLIT_ROWS: usize = 32;
 /// A split count for up to `top_k` selected rows (mla_decode's rule, [`MIN_SPLIT_ROWS`] rows).
 pub fn splits_for(top_k: usize, n_head: usize, sm_count: usize) -> usize {
     mla_decode::splits_with(top_k, n_head, sm_count, MIN_SPLIT_ROWS)
+}
+
+/// [`splits_for`] for `n_q` query tokens (mla_decode::splits_with_batch's rule).
+pub fn splits_for_batch(top_k: usize, n_head: usize, sm_count: usize, n_q: usize) -> usize {
+    mla_decode::splits_with_batch(top_k, n_head, sm_count, MIN_SPLIT_ROWS, n_q)
 }
 
 /// Multiprocessors of the device a kernel runs on.
@@ -59,11 +66,22 @@ pub(crate) fn sm_count(kernel: &Kernel) -> Result<usize, Error> {
 /// a barrier per head block, the merge spread over the blocks) when every block fits on the
 /// device at once (`sms` multiprocessors, one block each), else mla_decode's phases 1 + 2.
 pub fn phases(p: &MlaDecodeParams, smem: usize, sms: usize) -> Vec<(i32, LaunchConfig)> {
-    let blocks = p.n_split * p.n_head.div_ceil(mla_decode::HEADS_PER_BLOCK);
-    if p.n_split > mla_decode::LAST_BLOCK_COMBINE_MAX && blocks <= sms {
+    phases_batch(p, smem, sms, 1)
+}
+
+/// As [`phases`] for `n_q` query tokens: the grid holds `n_q` times the blocks, and the
+/// counters (phases 0 and 3) serve one query, so several queries with splits take phases 1 + 2.
+pub fn phases_batch(
+    p: &MlaDecodeParams,
+    smem: usize,
+    sms: usize,
+    n_q: usize,
+) -> Vec<(i32, LaunchConfig)> {
+    let blocks = p.n_split * p.n_head.div_ceil(mla_decode::HEADS_PER_BLOCK) * n_q;
+    if n_q == 1 && p.n_split > mla_decode::LAST_BLOCK_COMBINE_MAX && blocks <= sms {
         return vec![(3, mla_decode::launch_config(p, smem))];
     }
-    mla_decode::phases(p, smem)
+    mla_decode::phases_batch(p, smem, n_q)
 }
 
 /// Absorbed MLA decode for one token over the rows `idx[0..count[0])` (dsa_topk's outputs):
@@ -81,13 +99,32 @@ pub fn mla_sparse_decode<C: CacheElem>(
     top_k: usize,
     p: &MlaDecodeParams,
 ) -> Result<(), Error> {
-    checks::check_len(kernel, "count", count.len(), 1)?;
+    mla_sparse_decode_batch(kernel, q, cache, idx, count, out, work, top_k, 1, p)
+}
+
+/// [`mla_sparse_decode`] for `n_q` query tokens in one launch (prefill): query j attends over
+/// `idx[j·top_k ..][..count[j]]` (dsa_topk's rows for `n_q` queries); `q`, `out`, `work` as
+/// mla_decode::mla_decode_batch. Splits: [`splits_for_batch`].
+#[allow(clippy::too_many_arguments)]
+pub fn mla_sparse_decode_batch<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    cache: &CudaView<'_, C>,
+    idx: &CudaView<'_, i32>,
+    count: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+    work: &mut CudaViewMut<'_, f32>,
+    top_k: usize,
+    n_q: usize,
+    p: &MlaDecodeParams,
+) -> Result<(), Error> {
     if top_k == 0 {
         return Err(checks::invalid(kernel, "top_k=0"));
     }
-    checks::check_len(kernel, "idx", idx.len(), top_k)?;
-    let smem = mla_decode::check_launch(kernel, q, cache, out, work, p)?;
-    for (phase, cfg) in phases(p, smem, sm_count(kernel)?) {
+    let smem = mla_decode::check_launch(kernel, q, cache, out, work, p, n_q)?;
+    checks::check_len(kernel, "count", count.len(), n_q)?;
+    checks::check_len(kernel, "idx", idx.len(), n_q * top_k)?;
+    for (phase, cfg) in phases_batch(p, smem, sm_count(kernel)?, n_q) {
         let mut args = MlaSparseDecodeArgs {
             q: q.slice(..),
             cache: cache.slice(..),
@@ -103,9 +140,12 @@ pub fn mla_sparse_decode<C: CacheElem>(
             n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
             scale: p.scale,
             phase,
+            n_q: checks::to_i32(kernel, "n_q", n_q)?,
         };
-        // SAFETY: as mla_decode (phase 3: all blocks resident, `phases` checked); the kernel reads idx[0..count) only for count ≤ idx_cap = top_k
-        // ≤ idx.len() (else it writes NaN without reading), and no cache row outside [0, max_ctx).
+        // SAFETY: as mla_decode (phase 3: n_q = 1 and all blocks resident, `phases_batch`
+        // checked); query j reads idx[j·top_k ..][..count[j]] only for count[j] ≤ idx_cap = top_k
+        // (idx holds n_q·top_k; else it writes NaN without reading), and no cache row outside
+        // [0, max_ctx).
         unsafe { launch(kernel, cfg, &mut args)? }
     }
     Ok(())
@@ -144,5 +184,29 @@ mod tests {
         assert_eq!(ph(64, 133, 132), vec![1, 2]);
         assert_eq!(ph(128, 70, 132), vec![1, 2]);
         assert_eq!(ph(128, 66, 132), vec![3]);
+    }
+
+    #[test]
+    fn phase_rule_counts_every_query() {
+        let ph = |n_head, n_split, sms, n_q| {
+            phases_batch(&p(n_head, n_split), 0, sms, n_q)
+                .iter()
+                .map(|x| (x.0, x.1.grid_dim))
+                .collect::<Vec<_>>()
+        };
+        // One query: the single-token rule, grid z = 1.
+        assert_eq!(ph(64, 64, 132, 1), vec![(3, (64, 1, 1))]);
+        // 2 queries in 64 splits would fit 132 multiprocessors, but phase 3's counters serve
+        // one query: phases 1 + 2 over both.
+        assert_eq!(
+            ph(64, 64, 132, 2),
+            vec![(1, (64, 1, 2)), (2, (256, 1, 2))]
+        );
+        assert_eq!(ph(64, 3, 132, 5), vec![(1, (3, 1, 5)), (2, (256, 1, 5))]);
+        assert_eq!(ph(64, 1, 132, 500), vec![(0, (1, 1, 500))]);
+        // The batched split count: 132 multiprocessors over 3 queries, 44 each (≥ 32 rows).
+        assert_eq!(splits_for_batch(2048, 64, 132, 3), 44);
+        assert_eq!(splits_for_batch(2048, 64, 132, 1), splits_for(2048, 64, 132));
+        assert_eq!(splits_for_batch(2048, 64, 132, 200), 1);
     }
 }

@@ -16,13 +16,16 @@
 //! SwiGLU for the leading dense layers, else the shared expert plus the routed experts (router
 //! matvec, moe_router, fused gate/up SwiGLU over the selected experts, down + weighted sum).
 //!
-//! Prefill runs the projections, norms, RoPE and FFNs batched (matmul), but the attention of the
-//! prompt tokens as one decode launch per token over the growing cache (each token sees the rows
-//! up to its position; no batched-query MLA kernel yet). Decode steps are captured as a CUDA
+//! Prefill runs the projections, norms, RoPE and FFNs batched (matmul), and the attention of the
+//! chunk's tokens batched over the queries (mla/attend_batch.rs: one mla_decode launch for the
+//! tokens that see at most top_k keys, then dsa_indexer, dsa_topk and mla_sparse_decode over the
+//! rest, each token over the cache rows up to its position). Decode steps are captured as a CUDA
 //! graph and replayed (re-captured when a split count or the dense/sparse choice changes).
 
 use std::path::Path;
 use std::time::Instant;
+
+mod attend_batch;
 
 use cudarc::driver::CudaSlice;
 use memra_gguf::TensorInfo;
@@ -925,10 +928,8 @@ impl Net {
             )
             .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
 
-            // Prefill: one decode launch per prompt token over the growing cache (see the module doc).
-            for i in 0..t {
-                self.attend(state, b, il, i, pos0 + i, idx.map(|(_, ic)| ic))?;
-            }
+            // Every token over the cache rows up to its position, batched (see the module doc).
+            self.attend_rows(state, b, il, t, pos0, idx.map(|(_, ic)| ic))?;
 
             // o[s] = attn_v_b[h]·lat[s], then attn_output.
             let (wv, lat, ids) = (
@@ -1367,12 +1368,15 @@ impl Bufs {
         })
     }
 
-    /// Sizes the buffers that depend on the cache: index scores (one row) and the attention
+    /// Sizes the buffers that depend on the cache: index scores (rows of the batched prefill
+    /// indexer, capped by attend_batch::SCORES_CAP; one row for decode) and the attention
     /// workspace.
     fn with_cache(mut self, gpu: &Gpu, net: &Net, max_ctx: usize) -> Result<Bufs> {
         let c = &net.cfg;
         if c.indexer.is_some() {
-            self.scores = gpu::alloc(gpu, max_ctx, "index scores")?;
+            // `pos` holds one entry per token of the chunk.
+            let rows = attend_batch::score_rows(self.pos.len(), max_ctx);
+            self.scores = gpu::alloc(gpu, rows * max_ctx, "index scores")?;
             // One query row per launch; the blocks adapt their chunks to the visible keys.
             self.topk_blk = dsa_topk::blocks_for(1, max_ctx, net.sm_count);
             self.topk_scratch = gpu::alloc(

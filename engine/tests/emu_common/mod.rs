@@ -90,14 +90,15 @@ inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
 /// `smem` bytes of (0xCD-filled) dynamic shared memory per block.
 pub const GRID_RUNNER: &str = r#"
 static void run_grid(Dim3 grid, int threads, unsigned smem, const std::function<void()>& body) {
-    for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
+    // grid.z 0 (left out of a {x, y} initializer) counts as 1.
+    for (unsigned bz = 0; bz < (grid.z ? grid.z : 1u); ++bz) for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
         std::vector<unsigned char> sm(smem + 64, 0xCD);
         std::barrier<> block_bar(threads); g_block_barrier = &block_bar;
         std::vector<std::barrier<>*> wb; for (int i = 0; i < threads / 32; ++i) wb.push_back(new std::barrier<>(32));
         g_warp_barriers = wb; g_xchg.assign(threads, 0);
         std::vector<std::thread> ts;
         for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] {
-            threadIdx = {(unsigned)t, 0, 0}; blockIdx = {bx, by, 0}; gridDim = grid;
+            threadIdx = {(unsigned)t, 0, 0}; blockIdx = {bx, by, bz}; gridDim = grid;
             g_smem = sm.data(); g_smem_bytes = smem; body(); });
         for (auto& th : ts) th.join();
         for (auto* b : wb) delete b;
