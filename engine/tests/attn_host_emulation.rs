@@ -14,11 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+mod mla_common;
 mod mma_host;
 
 use memra_engine::kernels::{attn_decode, mla_decode};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::{Rng, rel_err};
+use mla_common::{Query, mla_reference};
 
 const TOL: f64 = 1e-5;
 /// mla_decode over a bf16 cache runs on tensor cores: q·(scale·log2 e) and the softmax weights P
@@ -557,27 +559,11 @@ fn mla_batch_case(
         &[("q.bin", bytes(&q)), ("c.bin", cb), ("pos.bin", bytes(&pos))],
         n_q * nh * kvl,
     );
-    let latent: Vec<f32> = (0..max_ctx)
-        .flat_map(|r| cv[r * d..][..kvl].iter().copied())
+    let queries: Vec<Query> = positions
+        .iter()
+        .map(|&pos| Query { pos, rows: None })
         .collect();
-    let shape = AttnShape {
-        n_head: nh,
-        n_kv_head: 1,
-        head_dim_k: d,
-        head_dim_v: kvl,
-    };
-    let mut want = Vec::new();
-    for (j, &p) in positions.iter().enumerate() {
-        want.extend(attention(
-            &q[j * nh * d..][..nh * d],
-            &cv[..(p + 1) * d],
-            &latent[..(p + 1) * kvl],
-            p + 1,
-            shape,
-            &Mask::causal(&[p]),
-            scale,
-        ));
-    }
+    let want = mla_reference(&q, &cv, nh, kvl, rope, &queries, scale);
     let err = rel_err(&got, &want);
     let tol = if f32_cache { TOL } else { TOL_TENSOR_CORES };
     eprintln!("mla_decode batch emulation {tag}: relative L2 {err:.2e} (tolerance {tol:e})");

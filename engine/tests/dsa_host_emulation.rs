@@ -9,6 +9,7 @@
 //! Skips (one SKIP line) without a C++20 compiler.
 
 mod emu_common;
+mod mla_common;
 mod mma_host;
 
 use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, read_i32, template};
@@ -18,6 +19,7 @@ use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
 use memra_reference::norm::layer_norm;
 use memra_reference::rope::{Rope, RopeMode, rope_head};
 use memra_reference::{Rng, rel_err};
+use mla_common::{Query, mla_reference, random_rows};
 
 /// Built-ins the DSA kernels use beyond emu_common's prelude.
 const EXTRA: &str = r#"
@@ -659,17 +661,16 @@ fn sparse_batch_case(
     let q = rng.normal_vec(n_q * nh * d, 1.0);
     let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
     let idx_cap = queries.iter().map(|q| q.1).max().unwrap() + 3;
+    // Each query's rows in a random order (the kernel needs no order).
+    let sels: Vec<Vec<usize>> = queries
+        .iter()
+        .map(|&(p, n_sel)| random_rows(rng, p, n_sel))
+        .collect();
     let mut idx = vec![-1i32; n_q * idx_cap];
-    let mut sels = Vec::new();
-    for (j, &(p, n_sel)) in queries.iter().enumerate() {
-        let mut all: Vec<usize> = (0..=p).collect();
-        for i in (1..all.len()).rev() {
-            all.swap(i, rng.below(i + 1));
-        }
-        for (k, &s) in all[..n_sel].iter().enumerate() {
+    for (j, sel) in sels.iter().enumerate() {
+        for (k, &s) in sel.iter().enumerate() {
             idx[j * idx_cap + k] = s as i32;
         }
-        sels.push(all[..n_sel].to_vec());
     }
     let counts: Vec<i32> = queries.iter().map(|q| q.1 as i32).collect();
     let scale = 1.0f32 / 16.0;
@@ -689,34 +690,15 @@ fn sparse_batch_case(
         1,
     );
     let got = read_f32(&outs[0]);
-    let latent: Vec<f32> = (0..max_ctx)
-        .flat_map(|r| cv[r * d..][..kvl].iter().copied())
+    let refs: Vec<Query> = queries
+        .iter()
+        .zip(&sels)
+        .map(|(&(pos, _), sel)| Query {
+            pos,
+            rows: Some(sel),
+        })
         .collect();
-    let shape = AttnShape {
-        n_head: nh,
-        n_kv_head: 1,
-        head_dim_k: d,
-        head_dim_v: kvl,
-    };
-    let mut want = Vec::new();
-    for (j, &(p, _)) in queries.iter().enumerate() {
-        let allowed = [sels[j].clone()];
-        let q_pos = [p];
-        let mask = Mask {
-            q_pos: &q_pos,
-            window: None,
-            allowed: Some(&allowed),
-        };
-        want.extend(attention(
-            &q[j * nh * d..][..nh * d],
-            &cv[..(p + 1) * d],
-            &latent[..(p + 1) * kvl],
-            p + 1,
-            shape,
-            &mask,
-            scale,
-        ));
-    }
+    let want = mla_reference(&q, &cv, nh, kvl, rope, &refs, scale);
     let err = rel_err(&got, &want);
     let tol = if f32_cache { 1e-5 } else { 1e-2 };
     eprintln!(

@@ -19,6 +19,7 @@
 
 mod dense_common;
 mod gpu_common;
+mod mla_common;
 
 use cudarc::driver::ValidAsZeroBits;
 use dense_common::{V, bf16_to_f32, variant};
@@ -27,6 +28,7 @@ use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::attn_decode::{self, AttnDecodeParams};
 use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
 use memra_engine::kernels::qk_norm_rope::CacheElem;
+use mla_common::{Query, mla_reference};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::mla::{MlaAttnInputs, MlaDims, mla_attention_absorbed};
 use memra_reference::{Rng, rel_err};
@@ -443,25 +445,11 @@ fn check_mla<C: HostCache>(
     let max_ctx = t_kv + 5;
     let q: Vec<f32> = q.map_or_else(|| rng.normal_vec(n_head * d, 1.0), |q| q.to_vec());
     let (c_dev, c_vals) = C::encode(&rng.normal_vec(max_ctx * d, 1.0));
-    let latent: Vec<f32> = (0..t_kv)
-        .flat_map(|r| c_vals[r * d..][..kvl].iter().copied())
-        .collect();
-    let shape = AttnShape {
-        n_head,
-        n_kv_head: 1,
-        head_dim_k: d,
-        head_dim_v: kvl,
+    let query = Query {
+        pos: t_kv - 1,
+        rows: None,
     };
-    let p_last = [t_kv - 1];
-    let want = attention(
-        &q,
-        &c_vals[..t_kv * d],
-        &latent,
-        t_kv,
-        shape,
-        &Mask::causal(&p_last),
-        GLM5_SCALE,
-    );
+    let want = mla_reference(&q, &c_vals, n_head, kvl, rope, &[query], GLM5_SCALE);
     let (dq, dc, dpos) = (up(s, &q), up(s, &c_dev), up(s, &[(t_kv - 1) as i32]));
     let mut last = Vec::new();
     for k in kernels {
@@ -604,27 +592,11 @@ fn check_mla_batch<C: HostCache>(
     let max_ctx = positions.iter().max().unwrap() + 5;
     let q = rng.normal_vec(n_q * n_head * d, 1.0);
     let (c_dev, c_vals) = C::encode(&rng.normal_vec(max_ctx * d, 1.0));
-    let latent: Vec<f32> = (0..max_ctx)
-        .flat_map(|r| c_vals[r * d..][..kvl].iter().copied())
+    let queries: Vec<Query> = positions
+        .iter()
+        .map(|&pos| Query { pos, rows: None })
         .collect();
-    let shape = AttnShape {
-        n_head,
-        n_kv_head: 1,
-        head_dim_k: d,
-        head_dim_v: kvl,
-    };
-    let mut want = Vec::new();
-    for (j, &p) in positions.iter().enumerate() {
-        want.extend(attention(
-            &q[j * n_head * d..][..n_head * d],
-            &c_vals[..(p + 1) * d],
-            &latent[..(p + 1) * kvl],
-            p + 1,
-            shape,
-            &Mask::causal(&[p]),
-            GLM5_SCALE,
-        ));
-    }
+    let want = mla_reference(&q, &c_vals, n_head, kvl, rope, &queries, GLM5_SCALE);
     let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
     let (dq, dc, dpos) = (up(s, &q), up(s, &c_dev), up(s, &pos));
     let longest = *positions.iter().max().unwrap() + 1;

@@ -19,6 +19,7 @@
 
 mod dense_common;
 mod gpu_common;
+mod mla_common;
 
 use std::sync::Arc;
 
@@ -37,6 +38,7 @@ use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
 use memra_reference::norm::layer_norm;
 use memra_reference::rope::{Rope, RopeMode, rope_head};
 use memra_reference::{Rng, rel_err};
+use mla_common::{Query, mla_reference, random_rows};
 
 const SMS: usize = 132;
 const IDX: IndexerDims = IndexerDims::GLM5;
@@ -639,43 +641,26 @@ fn check_sparse_batch(gpu: &Gpu, ks: &Kernels, queries: &[(usize, usize)], rng: 
     let max_ctx = queries.iter().map(|q| q.0).max().unwrap() + 9;
     let q = rng.normal_vec(n_q * N_HEAD * d, 1.0);
     let (c_bits, c_vals) = bf16_vals(rng, max_ctx * d);
-    let latent: Vec<f32> = (0..max_ctx)
-        .flat_map(|r| c_vals[r * d..][..KV_LORA].iter().copied())
+    // Ascending rows, as dsa_topk gives them.
+    let sels: Vec<Vec<usize>> = queries
+        .iter()
+        .map(|&(p, n_sel)| sorted(random_rows(rng, p, n_sel)))
         .collect();
-    let shape = AttnShape {
-        n_head: N_HEAD,
-        n_kv_head: 1,
-        head_dim_k: d,
-        head_dim_v: KV_LORA,
-    };
     let mut idx = vec![-1i32; n_q * TOP_K];
-    let mut want = Vec::new();
-    for (j, &(p, n_sel)) in queries.iter().enumerate() {
-        let mut all: Vec<usize> = (0..=p).collect();
-        for i in (1..all.len()).rev() {
-            all.swap(i, rng.below(i + 1));
-        }
-        let sel = sorted(all[..n_sel].to_vec());
+    for (j, sel) in sels.iter().enumerate() {
         for (k, &r) in sel.iter().enumerate() {
             idx[j * TOP_K + k] = r as i32;
         }
-        let allowed = [sel];
-        let q_pos = [p];
-        let mask = Mask {
-            q_pos: &q_pos,
-            window: None,
-            allowed: Some(&allowed),
-        };
-        want.extend(attention(
-            &q[j * N_HEAD * d..][..N_HEAD * d],
-            &c_vals[..(p + 1) * d],
-            &latent[..(p + 1) * KV_LORA],
-            p + 1,
-            shape,
-            &mask,
-            SCALE,
-        ));
     }
+    let refs: Vec<Query> = queries
+        .iter()
+        .zip(&sels)
+        .map(|(&(pos, _), sel)| Query {
+            pos,
+            rows: Some(sel),
+        })
+        .collect();
+    let want = mla_reference(&q, &c_vals, N_HEAD, KV_LORA, ROPE, &refs, SCALE);
     let counts: Vec<i32> = queries.iter().map(|q| q.1 as i32).collect();
     let (dq, dc, didx, dcount) = (up(s, &q), up(s, &c_bits), up(s, &idx), up(s, &counts));
     let sms = gpu.sm_count().expect("sm count");
