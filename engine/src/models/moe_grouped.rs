@@ -23,8 +23,18 @@ pub const GROUPED_MIN_TOKENS: usize = 16;
 pub const GROUPED_MIN_TOKENS_PER_EXPERT: usize = 4;
 
 /// Whether a chunk of `t` tokens, each routed to `n_used` of `n_expert` experts, runs grouped.
+/// `MEMRA_MOE_GROUPED=1` takes the grouped path for every prompt chunk of 2 tokens or more and
+/// `=0` never (A/B timing of the thresholds); unset or anything else applies the rule.
 pub fn use_grouped(t: usize, n_used: usize, n_expert: usize) -> bool {
-    t >= GROUPED_MIN_TOKENS && t * n_used >= GROUPED_MIN_TOKENS_PER_EXPERT * n_expert
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    match FORCED.get_or_init(|| match std::env::var("MEMRA_MOE_GROUPED").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }) {
+        Some(forced) => *forced && t >= 2,
+        None => t >= GROUPED_MIN_TOKENS && t * n_used >= GROUPED_MIN_TOKENS_PER_EXPERT * n_expert,
+    }
 }
 
 /// The (token, slot) pairs of a chunk grouped by expert: rows `offsets[x]..offsets[x + 1]` of
