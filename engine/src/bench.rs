@@ -120,7 +120,8 @@ pub struct BenchArgs {
     /// generic kernels) instead of the kernel families.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
-    /// Prompt tokens of the `--model` prefill.
+    /// Prompt tokens of the `--model` prefill, and of the `--synthetic` one (0: no prefill
+    /// measured there).
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
     /// Greedy decode steps of the `--model` run.
@@ -1465,7 +1466,11 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
     } else {
         None
     };
-    let v = bs::to_json(&desc, args.ctx, args.decode_tokens, seed, copy_gbps, full, fewer);
+    let prefill = match args.prompt_tokens {
+        0 => None,
+        n => Some(bs::prefill_gpus(&desc, 1, args.device, n, seed, policy)?),
+    };
+    let v = bs::to_json(&desc, args.ctx, args.decode_tokens, seed, copy_gbps, full, fewer, (args.prompt_tokens, prefill));
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     println!(
         "\nsynthetic {preset}: {layers} layers, ctx {}: decode step {:.1} us (min {:.1}), reads {:.1} MB, floor {:.1} us, {:.2}x the floor; {:.1} us per layer",
@@ -1487,6 +1492,12 @@ fn run_synthetic(args: &BenchArgs, preset: &str) -> Result<(), Box<dyn std::erro
             g("bytes") / 1e6,
             g("floor_us"),
             g("ratio_to_floor")
+        );
+    }
+    if let Some(tok_s) = prefill {
+        println!(
+            "prefill of {} tokens from position 0: {tok_s:.0} tok/s (median of 3)",
+            args.prompt_tokens
         );
     }
     if v["logits_finite"] != true {

@@ -131,7 +131,13 @@ int main(int argc, char** argv) {
     unsigned char* wa = (unsigned char*)aligned_alloc(256, (w.size() + 255) / 256 * 256); memcpy(wa, w.data(), w.size());
     float* xa = (float*)aligned_alloc(256, (x.size() + 255) / 256 * 256); memcpy(xa, x.data(), x.size());
     float* ya = (float*)y.data();
+    // Optional: argv[9] the offsets of a grouped launch (int32, experts + 1), argv[10] expert_bytes;
+    // t is then the largest group (grid.y) and grid.z the experts.
+    std::vector<unsigned char> off_raw; long long eb = 0; int groups = 1;
+    if (argc > 10) { long no = rd(argv[9], off_raw); groups = (int)(no / 4) - 1; eb = atoll(argv[10]); }
+    const int* offs = argc > 10 ? (const int*)off_raw.data() : nullptr;
     using G = memra::MatmulGeometry<Cfg>;
+    for (int bz = 0; bz < groups; ++bz)
     for (int by = 0; by < (t + G::BM - 1) / G::BM; ++by)
     for (int bx = 0; bx < (n + 127) / 128; ++bx) {
         std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
@@ -140,8 +146,8 @@ int main(int argc, char** argv) {
         g_warp_barriers = wb; g_xchg.assign(256, 0.f);
         std::vector<std::thread> ts;
         for (int th = 0; th < 256; ++th) ts.emplace_back([&, th] {
-            threadIdx = {(unsigned)th, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, 0}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
-            memra::matmul_impl<Cfg>(wa, xa, ya, t, k, n, ldx, ldy); });
+            threadIdx = {(unsigned)th, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, (unsigned)bz}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
+            memra::matmul_entry<Cfg>(wa, xa, ya, t, k, n, ldx, ldy, offs, eb); });
         for (auto& x : ts) x.join();
         for (auto* b : wb) delete b;
     }
@@ -299,18 +305,45 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Runs an emulator on (w, x, y0) and returns y.
 fn run(bin: &Path, dims: &[usize], w: &[u8], x: &[f32], y0: &[f32]) -> Vec<f32> {
+    run_with(bin, dims, w, x, y0, None)
+}
+
+/// [`run`], for matmul optionally as a grouped launch: (offsets, expert_bytes).
+fn run_with(
+    bin: &Path,
+    dims: &[usize],
+    w: &[u8],
+    x: &[f32],
+    y0: &[f32],
+    grouped: Option<(&[i32], usize)>,
+) -> Vec<f32> {
     let dir = bin.parent().unwrap();
-    let (wf, xf, yf) = (dir.join("w.bin"), dir.join("x.bin"), dir.join("y.bin"));
+    let (wf, xf, yf, of) = (
+        dir.join("w.bin"),
+        dir.join("x.bin"),
+        dir.join("y.bin"),
+        dir.join("offsets.bin"),
+    );
     std::fs::write(&wf, w).unwrap();
     std::fs::write(&xf, f32_bytes(x)).unwrap();
     std::fs::write(&yf, f32_bytes(y0)).unwrap();
-    let out = Command::new(bin)
-        .args(dims.iter().map(|d| d.to_string()))
+    let mut cmd = Command::new(bin);
+    cmd.args(dims.iter().map(|d| d.to_string()))
         .arg(&wf)
         .arg(&xf)
-        .arg(&yf)
-        .output()
-        .expect("run emulator");
+        .arg(&yf);
+    if let Some((offsets, expert_bytes)) = grouped {
+        std::fs::write(
+            &of,
+            offsets
+                .iter()
+                .flat_map(|o| o.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        cmd.arg(&of).arg(expert_bytes.to_string());
+    }
+    let out = cmd.output().expect("run emulator");
     assert!(
         out.status.success(),
         "emulator {} failed: {:?}\n{}",
@@ -553,5 +586,78 @@ fn matmul_kernel_emulated_on_host_threads_matches_reference() {
                 compare(&what, &got, &y0, &want, t, n, ldy, acc == 1, 1e-2, &rng);
             }
         }
+    }
+}
+
+/// A grouped launch (MoE prefill grouped by expert): grid.z over a stack of experts, expert z's
+/// rows offsets[z]..offsets[z+1] of x and y against its own weights, an empty expert and groups
+/// that are not multiples of BM among them; every row compared with that expert's product.
+#[test]
+fn matmul_grouped_launch_emulated_on_host_threads_matches_reference() {
+    let test = "matmul_grouped_launch_emulated_on_host_threads_matches_reference";
+    let Some(mut b) = Builder::new(test, true) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    for (ty, k, n) in [(GgmlType::Q4_K, 256, 33), (GgmlType::Q8_0, 96, 136)] {
+        let rows = [5usize, 0, 70, 1];
+        let mut offsets = vec![0i32];
+        for r in rows {
+            offsets.push(offsets.last().unwrap() + r as i32);
+        }
+        let total = *offsets.last().unwrap() as usize;
+        let (ldx, ldy) = (k + 4, n + 3);
+        let experts: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|_| quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap())
+            .collect();
+        let expert_bytes = experts[0].len();
+        assert_eq!(
+            expert_bytes % 16,
+            0,
+            "{ty:?} k={k} n={n}: expert bytes must be 16-byte multiples"
+        );
+        let w: Vec<u8> = experts.concat();
+        let x = rng.normal_vec((total - 1) * ldx + k, 1.0);
+        let mut want = Vec::with_capacity(total * n);
+        for (z, ew) in experts.iter().enumerate() {
+            let (r0, r1) = (offsets[z] as usize, offsets[z + 1] as usize);
+            if r0 == r1 {
+                continue;
+            }
+            let packed: Vec<f32> = (r0..r1)
+                .flat_map(|i| x[i * ldx..i * ldx + k].to_vec())
+                .collect();
+            want.extend(linear::matmul_gguf(ty, ew, k, n, &packed, r1 - r0).unwrap());
+        }
+        let y0 = vec![f32::NAN; (total - 1) * ldy + n];
+        let bin = b.get(vec![
+            format!("KDIM={k}"),
+            format!("NDIM={n}"),
+            format!("QT={}", ty.name()),
+            "BMV=64".into(),
+            "ACC=0".into(),
+        ]);
+        let max_rows = *rows.iter().max().unwrap();
+        let got = run_with(
+            &bin,
+            &[max_rows, k, n, ldx, ldy],
+            &w,
+            &x,
+            &y0,
+            Some((&offsets, expert_bytes)),
+        );
+        compare(
+            &format!("grouped matmul {ty:?} k={k} n={n} rows {rows:?}"),
+            &got,
+            &y0,
+            &want,
+            total,
+            n,
+            ldy,
+            false,
+            1e-2,
+            &rng,
+        );
     }
 }

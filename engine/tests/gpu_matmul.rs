@@ -298,3 +298,105 @@ fn gpu_matmul_accumulate_adds_to_y() {
         }
     }
 }
+
+/// The grouped launch of an MoE prefill: a stack of experts, each with its own rows of x and y
+/// (empty experts, groups of 1 and past two BM tiles, padded strides), in one launch; every row
+/// against its expert's bf16-operand product. Bad offsets are refused before any launch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matmul_grouped_experts_match_each_experts_product() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("gpu_matmul_grouped_experts_match_each_experts_product");
+    // (type, k, n, ldx pad, ldy pad): OLMoE-like gate/up, a down with n over two column tiles.
+    for (ty, k, n, px, py) in [
+        (GgmlType::Q4_K, 2048, 1024, 0, 0),
+        (GgmlType::Q8_0, 1024, 2048, 4, 3),
+        (GgmlType::Q6_K, 512, 264, 0, 5),
+    ] {
+        let (ldx, ldy) = (k + px, n + py);
+        let rows: Vec<usize> = (0..12)
+            .map(|i| match i {
+                0 | 5 => 0,
+                3 => 1,
+                7 => 300,
+                _ => rng.below(90),
+            })
+            .collect();
+        let mut offsets = vec![0i32];
+        for &r in &rows {
+            offsets.push(offsets.last().unwrap() + r as i32);
+        }
+        let total = *offsets.last().unwrap() as usize;
+        let experts: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|_| random_weight(ty, k, n, &mut rng))
+            .collect();
+        let w = experts.concat();
+        let x = rng.normal_vec((total - 1) * ldx + k, 1.0);
+        let x_packed: Vec<f32> = (0..total)
+            .flat_map(|i| x[i * ldx..i * ldx + k].iter().copied())
+            .collect();
+        let (mut want, mut terms) = (Vec::with_capacity(total * n), Vec::with_capacity(total * n));
+        for (z, ew) in experts.iter().enumerate() {
+            let (r0, r1) = (offsets[z] as usize, offsets[z + 1] as usize);
+            if r0 < r1 {
+                let xz = &x_packed[r0 * k..r1 * k];
+                want.extend(matmul_bf16_operands(ty, ew, k, n, xz, r1 - r0));
+                terms.extend(dot_terms(ty, ew, k, n, xz, r1 - r0, None));
+            }
+        }
+        let y0 = vec![f32::NAN; (total - 1) * ldy + n];
+        let (dw, dx) = (up(s, &w), up(s, &x));
+        let mut doff = up(s, &vec![0i32; offsets.len()]);
+        for dims in [Some((k, n)), None] {
+            let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", 64)]));
+            let mut dy = up(s, &y0);
+            matmul::matmul_grouped(
+                &kernel,
+                &dw.slice(..),
+                &dx.slice(..),
+                &mut dy.slice_mut(..),
+                &offsets,
+                &mut doff.slice_mut(..),
+                k,
+                n,
+                ldx,
+                ldy,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let got = down(s, &dy);
+            let (got_rows, want_rows) =
+                output_rows(kernel.name(), &got, &y0, &want, total, n, ldy, false, &rng);
+            let what = format!(
+                "{} grouped {ty:?} k={k} n={n} rows {rows:?} ldx={ldx} ldy={ldy}",
+                kernel.name()
+            );
+            assert_dot_close(
+                &what,
+                &got_rows,
+                &want_rows,
+                &terms,
+                BF16_OPERANDS_TOL,
+                &rng,
+            );
+            // Refusals: offsets not from 0, decreasing, or more rows than x holds.
+            let mut y = up(s, &y0);
+            for bad in [vec![1, 2, 3], vec![0, 5, 4], vec![0, total as i32 + 1]] {
+                let e = matmul::matmul_grouped(
+                    &kernel,
+                    &dw.slice(..),
+                    &dx.slice(..),
+                    &mut y.slice_mut(..),
+                    &bad,
+                    &mut doff.slice_mut(..),
+                    k,
+                    n,
+                    ldx,
+                    ldy,
+                );
+                assert!(e.is_err(), "{what}: offsets {bad:?} accepted");
+            }
+        }
+    }
+}

@@ -15,15 +15,21 @@
 //   int   ACCUMULATE  0: Y = X·Wᵀ; 1: Y += X·Wᵀ
 //
 // Kernel parameters, in order:
-//   (const unsigned char* w, const float* x, float* y, int t, int k, int n, int ldx, int ldy)
+//   (const unsigned char* w, const float* x, float* y, int t, int k, int n, int ldx, int ldy,
+//    const int* offsets, long long expert_bytes)
 //   w: N·row_bytes(K) bytes, 16-byte aligned; x: [t][ldx] f32, 16-byte aligned, ldx % 4 == 0;
 //   y: [t][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
+//   expert_bytes == 0: one product (offsets not read). expert_bytes > 0 (a multiple of 16): one
+//   launch for a stack of experts, expert z = blockIdx.z with weights at w + z·expert_bytes and
+//   rows offsets[z] .. offsets[z+1] of x and y (an MoE prefill's tokens grouped by expert);
+//   grid.y covers the largest group, blocks past their expert's rows exit. One launch keeps
+//   every SM busy where one launch per expert ran a few blocks each.
 //
 // __launch_bounds__(256, 1): one block per SM (≈ 250 registers: 64 accumulators per thread plus
 // the dequant and X prefetch registers), no spills.
 //
 // Launch geometry (matmul_geometry<Cfg> below; the Rust wrapper mirrors it):
-//   grid (ceil(N / 128), ceil(T / BM)), block (THREADS), dynamic shared memory
+//   grid (ceil(N / 128), ceil(T / BM), experts or 1), block (THREADS), dynamic shared memory
 //   2 · 128 · RAW_ROW + 2 · (BM + 128) · 72 · 2 + 16 bytes, with KR = 64 (F32), 128 (F16, BF16)
 //   or 256 (quant types), RAW_ROW = round_up(KR / BLOCK · BYTES, 16) + 16. The kernel traps if
 //   launched with less.
@@ -257,12 +263,28 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             }
 }
 
+// The kernel body: one product, or expert blockIdx.z's rows of a grouped launch.
+template <class Cfg>
+__device__ __forceinline__ void matmul_entry(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                             float* __restrict__ y, int t, const int k, const int n, const int ldx,
+                                             const int ldy, const int* __restrict__ offsets, const i64 expert_bytes) {
+    if (expert_bytes > 0) {
+        const int z = blockIdx.z, r0 = offsets[z];
+        t = offsets[z + 1] - r0;
+        if ((int)blockIdx.y * MatmulGeometry<Cfg>::BM >= t) return;  // the whole block: no barrier skipped
+        w += (i64)z * expert_bytes;
+        x += (i64)r0 * ldx;
+        y += (i64)r0 * ldy;
+    }
+    matmul_impl<Cfg>(w, x, y, t, k, n, ldx, ldy);
+}
+
 }  // namespace memra
 
 #define MEMRA_DEFINE_MATMUL(SYMBOL, CFG)                                                                        \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int t, \
-               int k, int n, int ldx, int ldy) {                                                                \
+               int k, int n, int ldx, int ldy, const int* __restrict__ offsets, long long expert_bytes) {      \
         memra::pdl_entry();                                                                                     \
-        memra::matmul_impl<CFG>(w, x, y, t, k, n, ldx, ldy);                                                    \
+        memra::matmul_entry<CFG>(w, x, y, t, k, n, ldx, ldy, offsets, expert_bytes);                           \
     }

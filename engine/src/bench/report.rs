@@ -687,6 +687,9 @@ pub enum Ty {
     StrOrNull,
     Bool,
     ObjectOrNull,
+    /// Keys added after files were committed without them: absent, or an int / float or null.
+    IntOrAbsent,
+    FloatOrNullOrAbsent,
 }
 
 impl Ty {
@@ -702,6 +705,8 @@ impl Ty {
             Ty::StrOrNull => v.is_null() || v.is_string(),
             Ty::Bool => v.is_boolean(),
             Ty::ObjectOrNull => v.is_null() || v.is_object(),
+            Ty::IntOrAbsent => v.is_i64() || v.is_u64(),
+            Ty::FloatOrNullOrAbsent => v.is_null() || v.is_number(),
         }
     }
 }
@@ -779,6 +784,8 @@ pub const SYNTHETIC: &[(&str, Ty)] = &[
     ("per_layer_us", Ty::Float),
     ("last_layer", Ty::ObjectOrNull),
     ("logits_finite", Ty::Bool),
+    ("prompt_tokens", Ty::IntOrAbsent),
+    ("prefill_tok_s", Ty::FloatOrNullOrAbsent),
     ("layer_bytes", Ty::Array),
 ];
 /// `synthetic_gpus` of a `--synthetic --gpus N` run and its `runs[]`.
@@ -932,6 +939,7 @@ fn check(v: &Value, keys: &[(&str, Ty)], at: &str, errs: &mut Vec<String>) {
     };
     for (key, ty) in keys {
         match obj.get(*key) {
+            None if matches!(ty, Ty::IntOrAbsent | Ty::FloatOrNullOrAbsent) => {}
             None => errs.push(format!("{at}: missing `{key}`")),
             Some(x) if !ty.matches(x) => {
                 errs.push(format!("{at}.{key}: expected {ty:?}, found {x}"))

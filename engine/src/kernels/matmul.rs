@@ -16,7 +16,8 @@ pub const BN: u32 = 128;
 pub const THREADS: u32 = 256;
 
 /// Kernel parameters in order: `(const unsigned char* w, const float* x, float* y, int t, int k,
-/// int n, int ldx, int ldy)`.
+/// int n, int ldx, int ldy, const int* offsets, long long expert_bytes)`; `expert_bytes` 0: one
+/// product (`offsets` not read), else a grouped launch ([`matmul_grouped`]).
 #[derive(KernelArgs)]
 #[kernel_args(family = "matmul")]
 pub struct MatmulArgs<'a> {
@@ -28,6 +29,8 @@ pub struct MatmulArgs<'a> {
     pub n: i32,
     pub ldx: i32,
     pub ldy: i32,
+    pub offsets: CudaView<'a, i32>,
+    pub expert_bytes: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,11 +94,22 @@ pub fn launch_config(
     t: usize,
     n: usize,
 ) -> Option<LaunchConfig> {
+    launch_config_grouped(ty, tune, t, n, 1)
+}
+
+/// [`launch_config`] of a grouped launch: `t` the largest group, one z layer per expert.
+pub fn launch_config_grouped(
+    ty: GgmlType,
+    tune: &MatmulTuning,
+    t: usize,
+    n: usize,
+    experts: u32,
+) -> Option<LaunchConfig> {
     Some(LaunchConfig {
         grid_dim: (
             checks::grid_dim(n, BN as usize, i32::MAX as u32),
             checks::grid_dim(t, tune.bm as usize, checks::GRID_Y_MAX),
-            1,
+            experts,
         ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem_bytes(ty, tune)?,
@@ -150,11 +164,124 @@ pub fn matmul(
         n: checks::to_i32(kernel, "n", n)?,
         ldx: checks::to_i32(kernel, "ldx", ldx)?,
         ldy: checks::to_i32(kernel, "ldy", ldy)?,
+        // Not read with expert_bytes 0; any valid pointer fills the slot.
+        offsets: unsafe { x.transmute::<i32>(1) }
+            .ok_or_else(|| checks::invalid(kernel, "x is empty"))?,
+        expert_bytes: 0,
     };
     // SAFETY: w holds n rows of row_bytes(qtype, k), x t rows of ldx ≥ k floats, y t rows of
     // ldy ≥ n floats (checked); w and x are 16-byte aligned for cp.async / float4 loads; the grid
     // covers n (128 per block) × t (BM per block) and the dynamic shared memory matches
     // MatmulGeometry (the kernel traps if it is smaller).
+    unsafe { launch(kernel, cfg, &mut args) }
+}
+
+/// A stack of experts' products in one launch (MoE prefill grouped by expert): for each expert
+/// `z < n_expert`, rows `offsets[z]..offsets[z + 1]` of `x` (`[rows][ldx]`) times expert `z`'s
+/// weights (`w` holds `n_expert` experts of `n` rows of `row_bytes(k)`) into the same rows of
+/// `y` (`[rows][ldy]`). `offsets` (host, `n_expert + 1`, non-decreasing from 0) is copied into
+/// `offsets_dev` on the kernel's stream. Empty experts cost only their blocks' early exit.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_grouped(
+    kernel: &Kernel,
+    w: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    offsets: &[i32],
+    offsets_dev: &mut CudaViewMut<'_, i32>,
+    k: usize,
+    n: usize,
+    ldx: usize,
+    ldy: usize,
+) -> Result<(), Error> {
+    let ty = qtype(kernel)?;
+    let tune = tuning(kernel)?;
+    checks::check_dim(kernel, "k", k)?;
+    checks::check_dim(kernel, "n", n)?;
+    let n_expert = offsets
+        .len()
+        .checked_sub(1)
+        .filter(|&e| e >= 1)
+        .ok_or_else(|| checks::invalid(kernel, "offsets needs n_expert + 1 ≥ 2 entries"))?;
+    if n_expert > u16::MAX as usize {
+        return Err(checks::invalid(
+            kernel,
+            format!("{n_expert} experts: grid.z holds at most 65535"),
+        ));
+    }
+    if offsets[0] != 0 || offsets.windows(2).any(|p| p[1] < p[0]) {
+        return Err(checks::invalid(
+            kernel,
+            "offsets must start at 0 and never decrease",
+        ));
+    }
+    let rows = *offsets.last().expect("n_expert ≥ 1") as usize;
+    let max_rows = offsets
+        .windows(2)
+        .map(|p| (p[1] - p[0]) as usize)
+        .max()
+        .unwrap_or(0);
+    let row_bytes = ty.row_bytes(k as u64).ok_or_else(|| {
+        checks::invalid(
+            kernel,
+            format!("k={k} is not a whole number of {ty:?} blocks"),
+        )
+    })? as usize;
+    let expert_bytes = n
+        .checked_mul(row_bytes)
+        .ok_or_else(|| checks::invalid(kernel, "expert size overflows"))?;
+    if !expert_bytes.is_multiple_of(16) {
+        return Err(checks::invalid(
+            kernel,
+            format!("an expert's {expert_bytes} bytes are not a multiple of 16 (cp.async)"),
+        ));
+    }
+    checks::check_len(kernel, "w", w.len(), n_expert * expert_bytes)?;
+    checks::check_len(kernel, "offsets_dev", offsets_dev.len(), offsets.len())?;
+    if max_rows.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
+        return Err(checks::invalid(
+            kernel,
+            format!(
+                "{max_rows} rows of one expert need more than {} token tiles",
+                checks::GRID_Y_MAX
+            ),
+        ));
+    }
+    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
+        return Err(checks::invalid(
+            kernel,
+            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
+        ));
+    }
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    checks::check_len(kernel, "x", x.len(), (rows - 1) * ldx + k)?;
+    checks::check_len(kernel, "y", y.len(), (rows - 1) * ldy + n)?;
+    checks::check_aligned16(kernel, "w", w)?;
+    checks::check_aligned16(kernel, "x", x)?;
+    kernel
+        .stream()
+        .memcpy_htod(offsets, offsets_dev)
+        .map_err(|e| Error::driver("copying the expert offsets", e))?;
+    let cfg = launch_config_grouped(ty, &tune, max_rows, n, n_expert as u32)
+        .expect("qtype checked above");
+    allow_smem(kernel, cfg.shared_mem_bytes)?;
+    let mut args = MatmulArgs {
+        w: w.slice(..),
+        x: x.slice(..),
+        y: y.slice_mut(..),
+        t: checks::to_i32(kernel, "t", max_rows)?,
+        k: checks::to_i32(kernel, "k", k)?,
+        n: checks::to_i32(kernel, "n", n)?,
+        ldx: checks::to_i32(kernel, "ldx", ldx)?,
+        ldy: checks::to_i32(kernel, "ldy", ldy)?,
+        offsets: offsets_dev.slice(..),
+        expert_bytes: expert_bytes as i64,
+    };
+    // SAFETY: w holds n_expert experts of expert_bytes (a multiple of 16, so every expert's rows
+    // stay 16-byte aligned), offsets_dev holds the checked offsets (copied on this stream before
+    // the launch), x and y hold their last row; the grid covers n × the largest group × n_expert.
     unsafe { launch(kernel, cfg, &mut args) }
 }
 

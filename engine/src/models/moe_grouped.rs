@@ -1,9 +1,10 @@
 //! Expert-grouped MoE prefill. Per token the expert kernel (moe_matvec) re-reads each selected
 //! expert's weights once per token that chose it; for a prompt the tokens are instead grouped by
-//! expert (the router's ids read back on the host: prefill is not graph-captured) and each
-//! expert with tokens runs the tensor-core matmul over the matrix of its tokens' rows:
-//! gather `h` rows (embed over an f32 table) → gate, up matmuls per expert → SwiGLU over all
-//! pairs → down matmul per expert → moe_combine, the routing-weighted sum in slot order.
+//! expert (the router's ids read back on the host: prefill is not graph-captured) and the
+//! tensor-core matmul runs each expert over the matrix of its tokens' rows, all experts in one
+//! grouped launch (grid.z): gather `h` rows (embed over an f32 table) → gate, up grouped
+//! matmuls → SwiGLU over all pairs → down grouped matmul → moe_combine, the routing-weighted
+//! sum in slot order.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use memra_gguf::GgmlType;
@@ -16,9 +17,10 @@ use crate::kernels::{embed, matmul, moe_combine, swiglu};
 
 /// Prompt chunks take the grouped path from this many tokens on, and only when the experts get
 /// [`GROUPED_MIN_TOKENS_PER_EXPERT`] tokens on average; shorter ones (and decode) stay on
-/// moe_matvec. Not yet measured on a GPU: starting points. The grouped path costs three
-/// launches per expert with tokens and a host round trip; with one or two tokens per expert it
-/// reads about the weight bytes moe_matvec reads.
+/// moe_matvec. The grouped path costs a host round trip and reads every expert with tokens
+/// once; with one or two tokens per expert moe_matvec reads about the same bytes. On the H200
+/// (session 6, GLM-5 dims, 1024 tokens = 32 per expert) one matmul launch per expert was 1.5×
+/// slower end to end than moe_matvec; the one-launch grouped matmul is not measured yet.
 pub const GROUPED_MIN_TOKENS: usize = 16;
 pub const GROUPED_MIN_TOKENS_PER_EXPERT: usize = 4;
 
@@ -93,6 +95,8 @@ pub struct GroupedScratch {
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
     act: CudaSlice<f32>,
+    /// The grouped matmuls' expert row offsets (`n_expert + 1`), sized at the first forward.
+    offsets: Option<CudaSlice<i32>>,
 }
 
 impl GroupedScratch {
@@ -106,6 +110,7 @@ impl GroupedScratch {
             gate: gpu::alloc(gpu, pairs * n_ff_exp, &what("gate"))?,
             up: gpu::alloc(gpu, pairs * n_ff_exp, &what("up"))?,
             act: gpu::alloc(gpu, pairs * n_ff_exp, &what("activations"))?,
+            offsets: None,
         })
     }
 }
@@ -125,10 +130,10 @@ fn expert_bytes(w: &DeviceTensor, n_expert: usize) -> Option<usize> {
     Some(rows * w.ty.row_bytes(w.k as u64)? as usize)
 }
 
-/// One expert's weights of a stacked tensor.
-fn expert<'a>(w: &'a DeviceTensor, x: usize, n_expert: usize) -> CudaView<'a, u8> {
+/// The `n_expert` experts of a stacked tensor.
+fn experts(w: &DeviceTensor, n_expert: usize) -> CudaView<'_, u8> {
     let b = expert_bytes(w, n_expert).expect("checked by GroupedMoe::plan");
-    w.data.slice(x * b..(x + 1) * b)
+    w.data.slice(..n_expert * b)
 }
 
 impl GroupedMoe {
@@ -194,27 +199,22 @@ impl GroupedMoe {
         let table = unsafe { h.transmute::<u8>(t * e * 4) }.ok_or_else(|| err("grouped MoE: h is shorter than t rows"))?;
         embed::embed(kernels.get(self.gather)?, &s.token_of_row.slice(..pairs), &table, &mut s.rows.slice_mut(..pairs * e), pairs, e, t, 1.0)?;
         let (gk, dk) = (kernels.get(self.gate_up)?, kernels.get(self.down)?);
-        let named = |r: std::result::Result<(), crate::cuda::Error>, w: &DeviceTensor, x: usize| r.map_err(|m| err(format!("tensor '{}' expert {x}: {m}", w.name)));
-        for x in 0..n_expert {
-            let r = g.rows(x);
-            if r.is_empty() {
-                continue;
-            }
-            let xs = s.rows.slice(r.start * e..r.end * e);
-            for (w, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
-                named(matmul::matmul(gk, &expert(w, x, n_expert), &xs, &mut y.slice_mut(r.start * nf..r.end * nf), r.len(), e, nf, e, nf), w, x)?;
-            }
+        let named = |r: std::result::Result<(), crate::cuda::Error>, w: &DeviceTensor| r.map_err(|m| err(format!("tensor '{}' (grouped by expert): {m}", w.name)));
+        let offsets: Vec<i32> = g.offsets.iter().map(|&o| o as i32).collect();
+        if s.offsets.as_ref().is_none_or(|o| o.len() < offsets.len()) {
+            s.offsets = Some(gpu::alloc(gpu, offsets.len(), "grouped MoE expert offsets")?);
+        }
+        let offs = s.offsets.as_mut().expect("allocated above");
+        // One launch per matrix over every expert (grid.z): per-expert launches of a few blocks
+        // each left most SMs idle (measured on the H200: slower than moe_matvec at 1024 tokens).
+        let xs = s.rows.slice(..pairs * e);
+        for (w, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
+            named(matmul::matmul_grouped(gk, &experts(w, n_expert), &xs, &mut y.slice_mut(..pairs * nf), &offsets, &mut offs.slice_mut(..offsets.len()), e, nf, e, nf), w)?;
         }
         swiglu::swiglu(kernels.get(self.glu)?, &s.gate.slice(..pairs * nf), &s.up.slice(..pairs * nf), &mut s.act.slice_mut(..pairs * nf), pairs, nf, GluLayout::separate(nf))?;
         // The gathered rows are spent: the down outputs go there.
-        for x in 0..n_expert {
-            let r = g.rows(x);
-            if r.is_empty() {
-                continue;
-            }
-            let a = s.act.slice(r.start * nf..r.end * nf);
-            named(matmul::matmul(dk, &expert(down, x, n_expert), &a, &mut s.rows.slice_mut(r.start * e..r.end * e), r.len(), nf, e, nf, e), down, x)?;
-        }
+        let a = s.act.slice(..pairs * nf);
+        named(matmul::matmul_grouped(dk, &experts(down, n_expert), &a, &mut s.rows.slice_mut(..pairs * e), &offsets, &mut offs.slice_mut(..offsets.len()), nf, e, nf, e), down)?;
         moe_combine::moe_combine(kernels.get(self.combine)?, &s.rows.slice(..pairs * e), &s.row_of_slot.slice(..pairs), wts, out, t, n_used, e)?;
         Ok(())
     }

@@ -148,20 +148,6 @@ pub fn connect_at_init() {
     }
 }
 
-/// `NCCL_GRAPH_MIXING_SUPPORT=0` unless the user set it; only with `MEMRA_SHARDED_GRAPHS=1`
-/// (decode steps as CUDA graphs on several GPUs), whose ranks never overlap an eager collective
-/// with a graph launch (`sharded::StepGate`). NCCL's mixing mechanism (event waits between
-/// captured and eager work on a communicator) is the one its docs say has deadlocked CUDA with
-/// several GPUs per process. NCCL reads it when a communicator first meets a capture, so this
-/// runs before `ncclCommInitAll`.
-pub fn graph_mixing_off() {
-    if std::env::var_os("NCCL_GRAPH_MIXING_SUPPORT").is_none() {
-        // SAFETY: called by ShardedMla::load before its rank threads exist and before NCCL's
-        // first collective; the engine's other threads do not touch the environment.
-        unsafe { std::env::set_var("NCCL_GRAPH_MIXING_SUPPORT", "0") };
-    }
-}
-
 /// Loads NCCL once per process (search from the environment, `MEMRA_NCCL_PATH` first) after
 /// setting `NCCL_NVLS_ENABLE`. Never panics: absence is a `LibraryNotFound` listing every path
 /// tried; a library without one of the entry points is refused by name.

@@ -283,7 +283,9 @@ mod tests {
     use memra_reference::models::MlaModelHparams;
 
     use super::*;
+    #[cfg(feature = "model-glm-dsa")]
     use crate::kernels::registry::Param;
+    #[cfg(feature = "model-glm-dsa")]
     use crate::models::gpu;
 
     fn shard(rank: usize, n_ranks: usize) -> Shard {

@@ -95,11 +95,12 @@ pub struct ShardedMla {
 
 /// With CUDA graphs on several GPUs (`MEMRA_SHARDED_GRAPHS=1`), every forward starts on all
 /// ranks together with their streams idle: a graph holding NCCL calls is a collective launch
-/// (each rank must launch the graph of the same capture), and with
-/// `NCCL_GRAPH_MIXING_SUPPORT=0` (set by `nccl::graph_mixing_off`) NCCL requires that no eager
-/// collective (prefill, warm-up) still runs on a communicator when one of its graphs is
-/// launched, nor the other way round. Costs one host sync per step on each rank (a decode step
-/// is synchronized by the caller anyway). Unverified on a GPU: see the module doc.
+/// (each rank must launch the graph of the same capture), and no eager collective (prefill,
+/// warm-up) may still run on a communicator when one of its graphs is launched. Costs one host
+/// sync per step on each rank (a decode step is synchronized by the caller anyway). On the H200
+/// (2 GPUs, session 6) the glm-5-dims test hung in its first graph step with
+/// `NCCL_GRAPH_MIXING_SUPPORT=0`, while with NCCL's default (1) the micro model's graph steps
+/// matched one GPU; so NCCL's default stays.
 pub struct StepGate {
     barrier: Barrier,
     /// Sticky: a rank that could not reach an idle stream makes every later step fail on all
@@ -229,8 +230,7 @@ impl ShardedMla {
         }
         // Decode steps captured as CUDA graphs that hold the NCCL calls hung on the H200 (2 GPUs,
         // 2026-11-30) while eager steps passed the same 2-GPU test: graphs stay off here unless
-        // MEMRA_SHARDED_GRAPHS=1 asks for them (then with the step gate and NCCL's graph mixing
-        // off, the candidate fix: `StepGate`).
+        // MEMRA_SHARDED_GRAPHS=1 asks for them (then with the step gate, `StepGate`).
         let graphs_asked = opts.graphs;
         let graphs = graphs_asked && std::env::var("MEMRA_SHARDED_GRAPHS").is_ok_and(|v| v == "1");
         let opts = &GpuOptions {
@@ -248,9 +248,6 @@ impl ShardedMla {
         // One mapping for all ranks (a synthetic header is one temporary file per process).
         let header = Arc::new(header);
         require_devices(n_gpus)?;
-        if graphs {
-            super::nccl::graph_mixing_off();
-        }
         let comms = Communicator::init_all(&(0..n_gpus).collect::<Vec<_>>())?;
         let gate = graphs.then(|| Arc::new(StepGate::new(n_gpus)));
         let mut workers = Vec::with_capacity(n_gpus);
@@ -462,10 +459,15 @@ impl GpuModel for ShardedMla {
 impl Drop for ShardedMla {
     fn drop(&mut self) {
         let broken = self.broken.is_some();
+        // Close every command channel before joining any worker: each worker's loop then ends
+        // and its communicator is destroyed on all ranks together. Joining rank 0 while rank 1
+        // still waits for commands hung on the H200 once graphs held NCCL calls (the destroy
+        // waits for the peer).
         for w in &mut self.workers {
-            // Closing the command channel ends the worker's loop.
             let (tx, _) = channel();
             drop(std::mem::replace(&mut w.cmds, tx));
+        }
+        for w in &mut self.workers {
             if let Some(h) = w.handle.take()
                 && !broken
             {
