@@ -132,9 +132,11 @@ int main(int argc, char** argv) {
     float* xa = (float*)aligned_alloc(256, (x.size() + 255) / 256 * 256); memcpy(xa, x.data(), x.size());
     float* ya = (float*)y.data();
     // Optional: argv[9] the offsets of a grouped launch (int32, experts + 1), argv[10] expert_bytes;
-    // t is then the largest group (grid.y) and grid.z the experts.
-    std::vector<unsigned char> off_raw; long long eb = 0; int groups = 1;
+    // t is then the largest group (grid.y) and grid.z the experts. With argv[11] x_batch and
+    // argv[12] y_batch (> 0): a strided batch of as many matrices as offsets has groups.
+    std::vector<unsigned char> off_raw; long long eb = 0, xb = 0, yb = 0; int groups = 1;
     if (argc > 10) { long no = rd(argv[9], off_raw); groups = (int)(no / 4) - 1; eb = atoll(argv[10]); }
+    if (argc > 12) { xb = atoll(argv[11]); yb = atoll(argv[12]); }
     const int* offs = argc > 10 ? (const int*)off_raw.data() : nullptr;
     using G = memra::MatmulGeometry<Cfg>;
     for (int bz = 0; bz < groups; ++bz)
@@ -147,7 +149,7 @@ int main(int argc, char** argv) {
         std::vector<std::thread> ts;
         for (int th = 0; th < 256; ++th) ts.emplace_back([&, th] {
             threadIdx = {(unsigned)th, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, (unsigned)bz}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
-            memra::matmul_entry<Cfg>(wa, xa, ya, t, k, n, ldx, ldy, offs, eb); });
+            memra::matmul_entry<Cfg>(wa, xa, ya, t, k, n, ldx, ldy, offs, eb, xb, yb); });
         for (auto& x : ts) x.join();
         for (auto* b : wb) delete b;
     }
@@ -308,14 +310,16 @@ fn run(bin: &Path, dims: &[usize], w: &[u8], x: &[f32], y0: &[f32]) -> Vec<f32> 
     run_with(bin, dims, w, x, y0, None)
 }
 
-/// [`run`], for matmul optionally as a grouped launch: (offsets, expert_bytes).
+/// [`run`], for matmul optionally as a stacked launch: (offsets, expert_bytes, [x_batch,
+/// y_batch]); batch strides of 0 group rows by the offsets, else the offsets only count the
+/// matrices of a strided batch.
 fn run_with(
     bin: &Path,
     dims: &[usize],
     w: &[u8],
     x: &[f32],
     y0: &[f32],
-    grouped: Option<(&[i32], usize)>,
+    grouped: Option<(&[i32], usize, [usize; 2])>,
 ) -> Vec<f32> {
     let dir = bin.parent().unwrap();
     let (wf, xf, yf, of) = (
@@ -332,7 +336,7 @@ fn run_with(
         .arg(&wf)
         .arg(&xf)
         .arg(&yf);
-    if let Some((offsets, expert_bytes)) = grouped {
+    if let Some((offsets, expert_bytes, batch)) = grouped {
         std::fs::write(
             &of,
             offsets
@@ -342,6 +346,7 @@ fn run_with(
         )
         .unwrap();
         cmd.arg(&of).arg(expert_bytes.to_string());
+        cmd.args(batch.iter().map(|b| b.to_string()));
     }
     let out = cmd.output().expect("run emulator");
     assert!(
@@ -645,7 +650,7 @@ fn matmul_grouped_launch_emulated_on_host_threads_matches_reference() {
             &w,
             &x,
             &y0,
-            Some((&offsets, expert_bytes)),
+            Some((&offsets, expert_bytes, [0, 0])),
         );
         compare(
             &format!("grouped matmul {ty:?} k={k} n={n} rows {rows:?}"),
@@ -659,5 +664,48 @@ fn matmul_grouped_launch_emulated_on_host_threads_matches_reference() {
             1e-2,
             &rng,
         );
+    }
+}
+
+/// The strided batch of MLA's per-head absorption: head z reads t rows of x at x + z·x_batch
+/// (row stride n_head·row) and writes y + z·y_batch (row stride n_head·out), its own weights at
+/// w + z·expert_bytes; the rows of the heads interleave, as q_nope / q_abs do per token.
+#[test]
+fn matmul_strided_batch_emulated_on_host_threads_matches_reference() {
+    let test = "matmul_strided_batch_emulated_on_host_threads_matches_reference";
+    let Some(mut b) = Builder::new(test, true) else {
+        return;
+    };
+    let mut rng = Rng::from_env_or_time(test);
+    // (type, k, n, heads, t, x row per head (≥ k), y row per head (≥ n)): GLM-5's k_b shape
+    // cut down (nope 192 of a 256-float q row into 576-float absorbed rows), a v_b-like one.
+    for (ty, k, n, heads, t, xr, yr) in [(GgmlType::Q8_0, 192, 40, 3, 70, 256, 48), (GgmlType::Q4_K, 256, 33, 2, 5, 256, 33)] {
+        let (ldx, ldy) = (heads * xr, heads * yr);
+        let experts: Vec<Vec<u8>> = (0..heads).map(|_| quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap()).collect();
+        let expert_bytes = experts[0].len();
+        assert_eq!(expert_bytes % 16, 0, "{ty:?} k={k} n={n}");
+        let x = rng.normal_vec(t * ldx, 1.0);
+        let y0 = vec![f32::NAN; t * ldy];
+        let mut want = y0.clone();
+        for (z, ew) in experts.iter().enumerate() {
+            let packed: Vec<f32> = (0..t).flat_map(|i| x[i * ldx + z * xr..][..k].to_vec()).collect();
+            let yz = linear::matmul_gguf(ty, ew, k, n, &packed, t).unwrap();
+            for i in 0..t {
+                want[i * ldy + z * yr..][..n].copy_from_slice(&yz[i * n..][..n]);
+            }
+        }
+        let bin = b.get(vec![format!("KDIM={k}"), format!("NDIM={n}"), format!("QT={}", ty.name()), "BMV=64".into(), "ACC=0".into()]);
+        let counts = vec![0i32; heads + 1];
+        let got = run_with(&bin, &[t, k, n, ldx, ldy], &experts.concat(), &x, &y0, Some((&counts, expert_bytes, [xr, yr])));
+        let what = format!("strided batch matmul {ty:?} k={k} n={n} heads={heads} t={t} (MEMRA_SEED={})", rng.seed());
+        let written = |i: usize| (i % ldy) % yr < n;
+        for (i, g) in got.iter().enumerate() {
+            if !written(i) {
+                assert!(g.is_nan(), "{what}: y[{i}] between heads' columns written");
+            }
+        }
+        let (g, w): (Vec<f32>, Vec<f32>) = got.iter().zip(&want).enumerate().filter(|(i, _)| written(*i)).map(|(_, (g, w))| (*g, *w)).unzip();
+        let err = rel_err(&g, &w);
+        assert!(err <= 1e-2, "{what}: relative L2 error {err:e}");
     }
 }

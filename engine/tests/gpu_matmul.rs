@@ -400,3 +400,52 @@ fn gpu_matmul_grouped_experts_match_each_experts_product() {
         }
     }
 }
+
+/// The strided batch of MLA's per-head absorption at GLM-5's k_b and v_b shapes: head z reads
+/// the t rows of x + z·x_batch (rows n_head·x_batch apart) and writes y + z·y_batch, its own
+/// matrix at w + z·matrix_bytes; the columns between heads' outputs keep their poison.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matmul_strided_batch_matches_each_heads_product() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = Rng::from_env_or_time("gpu_matmul_strided_batch_matches_each_heads_product");
+    // (type, k, n, heads, t, x row per head, y row per head): k_b (nope 192 of a 256-float q
+    // row into a 576-float absorbed row), v_b (512-float latent rows into 256-float outputs).
+    for (ty, k, n, heads, t, xr, yr) in [(GgmlType::Q8_0, 192, 512, 8, 77, 256, 576), (GgmlType::Q8_0, 512, 256, 8, 130, 512, 256), (GgmlType::BF16, 128, 512, 4, 17, 192, 576)] {
+        let (ldx, ldy) = (heads * xr, heads * yr);
+        let mats: Vec<Vec<u8>> = (0..heads).map(|_| random_weight(ty, k, n, &mut rng)).collect();
+        let x = rng.normal_vec(t * ldx, 1.0);
+        let y0 = vec![f32::NAN; t * ldy];
+        let (mut want, mut terms) = (Vec::new(), Vec::new());
+        for (z, m) in mats.iter().enumerate() {
+            let xz: Vec<f32> = (0..t).flat_map(|i| x[i * ldx + z * xr..][..k].iter().copied()).collect();
+            want.push(matmul_bf16_operands(ty, m, k, n, &xz, t));
+            terms.push(dot_terms(ty, m, k, n, &xz, t, None));
+        }
+        let (dw, dx) = (up(s, &mats.concat()), up(s, &x));
+        for dims in [Some((k, n)), None] {
+            let kernel = load(&gpu, mm_variant(ty, dims, &[]));
+            let mut dy = up(s, &y0);
+            matmul::matmul_batched(&kernel, &dw.slice(..), &dx.slice(..), &mut dy.slice_mut(..), heads, t, k, n, (ldx, xr), (ldy, yr))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let got = down(s, &dy);
+            let what = format!("{} strided {ty:?} k={k} n={n} heads={heads} t={t}", kernel.name());
+            for (i, g) in got.iter().enumerate() {
+                if (i % ldy) % yr >= n {
+                    assert!(g.is_nan(), "{what}: y[{i}] outside every head's columns written (MEMRA_SEED={})", rng.seed());
+                }
+            }
+            for z in 0..heads {
+                let gz: Vec<f32> = (0..t).flat_map(|i| got[i * ldy + z * yr..][..n].iter().copied()).collect();
+                assert_dot_close(&format!("{what} head {z}"), &gz, &want[z], &terms[z], BF16_OPERANDS_TOL, &rng);
+            }
+            // Refusals: a batch stride that breaks the 16-byte loads, too short an x.
+            let mut y = up(s, &y0);
+            let odd = matmul::matmul_batched(&kernel, &dw.slice(..), &dx.slice(..), &mut y.slice_mut(..), heads, t, k, n, (ldx, xr + 1), (ldy, yr));
+            assert!(odd.is_err(), "{what}: x_batch {} accepted", xr + 1);
+            let short = matmul::matmul_batched(&kernel, &dw.slice(..), &dx.slice(..ldx), &mut y.slice_mut(..), heads, t, k, n, (ldx, xr), (ldy, yr));
+            assert!(short.is_err(), "{what}: one row of x accepted for t={t}");
+        }
+    }
+}

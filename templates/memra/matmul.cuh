@@ -16,14 +16,17 @@
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const float* x, float* y, int t, int k, int n, int ldx, int ldy,
-//    const int* offsets, long long expert_bytes)
+//    const int* offsets, long long expert_bytes, long long x_batch, long long y_batch)
 //   w: N·row_bytes(K) bytes, 16-byte aligned; x: [t][ldx] f32, 16-byte aligned, ldx % 4 == 0;
 //   y: [t][ldy] f32. K is a multiple of the block size (32 or 256; 8 for F32/F16/BF16).
-//   expert_bytes == 0: one product (offsets not read). expert_bytes > 0 (a multiple of 16): one
-//   launch for a stack of experts, expert z = blockIdx.z with weights at w + z·expert_bytes and
-//   rows offsets[z] .. offsets[z+1] of x and y (an MoE prefill's tokens grouped by expert);
-//   grid.y covers the largest group, blocks past their expert's rows exit. One launch keeps
-//   every SM busy where one launch per expert ran a few blocks each.
+//   expert_bytes == 0: one product (offsets, x_batch, y_batch not read). expert_bytes > 0 (a
+//   multiple of 16): one launch for a stack of matrices, matrix z = blockIdx.z at
+//   w + z·expert_bytes, and either
+//   - x_batch == 0: rows offsets[z] .. offsets[z+1] of x and y (an MoE prefill's tokens grouped
+//     by expert; grid.y covers the largest group, blocks past their expert's rows exit), or
+//   - x_batch > 0: t rows of x + z·x_batch and y + z·y_batch (floats; x_batch % 4 == 0): MLA's
+//     per-head absorption of a prefill chunk, head z's rows interleaved with the others'.
+//   One launch keeps every SM busy where one launch per matrix ran a few blocks each.
 //
 // __launch_bounds__(256, 1): one block per SM (≈ 250 registers: 64 accumulators per thread plus
 // the dequant and X prefetch registers), no spills.
@@ -267,14 +270,21 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 template <class Cfg>
 __device__ __forceinline__ void matmul_entry(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                              float* __restrict__ y, int t, const int k, const int n, const int ldx,
-                                             const int ldy, const int* __restrict__ offsets, const i64 expert_bytes) {
+                                             const int ldy, const int* __restrict__ offsets, const i64 expert_bytes,
+                                             const i64 x_batch, const i64 y_batch) {
     if (expert_bytes > 0) {
-        const int z = blockIdx.z, r0 = offsets[z];
-        t = offsets[z + 1] - r0;
-        if ((int)blockIdx.y * MatmulGeometry<Cfg>::BM >= t) return;  // the whole block: no barrier skipped
+        const int z = blockIdx.z;
         w += (i64)z * expert_bytes;
-        x += (i64)r0 * ldx;
-        y += (i64)r0 * ldy;
+        if (x_batch > 0) {
+            x += (i64)z * x_batch;
+            y += (i64)z * y_batch;
+        } else {
+            const int r0 = offsets[z];
+            t = offsets[z + 1] - r0;
+            if ((int)blockIdx.y * MatmulGeometry<Cfg>::BM >= t) return;  // the whole block: no barrier skipped
+            x += (i64)r0 * ldx;
+            y += (i64)r0 * ldy;
+        }
     }
     matmul_impl<Cfg>(w, x, y, t, k, n, ldx, ldy);
 }
@@ -284,7 +294,8 @@ __device__ __forceinline__ void matmul_entry(const unsigned char* __restrict__ w
 #define MEMRA_DEFINE_MATMUL(SYMBOL, CFG)                                                                        \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int t, \
-               int k, int n, int ldx, int ldy, const int* __restrict__ offsets, long long expert_bytes) {      \
+               int k, int n, int ldx, int ldy, const int* __restrict__ offsets, long long expert_bytes,       \
+               long long x_batch, long long y_batch) {                                                          \
         memra::pdl_entry();                                                                                     \
-        memra::matmul_entry<CFG>(w, x, y, t, k, n, ldx, ldy, offsets, expert_bytes);                           \
+        memra::matmul_entry<CFG>(w, x, y, t, k, n, ldx, ldy, offsets, expert_bytes, x_batch, y_batch);         \
     }

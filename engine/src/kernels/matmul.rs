@@ -16,8 +16,10 @@ pub const BN: u32 = 128;
 pub const THREADS: u32 = 256;
 
 /// Kernel parameters in order: `(const unsigned char* w, const float* x, float* y, int t, int k,
-/// int n, int ldx, int ldy, const int* offsets, long long expert_bytes)`; `expert_bytes` 0: one
-/// product (`offsets` not read), else a grouped launch ([`matmul_grouped`]).
+/// int n, int ldx, int ldy, const int* offsets, long long expert_bytes, long long x_batch,
+/// long long y_batch)`; `expert_bytes` 0: one product, else a stack of matrices: rows grouped
+/// by `offsets` ([`matmul_grouped`]) when `x_batch` is 0, a strided batch
+/// ([`matmul_batched`]) when it is not.
 #[derive(KernelArgs)]
 #[kernel_args(family = "matmul")]
 pub struct MatmulArgs<'a> {
@@ -31,6 +33,8 @@ pub struct MatmulArgs<'a> {
     pub ldy: i32,
     pub offsets: CudaView<'a, i32>,
     pub expert_bytes: i64,
+    pub x_batch: i64,
+    pub y_batch: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,6 +172,8 @@ pub fn matmul(
         offsets: unsafe { x.transmute::<i32>(1) }
             .ok_or_else(|| checks::invalid(kernel, "x is empty"))?,
         expert_bytes: 0,
+        x_batch: 0,
+        y_batch: 0,
     };
     // SAFETY: w holds n rows of row_bytes(qtype, k), x t rows of ldx ≥ k floats, y t rows of
     // ldy ≥ n floats (checked); w and x are 16-byte aligned for cp.async / float4 loads; the grid
@@ -221,21 +227,7 @@ pub fn matmul_grouped(
         .map(|p| (p[1] - p[0]) as usize)
         .max()
         .unwrap_or(0);
-    let row_bytes = ty.row_bytes(k as u64).ok_or_else(|| {
-        checks::invalid(
-            kernel,
-            format!("k={k} is not a whole number of {ty:?} blocks"),
-        )
-    })? as usize;
-    let expert_bytes = n
-        .checked_mul(row_bytes)
-        .ok_or_else(|| checks::invalid(kernel, "expert size overflows"))?;
-    if !expert_bytes.is_multiple_of(16) {
-        return Err(checks::invalid(
-            kernel,
-            format!("an expert's {expert_bytes} bytes are not a multiple of 16 (cp.async)"),
-        ));
-    }
+    let expert_bytes = matrix_bytes(kernel, ty, k, n)?;
     checks::check_len(kernel, "w", w.len(), n_expert * expert_bytes)?;
     checks::check_len(kernel, "offsets_dev", offsets_dev.len(), offsets.len())?;
     if max_rows.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
@@ -278,11 +270,91 @@ pub fn matmul_grouped(
         ldy: checks::to_i32(kernel, "ldy", ldy)?,
         offsets: offsets_dev.slice(..),
         expert_bytes: expert_bytes as i64,
+        x_batch: 0,
+        y_batch: 0,
     };
     // SAFETY: w holds n_expert experts of expert_bytes (a multiple of 16, so every expert's rows
     // stay 16-byte aligned), offsets_dev holds the checked offsets (copied on this stream before
     // the launch), x and y hold their last row; the grid covers n × the largest group × n_expert.
     unsafe { launch(kernel, cfg, &mut args) }
+}
+
+/// A strided batch of products in one launch (MLA's per-head absorption of a prefill chunk):
+/// for each `z < batches`, `t` rows of `x + z·x_batch` (row stride `ldx`) times matrix `z` of
+/// `w` (`batches` matrices of `n` rows of `row_bytes(k)`) into `t` rows of `y + z·y_batch`
+/// (row stride `ldy`); offsets in floats.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_batched(
+    kernel: &Kernel,
+    w: &CudaView<'_, u8>,
+    x: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+    batches: usize,
+    t: usize,
+    k: usize,
+    n: usize,
+    (ldx, x_batch): (usize, usize),
+    (ldy, y_batch): (usize, usize),
+) -> Result<(), Error> {
+    let ty = qtype(kernel)?;
+    let tune = tuning(kernel)?;
+    checks::check_dim(kernel, "k", k)?;
+    checks::check_dim(kernel, "n", n)?;
+    if batches == 0 || batches > u16::MAX as usize {
+        return Err(checks::invalid(kernel, format!("{batches} matrices: grid.z holds 1 to 65535")));
+    }
+    let expert_bytes = matrix_bytes(kernel, ty, k, n)?;
+    checks::check_len(kernel, "w", w.len(), batches * expert_bytes)?;
+    if t.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
+        return Err(checks::invalid(kernel, format!("t={t} needs more than {} token tiles", checks::GRID_Y_MAX)));
+    }
+    if ldx < k || !ldx.is_multiple_of(4) || ldy < n || x_batch == 0 || !x_batch.is_multiple_of(4) {
+        return Err(checks::invalid(
+            kernel,
+            format!("ldx={ldx} must be >= k={k}, ldy={ldy} >= n={n}; ldx and x_batch={x_batch} nonzero multiples of 4"),
+        ));
+    }
+    if t == 0 || n == 0 {
+        return Ok(());
+    }
+    checks::check_len(kernel, "x", x.len(), (batches - 1) * x_batch + (t - 1) * ldx + k)?;
+    checks::check_len(kernel, "y", y.len(), (batches - 1) * y_batch + (t - 1) * ldy + n)?;
+    checks::check_aligned16(kernel, "w", w)?;
+    checks::check_aligned16(kernel, "x", x)?;
+    let cfg = launch_config_grouped(ty, &tune, t, n, batches as u32).expect("qtype checked above");
+    allow_smem(kernel, cfg.shared_mem_bytes)?;
+    let mut args = MatmulArgs {
+        w: w.slice(..),
+        x: x.slice(..),
+        y: y.slice_mut(..),
+        t: checks::to_i32(kernel, "t", t)?,
+        k: checks::to_i32(kernel, "k", k)?,
+        n: checks::to_i32(kernel, "n", n)?,
+        ldx: checks::to_i32(kernel, "ldx", ldx)?,
+        ldy: checks::to_i32(kernel, "ldy", ldy)?,
+        // Not read in a strided batch; any valid pointer fills the slot.
+        offsets: unsafe { x.transmute::<i32>(1) }.ok_or_else(|| checks::invalid(kernel, "x is empty"))?,
+        expert_bytes: expert_bytes as i64,
+        x_batch: x_batch as i64,
+        y_batch: y_batch as i64,
+    };
+    // SAFETY: w holds `batches` matrices of expert_bytes (a multiple of 16: each stays 16-byte
+    // aligned), x and y hold the last row of the last matrix (checked); x_batch and ldx are
+    // multiples of 4 floats, so every row stays 16-byte aligned for float4 loads.
+    unsafe { launch(kernel, cfg, &mut args) }
+}
+
+/// Bytes of one `n × k` matrix of a stack; refused unless a multiple of 16 (cp.async keeps
+/// every matrix's rows 16-byte aligned).
+fn matrix_bytes(kernel: &Kernel, ty: GgmlType, k: usize, n: usize) -> Result<usize, Error> {
+    let row_bytes = ty
+        .row_bytes(k as u64)
+        .ok_or_else(|| checks::invalid(kernel, format!("k={k} is not a whole number of {ty:?} blocks")))? as usize;
+    let bytes = n.checked_mul(row_bytes).ok_or_else(|| checks::invalid(kernel, "matrix size overflows"))?;
+    if !bytes.is_multiple_of(16) {
+        return Err(checks::invalid(kernel, format!("a matrix's {bytes} bytes are not a multiple of 16 (cp.async)")));
+    }
+    Ok(bytes)
 }
 
 /// The thin `.cu` codegen emits for a matmul variant (tests and benches build their own shapes).

@@ -8,7 +8,9 @@
 //! `attn_q_b`) or `attn_q`; `[c | k_pe] = attn_kv_a_mqa·h`; one mla_rope launch normalizes the
 //! latent, ropes k_pe into the bf16 latent cache row, ropes q_pe into the absorbed query's tail
 //! (and the DSA indexer queries); one moe_matvec launch absorbs `q_nope·attn_k_b` for every head
-//! (the head index is the "expert id"); attention over the latent cache — mla_decode, or for a
+//! (the head index is the "expert id"; a prefill chunk of 16 tokens or more runs one
+//! strided-batch tensor-core matmul over the heads instead, also for `attn_v_b`); attention over
+//! the latent cache — mla_decode, or for a
 //! DSA layer with more than top_k visible keys the indexer (dsa_index_key, dsa_indexer,
 //! dsa_topk) and mla_sparse_decode over the selected rows (a layer without indexer tensors after
 //! one with them reuses its selection, as the CPU reference); `attn_v_b` per head (one
@@ -49,7 +51,7 @@ use crate::kernels::mla_rope::{self, MlaRopeParams, RopeFreqs};
 use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
-use crate::kernels::{add_rmsnorm, argmax, embed, mla_sparse_decode, moe_router, rmsnorm, swiglu};
+use crate::kernels::{add_rmsnorm, argmax, embed, matmul, mla_sparse_decode, moe_router, rmsnorm, swiglu};
 
 /// The DSA lightning indexer of the layers that carry one.
 #[derive(Clone, Copy, Debug)]
@@ -178,8 +180,18 @@ enum QProj {
 /// A per-head weight stack `[n_head][rows][k]` run as "experts" with its plain variant.
 struct HeadStack {
     w: DeviceTensor,
+    /// moe_matvec (the head index as the expert id): decode steps and short chunks.
     kernel: &'static str,
+    /// The tensor-core matmul over every head in one strided-batch launch, for prefill chunks
+    /// of [`HEAD_MATMUL_MIN_TOKENS`] tokens or more; `None` when a head's bytes or the row
+    /// strides do not fit its loads or the policy gives no variant.
+    prefill: Option<&'static str>,
 }
+
+/// Prefill chunks from this many tokens on absorb with the batched matmul: per token
+/// moe_matvec re-reads every head's matrix (on the H200 it was 174 of a 342 ms GLM-5 prefill
+/// of 512 tokens, 4 layers, session 6).
+const HEAD_MATMUL_MIN_TOKENS: usize = 16;
 
 struct Indexer {
     attn_q_b: Linear,
@@ -385,6 +397,17 @@ impl MlaDecoder {
             plan.want(moe_matvec::FAMILY, &req)
                 .map_err(|e| err(format!("tensor '{}': {e}", t.name)))
         };
+        // A head stack `[heads][rows][k]` as one strided-batch matmul: each head's matrix and
+        // the `x_batch`-float offsets between heads' input rows keep the 16-byte loads aligned.
+        let head_matmul = |plan: &mut KernelPlan, t: &DeviceTensor, rows: usize, x_batch: usize| -> Option<&'static str> {
+            let heads = t.n.checked_div(rows)?;
+            let head_bytes = rows * t.ty.row_bytes(t.k as u64)? as usize;
+            if heads * rows != t.n || !head_bytes.is_multiple_of(16) || !x_batch.is_multiple_of(4) {
+                return None;
+            }
+            let qtype = gpu::qtype_token(matmul::FAMILY, t.ty).ok()?;
+            plan.want(matmul::FAMILY, &[("k", int(t.k)), ("n", int(rows)), ("qtype", Param::Sym(qtype))]).ok()
+        };
         let mut layers = Vec::with_capacity(spec.layers.len());
         let mut last_indexer = None;
         for (il, l) in spec.layers.iter().enumerate() {
@@ -494,10 +517,12 @@ impl MlaDecoder {
             let v_b = upload(&l.attn_v_b)?;
             let k_b = HeadStack {
                 kernel: expert_kernel(&mut plan, &k_b, cfg.kv_lora, "plain")?,
+                prefill: head_matmul(&mut plan, &k_b, cfg.kv_lora, cfg.nope + cfg.rope),
                 w: k_b,
             };
             let v_b = HeadStack {
                 kernel: expert_kernel(&mut plan, &v_b, cfg.v, "plain")?,
+                prefill: head_matmul(&mut plan, &v_b, cfg.v, cfg.kv_lora),
                 w: v_b,
             };
             if indexer.is_some() {
@@ -904,29 +929,35 @@ impl Net {
             // Absorption: q_abs[s][0..kv_lora) = attn_k_b[h]·q_nope[s] for s = (token, head h).
             let (wk, ids) = (l.k_b.w.data.slice(..), b.head_ids.slice(..t * nh));
             let (qv, rows) = (b.q.slice(..t * nh * dq), t * nh);
-            let inp = MoeMatvecInputs {
-                w: &wk,
-                w_up: None,
-                ids: &ids,
-                weights: None,
-                x: &qv,
-            };
-            let dims = MoeDims {
-                k: c.nope,
-                n: c.kv_lora,
-                n_tokens: rows,
-                n_used: 1,
-                n_expert: nh,
-                ldx: dq,
-                ldy: dk,
-            };
-            moe_matvec::moe_matvec(
-                k.get(l.k_b.kernel)?,
-                &inp,
-                &mut b.q_abs.slice_mut(..rows * dk),
-                dims,
-            )
-            .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
+            if let Some(mm) = l.k_b.prefill.filter(|_| t >= HEAD_MATMUL_MIN_TOKENS) {
+                let mut qa = b.q_abs.slice_mut(..rows * dk);
+                matmul::matmul_batched(k.get(mm)?, &wk, &qv, &mut qa, nh, t, c.nope, c.kv_lora, (nh * dq, dq), (nh * dk, dk))
+                    .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
+            } else {
+                let inp = MoeMatvecInputs {
+                    w: &wk,
+                    w_up: None,
+                    ids: &ids,
+                    weights: None,
+                    x: &qv,
+                };
+                let dims = MoeDims {
+                    k: c.nope,
+                    n: c.kv_lora,
+                    n_tokens: rows,
+                    n_used: 1,
+                    n_expert: nh,
+                    ldx: dq,
+                    ldy: dk,
+                };
+                moe_matvec::moe_matvec(
+                    k.get(l.k_b.kernel)?,
+                    &inp,
+                    &mut b.q_abs.slice_mut(..rows * dk),
+                    dims,
+                )
+                .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
+            }
 
             // Every token over the cache rows up to its position, batched (see the module doc).
             self.attend_rows(state, b, il, t, pos0, idx.map(|(_, ic)| ic))?;
@@ -937,29 +968,36 @@ impl Net {
                 b.lat.slice(..rows * c.kv_lora),
                 b.head_ids.slice(..rows),
             );
-            let inp = MoeMatvecInputs {
-                w: &wv,
-                w_up: None,
-                ids: &ids,
-                weights: None,
-                x: &lat,
-            };
-            let dims = MoeDims {
-                k: c.kv_lora,
-                n: c.v,
-                n_tokens: rows,
-                n_used: 1,
-                n_expert: nh,
-                ldx: c.kv_lora,
-                ldy: c.v,
-            };
-            moe_matvec::moe_matvec(
-                k.get(l.v_b.kernel)?,
-                &inp,
-                &mut b.att.slice_mut(..rows * c.v),
-                dims,
-            )
-            .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
+            if let Some(mm) = l.v_b.prefill.filter(|_| t >= HEAD_MATMUL_MIN_TOKENS) {
+                let (kv, v) = (c.kv_lora, c.v);
+                let mut att = b.att.slice_mut(..rows * v);
+                matmul::matmul_batched(k.get(mm)?, &wv, &lat, &mut att, nh, t, kv, v, (nh * kv, kv), (nh * v, v))
+                    .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
+            } else {
+                let inp = MoeMatvecInputs {
+                    w: &wv,
+                    w_up: None,
+                    ids: &ids,
+                    weights: None,
+                    x: &lat,
+                };
+                let dims = MoeDims {
+                    k: c.kv_lora,
+                    n: c.v,
+                    n_tokens: rows,
+                    n_used: 1,
+                    n_expert: nh,
+                    ldx: c.kv_lora,
+                    ldy: c.v,
+                };
+                moe_matvec::moe_matvec(
+                    k.get(l.v_b.kernel)?,
+                    &inp,
+                    &mut b.att.slice_mut(..rows * c.v),
+                    dims,
+                )
+                .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
+            }
             l.attn_output
                 .forward(k, &b.att.slice(..rows * c.v), &mut b.o.slice_mut(..te), t)?;
             self.all_reduce(&mut b.o, te)?;

@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread::JoinHandle;
 
 use memra_gguf::GgufFile;
@@ -76,13 +76,15 @@ struct Loaded {
 
 struct Worker {
     cmds: Sender<Cmd>,
-    replies: Receiver<Reply>,
     handle: Option<JoinHandle<()>>,
 }
 
 /// The model on N GPUs (see the module doc).
 pub struct ShardedMla {
     workers: Vec<Worker>,
+    /// Every rank's replies, tagged with the rank: the first failure is seen as it happens,
+    /// not after the ranks before it (which may wait in a collective the failed rank left).
+    replies: Receiver<(usize, Reply)>,
     report: Vec<String>,
     len: usize,
     max_ctx: usize,
@@ -90,7 +92,7 @@ pub struct ShardedMla {
     weight_bytes: usize,
     /// Set when a rank failed inside a step: the other ranks may wait in a collective forever,
     /// so the model refuses further work and its drop does not wait for them.
-    broken: Option<String>,
+    broken: Mutex<Option<String>>,
 }
 
 /// With CUDA graphs on several GPUs (`MEMRA_SHARDED_GRAPHS=1`), every forward starts on all
@@ -142,7 +144,7 @@ fn rank_main(
     mut opts: GpuOptions,
     gate: Option<Arc<StepGate>>,
     cmds: Receiver<Cmd>,
-    replies: Sender<Reply>,
+    replies: Sender<(usize, Reply)>,
 ) {
     let (rank, n_ranks) = (comm.rank(), comm.n_ranks());
     opts.device = comm.device();
@@ -177,13 +179,13 @@ fn rank_main(
                 n_vocab: m.n_vocab(),
                 weight_bytes: m.weight_bytes(),
             };
-            if replies.send(Reply::Loaded(Ok(info))).is_err() {
+            if replies.send((rank, Reply::Loaded(Ok(info)))).is_err() {
                 return;
             }
             m
         }
         Err(e) => {
-            let _ = replies.send(Reply::Loaded(Err(e)));
+            let _ = replies.send((rank, Reply::Loaded(Err(e))));
             return;
         }
     };
@@ -208,7 +210,7 @@ fn rank_main(
                 None => Err(err("filling the caches needs synthetic weights")),
             }),
         };
-        if replies.send(reply).is_err() {
+        if replies.send((rank, reply)).is_err() {
             return;
         }
     }
@@ -251,9 +253,10 @@ impl ShardedMla {
         let comms = Communicator::init_all(&(0..n_gpus).collect::<Vec<_>>())?;
         let gate = graphs.then(|| Arc::new(StepGate::new(n_gpus)));
         let mut workers = Vec::with_capacity(n_gpus);
+        let (rep_tx, replies) = channel();
         for comm in comms {
             let (cmd_tx, cmd_rx) = channel();
-            let (rep_tx, rep_rx) = channel();
+            let rep_tx = rep_tx.clone();
             let (weights, label, opts) = (weights.clone(), label.to_path_buf(), opts.clone());
             let gate = gate.clone();
             let file = header.clone();
@@ -264,23 +267,36 @@ impl ShardedMla {
                 .map_err(|e| err(format!("spawning a GPU worker thread: {e}")))?;
             workers.push(Worker {
                 cmds: cmd_tx,
-                replies: rep_rx,
                 handle: Some(handle),
             });
         }
+        drop(rep_tx);
         let mut model = ShardedMla {
             workers,
+            replies,
             report: Vec::new(),
             len: 0,
             max_ctx: 0,
             n_vocab: 0,
             weight_bytes: 0,
-            broken: None,
+            broken: Mutex::new(None),
         };
         let mut errors = Vec::new();
-        for (rank, w) in model.workers.iter().enumerate() {
-            match w.replies.recv() {
-                Ok(Reply::Loaded(Ok(info))) => {
+        let mut infos: Vec<Option<Loaded>> = (0..n_gpus).map(|_| None).collect();
+        for _ in 0..n_gpus {
+            match model.replies.recv() {
+                Ok((rank, Reply::Loaded(Ok(info)))) => infos[rank] = Some(info),
+                Ok((rank, Reply::Loaded(Err(e)))) => errors.push(format!("rank {rank}: {e}")),
+                Ok((rank, _)) => errors.push(format!("rank {rank}: unexpected reply while loading")),
+                Err(_) => {
+                    errors.push("the worker threads ended while loading".to_string());
+                    break;
+                }
+            }
+        }
+        for (rank, info) in infos.into_iter().enumerate() {
+            match info {
+                Some(info) => {
                     if rank == 0 {
                         model.report = info.report.clone();
                         (model.max_ctx, model.n_vocab) = (info.max_ctx, info.n_vocab);
@@ -289,13 +305,12 @@ impl ShardedMla {
                     }
                     model.weight_bytes += info.weight_bytes;
                 }
-                Ok(Reply::Loaded(Err(e))) => errors.push(format!("rank {rank}: {e}")),
-                _ => errors.push(format!(
-                    "rank {rank}: the worker thread ended while loading"
-                )),
+                None if errors.is_empty() => errors.push(format!("rank {rank}: no reply while loading")),
+                None => {}
             }
         }
         if !errors.is_empty() {
+            errors.sort();
             return Err(err(errors.join("\n")));
         }
         // Every rank is loaded: the first collectives now run eagerly, not in a graph capture.
@@ -313,32 +328,57 @@ impl ShardedMla {
         Ok(model)
     }
 
-    /// Sends `cmd()` to the ranks `ranks` and collects their replies in rank order.
+    /// Marks the model unusable (the other ranks may wait in a collective the failed one left)
+    /// and returns `msg` as the error.
+    fn fail(&self, msg: String) -> crate::models::gpu::GpuModelError {
+        if let Ok(mut b) = self.broken.lock() {
+            b.get_or_insert_with(|| msg.clone());
+        }
+        err(msg)
+    }
+
+    /// Sends `cmd()` to the ranks `ranks` and collects their replies in rank order. The first
+    /// failed reply (or a rank that ended) returns at once, marking the model unusable:
+    /// waiting for the other ranks could wait for ever.
     fn ask(&self, ranks: std::ops::Range<usize>, cmd: impl Fn() -> Cmd) -> Result<Vec<Reply>> {
-        if let Some(b) = &self.broken {
+        if let Some(b) = self.broken.lock().map_err(|_| err("a worker panicked"))?.as_ref() {
             return Err(err(format!(
                 "the multi-GPU model is unusable after an earlier failure: {b}"
             )));
         }
         for r in ranks.clone() {
-            self.workers[r]
-                .cmds
-                .send(cmd())
-                .map_err(|_| err(format!("rank {r}: the worker thread has ended")))?;
+            if self.workers[r].cmds.send(cmd()).is_err() {
+                return Err(self.fail(format!("rank {r}: the worker thread has ended")));
+            }
         }
-        ranks
-            .map(|r| {
-                self.workers[r]
-                    .replies
-                    .recv()
-                    .map_err(|_| err(format!("rank {r}: the worker thread has ended")))
-            })
-            .collect()
+        let mut got: Vec<Option<Reply>> = ranks.clone().map(|_| None).collect();
+        for _ in ranks.clone() {
+            let (r, reply) = self
+                .replies
+                .recv()
+                .map_err(|_| self.fail("every worker thread has ended".to_string()))?;
+            let failed = match &reply {
+                Reply::Unit(Err(e)) => Some(e.to_string()),
+                Reply::Logits(Err(e)) => Some(e.to_string()),
+                Reply::Argmax(Err(e)) => Some(e.to_string()),
+                _ => None,
+            };
+            if let Some(e) = failed {
+                return Err(self.fail(format!("rank {r}: {e}")));
+            }
+            match got.get_mut(r.wrapping_sub(ranks.start)) {
+                Some(slot @ None) => *slot = Some(reply),
+                _ => return Err(self.fail(format!("rank {r}: a reply nobody asked for"))),
+            }
+        }
+        Ok(got.into_iter().map(|g| g.expect("one reply per asked rank")).collect())
     }
 
     /// Every rank's `()` result; the first failure names its rank.
     fn all_units(&mut self, cmd: impl Fn() -> Cmd, what: &str) -> Result<()> {
-        let replies = self.ask(0..self.workers.len(), cmd)?;
+        let replies = self
+            .ask(0..self.workers.len(), cmd)
+            .map_err(|e| err(format!("{what}: {e}")))?;
         let errors: Vec<String> = replies
             .into_iter()
             .enumerate()
@@ -351,9 +391,7 @@ impl ShardedMla {
         if errors.is_empty() {
             return Ok(());
         }
-        let msg = format!("{what}: {}", errors.join("; "));
-        self.broken = Some(msg.clone());
-        Err(err(msg))
+        Err(self.fail(format!("{what}: {}", errors.join("; "))))
     }
 
     /// Random cache rows on every rank (the same on all) and `len` positions counted as cached.
@@ -458,7 +496,7 @@ impl GpuModel for ShardedMla {
 
 impl Drop for ShardedMla {
     fn drop(&mut self) {
-        let broken = self.broken.is_some();
+        let broken = self.broken.lock().map_or(true, |b| b.is_some());
         // Close every command channel before joining any worker: each worker's loop then ends
         // and its communicator is destroyed on all ranks together. Joining rank 0 while rank 1
         // still waits for commands hung on the H200 once graphs held NCCL calls (the destroy
