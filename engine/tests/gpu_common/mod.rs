@@ -100,18 +100,28 @@ pub fn dot_terms(
 ) -> Vec<f32> {
     let dense =
         quant::dequantize(ty, w, k * n).unwrap_or_else(|e| panic!("dequantize {ty:?}: {e}"));
-    (0..rows * n)
-        .map(|i| {
-            let (b, j) = (i / n, i % n);
-            let base = acc.map_or(0.0, |(y0, ld)| (y0[b * ld + j] as f64).abs());
-            base + dense[j * k..][..k]
-                .iter()
-                .zip(&x[b * k..][..k])
-                .map(|(w, x)| (*w as f64 * *x as f64).abs())
-                .sum::<f64>()
-        })
-        .map(|t| t as f32)
-        .collect()
+    // Output rows spread over the host's cores: at real shapes (t = 256, 2048 -> 16384) one
+    // thread took minutes per launch checked (gpu_matmul_real_shapes ran past 200 s).
+    let mut terms = vec![0f32; rows * n];
+    let threads = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let rows_per_task = rows.div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (chunk, out) in terms.chunks_mut(rows_per_task * n).enumerate() {
+            let dense = &dense;
+            scope.spawn(move || {
+                for (r, orow) in out.chunks_mut(n).enumerate() {
+                    let b = chunk * rows_per_task + r;
+                    let xs = &x[b * k..][..k];
+                    for (j, o) in orow.iter_mut().enumerate() {
+                        let base = acc.map_or(0.0, |(y0, ld)| (y0[b * ld + j] as f64).abs());
+                        let sum: f64 = dense[j * k..][..k].iter().zip(xs).map(|(w, x)| (*w as f64 * *x as f64).abs()).sum();
+                        *o = (base + sum) as f32;
+                    }
+                }
+            });
+        }
+    });
+    terms
 }
 
 /// Worst cancellation (‖terms‖ / ‖want‖) at which [`assert_dot_close`] still holds the error to
