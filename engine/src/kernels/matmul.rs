@@ -133,32 +133,13 @@ pub fn matmul(
     ldx: usize,
     ldy: usize,
 ) -> Result<(), Error> {
-    let ty = qtype(kernel)?;
-    let tune = tuning(kernel)?;
-    checks::check_dim(kernel, "k", k)?;
-    checks::check_dim(kernel, "n", n)?;
+    let (ty, tune) = check_common(kernel, k, n, ldx, ldy, t)?;
     check_weight(kernel, ty, w.len(), k, n)?;
-    if t.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
-        return Err(checks::invalid(
-            kernel,
-            format!("t={t} needs more than {} token tiles", checks::GRID_Y_MAX),
-        ));
-    }
-    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
-        return Err(checks::invalid(
-            kernel,
-            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
-        ));
-    }
     if t == 0 || n == 0 {
         return Ok(());
     }
     checks::check_len(kernel, "x", x.len(), (t - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (t - 1) * ldy + n)?;
-    checks::check_aligned16(kernel, "w", w)?;
-    checks::check_aligned16(kernel, "x", x)?;
-    let cfg = launch_config(ty, &tune, t, n).expect("qtype checked above");
-    allow_smem(kernel, cfg.shared_mem_bytes)?;
     let mut args = MatmulArgs {
         w: w.slice(..),
         x: x.slice(..),
@@ -176,10 +157,41 @@ pub fn matmul(
         y_batch: 0,
     };
     // SAFETY: w holds n rows of row_bytes(qtype, k), x t rows of ldx ≥ k floats, y t rows of
-    // ldy ≥ n floats (checked); w and x are 16-byte aligned for cp.async / float4 loads; the grid
-    // covers n (128 per block) × t (BM per block) and the dynamic shared memory matches
-    // MatmulGeometry (the kernel traps if it is smaller).
-    unsafe { launch(kernel, cfg, &mut args) }
+    // ldy ≥ n floats (checked).
+    unsafe { launch_checked(kernel, ty, &tune, &mut args, t, 1) }
+}
+
+/// The checks every entry point shares: the dims a specialized variant bakes in, the row
+/// strides (x rows float4-loaded), `grid_rows` (the rows one matrix's grid covers) within
+/// grid.y. Returns the variant's type and tuning.
+fn check_common(kernel: &Kernel, k: usize, n: usize, ldx: usize, ldy: usize, grid_rows: usize) -> Result<(GgmlType, MatmulTuning), Error> {
+    let (ty, tune) = (qtype(kernel)?, tuning(kernel)?);
+    checks::check_dim(kernel, "k", k)?;
+    checks::check_dim(kernel, "n", n)?;
+    if grid_rows.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
+        return Err(checks::invalid(kernel, format!("{grid_rows} rows need more than {} token tiles", checks::GRID_Y_MAX)));
+    }
+    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
+        return Err(checks::invalid(kernel, format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}")));
+    }
+    Ok((ty, tune))
+}
+
+/// Checks the 16-byte alignment of w and x (cp.async, float4 loads) and launches `args` over
+/// (n / 128, `grid_rows` / BM, `z`) blocks with the variant's dynamic shared memory.
+///
+/// # Safety
+/// Every buffer in `args` holds what its dims, strides and stack fields address (the entry
+/// points check it); the grid geometry and shared memory are this function's.
+unsafe fn launch_checked(kernel: &Kernel, ty: GgmlType, tune: &MatmulTuning, args: &mut MatmulArgs<'_>, grid_rows: usize, z: u32) -> Result<(), Error> {
+    checks::check_aligned16(kernel, "w", &args.w)?;
+    checks::check_aligned16(kernel, "x", &args.x)?;
+    let cfg = launch_config_grouped(ty, tune, grid_rows, args.n as usize, z).expect("qtype checked by the caller");
+    allow_smem(kernel, cfg.shared_mem_bytes)?;
+    // SAFETY: the caller's contract, plus the grid covering n (128 per block) × grid_rows (BM
+    // per block) × z and the dynamic shared memory matching MatmulGeometry (the kernel traps if
+    // it is smaller).
+    unsafe { launch(kernel, cfg, args) }
 }
 
 /// A stack of experts' products in one launch (MoE prefill grouped by expert): for each expert
@@ -200,10 +212,6 @@ pub fn matmul_grouped(
     ldx: usize,
     ldy: usize,
 ) -> Result<(), Error> {
-    let ty = qtype(kernel)?;
-    let tune = tuning(kernel)?;
-    checks::check_dim(kernel, "k", k)?;
-    checks::check_dim(kernel, "n", n)?;
     let n_expert = offsets
         .len()
         .checked_sub(1)
@@ -227,38 +235,19 @@ pub fn matmul_grouped(
         .map(|p| (p[1] - p[0]) as usize)
         .max()
         .unwrap_or(0);
+    let (ty, tune) = check_common(kernel, k, n, ldx, ldy, max_rows)?;
     let expert_bytes = matrix_bytes(kernel, ty, k, n)?;
     checks::check_len(kernel, "w", w.len(), n_expert * expert_bytes)?;
     checks::check_len(kernel, "offsets_dev", offsets_dev.len(), offsets.len())?;
-    if max_rows.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
-        return Err(checks::invalid(
-            kernel,
-            format!(
-                "{max_rows} rows of one expert need more than {} token tiles",
-                checks::GRID_Y_MAX
-            ),
-        ));
-    }
-    if ldx < k || !ldx.is_multiple_of(4) || ldy < n {
-        return Err(checks::invalid(
-            kernel,
-            format!("ldx={ldx} must be >= k={k} and a multiple of 4; ldy={ldy} must be >= n={n}"),
-        ));
-    }
     if rows == 0 || n == 0 {
         return Ok(());
     }
     checks::check_len(kernel, "x", x.len(), (rows - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (rows - 1) * ldy + n)?;
-    checks::check_aligned16(kernel, "w", w)?;
-    checks::check_aligned16(kernel, "x", x)?;
     kernel
         .stream()
         .memcpy_htod(offsets, offsets_dev)
         .map_err(|e| Error::driver("copying the expert offsets", e))?;
-    let cfg = launch_config_grouped(ty, &tune, max_rows, n, n_expert as u32)
-        .expect("qtype checked above");
-    allow_smem(kernel, cfg.shared_mem_bytes)?;
     let mut args = MatmulArgs {
         w: w.slice(..),
         x: x.slice(..),
@@ -275,8 +264,8 @@ pub fn matmul_grouped(
     };
     // SAFETY: w holds n_expert experts of expert_bytes (a multiple of 16, so every expert's rows
     // stay 16-byte aligned), offsets_dev holds the checked offsets (copied on this stream before
-    // the launch), x and y hold their last row; the grid covers n × the largest group × n_expert.
-    unsafe { launch(kernel, cfg, &mut args) }
+    // the launch), x and y hold their last row; grid.y covers the largest group.
+    unsafe { launch_checked(kernel, ty, &tune, &mut args, max_rows, n_expert as u32) }
 }
 
 /// A strided batch of products in one launch (MLA's per-head absorption of a prefill chunk):
@@ -296,33 +285,20 @@ pub fn matmul_batched(
     (ldx, x_batch): (usize, usize),
     (ldy, y_batch): (usize, usize),
 ) -> Result<(), Error> {
-    let ty = qtype(kernel)?;
-    let tune = tuning(kernel)?;
-    checks::check_dim(kernel, "k", k)?;
-    checks::check_dim(kernel, "n", n)?;
+    let (ty, tune) = check_common(kernel, k, n, ldx, ldy, t)?;
     if batches == 0 || batches > u16::MAX as usize {
         return Err(checks::invalid(kernel, format!("{batches} matrices: grid.z holds 1 to 65535")));
     }
     let expert_bytes = matrix_bytes(kernel, ty, k, n)?;
     checks::check_len(kernel, "w", w.len(), batches * expert_bytes)?;
-    if t.div_ceil(tune.bm as usize) > checks::GRID_Y_MAX as usize {
-        return Err(checks::invalid(kernel, format!("t={t} needs more than {} token tiles", checks::GRID_Y_MAX)));
-    }
-    if ldx < k || !ldx.is_multiple_of(4) || ldy < n || x_batch == 0 || !x_batch.is_multiple_of(4) {
-        return Err(checks::invalid(
-            kernel,
-            format!("ldx={ldx} must be >= k={k}, ldy={ldy} >= n={n}; ldx and x_batch={x_batch} nonzero multiples of 4"),
-        ));
+    if x_batch == 0 || !x_batch.is_multiple_of(4) {
+        return Err(checks::invalid(kernel, format!("x_batch={x_batch} must be a nonzero multiple of 4")));
     }
     if t == 0 || n == 0 {
         return Ok(());
     }
     checks::check_len(kernel, "x", x.len(), (batches - 1) * x_batch + (t - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (batches - 1) * y_batch + (t - 1) * ldy + n)?;
-    checks::check_aligned16(kernel, "w", w)?;
-    checks::check_aligned16(kernel, "x", x)?;
-    let cfg = launch_config_grouped(ty, &tune, t, n, batches as u32).expect("qtype checked above");
-    allow_smem(kernel, cfg.shared_mem_bytes)?;
     let mut args = MatmulArgs {
         w: w.slice(..),
         x: x.slice(..),
@@ -341,7 +317,7 @@ pub fn matmul_batched(
     // SAFETY: w holds `batches` matrices of expert_bytes (a multiple of 16: each stays 16-byte
     // aligned), x and y hold the last row of the last matrix (checked); x_batch and ldx are
     // multiples of 4 floats, so every row stays 16-byte aligned for float4 loads.
-    unsafe { launch(kernel, cfg, &mut args) }
+    unsafe { launch_checked(kernel, ty, &tune, &mut args, t, batches as u32) }
 }
 
 /// Bytes of one `n × k` matrix of a stack; refused unless a multiple of 16 (cp.async keeps
