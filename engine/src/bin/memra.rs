@@ -10,11 +10,22 @@ use memra_engine::inspect;
 /// memra: an LLM inference engine whose CUDA kernels are specialized at build time for one
 /// model architecture.
 #[derive(Parser, Debug)]
-#[command(name = "memra", version, propagate_version = true)]
+#[command(name = "memra", version, propagate_version = true, after_help = ENVIRONMENT)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// The environment variables memra reads at run time (build-time ones: README.md).
+const ENVIRONMENT: &str = "Environment:
+  MEMRA_CACHE=DIR            kernel CUBIN cache and fetched models (default ~/.cache/memra)
+  MEMRA_NO_NVRTC=1           never compile: a kernel missing from the cache is an error
+  MEMRA_NVRTC_PATH, MEMRA_LIBCUDA_PATH, MEMRA_NCCL_PATH
+                             where to look first for libnvrtc, libcuda, libnccl
+  MEMRA_SEED=N               replay the random inputs of a test or `memra bench --synthetic`
+  MEMRA_PDL=1                link decode kernels by programmatic dependent launch (sm_90; one GPU)
+  MEMRA_SHARDED_GRAPHS=1     CUDA-graph decode steps on several GPUs (they hung at GLM-5 dims)
+  MEMRA_MOE_GROUPED=1|0      force the expert-grouped MoE prefill on / off (default: by chunk size)";
 
 #[derive(Subcommand, Debug)]
 enum Command {
