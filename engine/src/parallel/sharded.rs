@@ -25,9 +25,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use memra_gguf::GgufFile;
 
@@ -216,6 +218,50 @@ fn rank_main(
     }
 }
 
+/// How long one command may take on the ranks before the model calls itself broken:
+/// `MEMRA_RANK_TIMEOUT_S` seconds, 900 by default (a long prefill on many layers stays well
+/// under it; a collective that waits for a rank which will never join does not end at all).
+fn reply_timeout() -> Duration {
+    let secs = std::env::var("MEMRA_RANK_TIMEOUT_S").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&s| s > 0);
+    Duration::from_secs(secs.unwrap_or(900))
+}
+
+/// The replies of `ranks` to one command, in rank order. The first failed reply returns at
+/// once, naming its rank (the others may wait in a collective it left); so does a deadline
+/// passed (naming the ranks that did not answer), every worker gone, or a reply from a rank
+/// that was not asked.
+fn collect_replies(replies: &Receiver<(usize, Reply)>, ranks: Range<usize>, timeout: Duration) -> std::result::Result<Vec<Reply>, String> {
+    let deadline = Instant::now() + timeout;
+    let mut got: Vec<Option<Reply>> = ranks.clone().map(|_| None).collect();
+    for _ in ranks.clone() {
+        let (r, reply) = match replies.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => {
+                let silent: Vec<usize> = ranks.clone().filter(|r| got[r - ranks.start].is_none()).collect();
+                return Err(format!(
+                    "rank(s) {silent:?} did not answer within {} s (stuck in a collective? MEMRA_RANK_TIMEOUT_S sets the limit)",
+                    timeout.as_secs_f64()
+                ));
+            }
+            Err(RecvTimeoutError::Disconnected) => return Err("every worker thread has ended".to_string()),
+        };
+        let failed = match &reply {
+            Reply::Unit(Err(e)) => Some(e.to_string()),
+            Reply::Logits(Err(e)) => Some(e.to_string()),
+            Reply::Argmax(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        if let Some(e) = failed {
+            return Err(format!("rank {r}: {e}"));
+        }
+        match got.get_mut(r.wrapping_sub(ranks.start)) {
+            Some(slot @ None) => *slot = Some(reply),
+            _ => return Err(format!("rank {r}: a reply nobody asked for")),
+        }
+    }
+    Ok(got.into_iter().map(|g| g.expect("one reply per asked rank")).collect())
+}
+
 impl ShardedMla {
     /// Loads a glm-dsa model split over GPUs `0..n_gpus` (one NCCL communicator each; NVLS off).
     /// Errors name the rank; a head or expert count that `n_gpus` does not divide is refused.
@@ -340,7 +386,7 @@ impl ShardedMla {
     /// Sends `cmd()` to the ranks `ranks` and collects their replies in rank order. The first
     /// failed reply (or a rank that ended) returns at once, marking the model unusable:
     /// waiting for the other ranks could wait for ever.
-    fn ask(&self, ranks: std::ops::Range<usize>, cmd: impl Fn() -> Cmd) -> Result<Vec<Reply>> {
+    fn ask(&self, ranks: Range<usize>, cmd: impl Fn() -> Cmd) -> Result<Vec<Reply>> {
         if let Some(b) = self.broken.lock().map_err(|_| err("a worker panicked"))?.as_ref() {
             return Err(err(format!(
                 "the multi-GPU model is unusable after an earlier failure: {b}"
@@ -351,27 +397,7 @@ impl ShardedMla {
                 return Err(self.fail(format!("rank {r}: the worker thread has ended")));
             }
         }
-        let mut got: Vec<Option<Reply>> = ranks.clone().map(|_| None).collect();
-        for _ in ranks.clone() {
-            let (r, reply) = self
-                .replies
-                .recv()
-                .map_err(|_| self.fail("every worker thread has ended".to_string()))?;
-            let failed = match &reply {
-                Reply::Unit(Err(e)) => Some(e.to_string()),
-                Reply::Logits(Err(e)) => Some(e.to_string()),
-                Reply::Argmax(Err(e)) => Some(e.to_string()),
-                _ => None,
-            };
-            if let Some(e) = failed {
-                return Err(self.fail(format!("rank {r}: {e}")));
-            }
-            match got.get_mut(r.wrapping_sub(ranks.start)) {
-                Some(slot @ None) => *slot = Some(reply),
-                _ => return Err(self.fail(format!("rank {r}: a reply nobody asked for"))),
-            }
-        }
-        Ok(got.into_iter().map(|g| g.expect("one reply per asked rank")).collect())
+        collect_replies(&self.replies, ranks, reply_timeout()).map_err(|m| self.fail(m))
     }
 
     /// Every rank's `()` result; the first failure names its rank.
@@ -590,5 +616,41 @@ mod tests {
         assert_eq!(run(None), [true, true, true]);
         assert_eq!(run(Some(1)), [false, false, false]);
         assert_eq!(run(None), [false, false, false], "the failure is sticky");
+    }
+
+    /// Replies come back in rank order whatever order they arrive in; a failed rank is reported
+    /// at once even while another never answers; silence past the deadline names the silent
+    /// ranks; gone workers and unasked replies are errors, never a hang or a panic.
+    #[test]
+    fn replies_are_collected_in_rank_order_and_never_wait_for_ever() {
+        use std::time::{Duration, Instant};
+        let unit = |r: Result<()>| Reply::Unit(r);
+        let (tx, rx) = channel();
+        for r in [2, 0, 1] {
+            tx.send((r, unit(Ok(())))).unwrap();
+        }
+        let got = collect_replies(&rx, 0..3, Duration::from_secs(5)).unwrap();
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|g| matches!(g, Reply::Unit(Ok(())))));
+
+        // Rank 1 fails, rank 0 never answers (stuck in the collective rank 1 left).
+        tx.send((1, unit(Err(err("cuLaunchKernel failed"))))).unwrap();
+        let start = Instant::now();
+        let e = collect_replies(&rx, 0..2, Duration::from_secs(60)).err().unwrap();
+        assert!(e.contains("rank 1") && e.contains("cuLaunchKernel failed"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(10), "waited for the silent rank");
+
+        // Nobody answers: the deadline names every silent rank.
+        tx.send((1, unit(Ok(())))).unwrap();
+        let e = collect_replies(&rx, 0..3, Duration::from_millis(50)).err().unwrap();
+        assert!(e.contains("[0, 2]") && e.contains("did not answer"), "{e}");
+
+        // Asked ranks 0..1 only, rank 3 answers; then every worker is gone.
+        tx.send((3, unit(Ok(())))).unwrap();
+        let e = collect_replies(&rx, 0..1, Duration::from_secs(5)).err().unwrap();
+        assert!(e.contains("rank 3") && e.contains("nobody asked"), "{e}");
+        drop(tx);
+        let e = collect_replies(&rx, 0..2, Duration::from_secs(5)).err().unwrap();
+        assert!(e.contains("ended"), "{e}");
     }
 }
