@@ -352,19 +352,9 @@ fn gpu_matmul_grouped_experts_match_each_experts_product() {
         for dims in [Some((k, n)), None] {
             let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", 64)]));
             let mut dy = up(s, &y0);
-            matmul::matmul_grouped(
-                &kernel,
-                &dw.slice(..),
-                &dx.slice(..),
-                &mut dy.slice_mut(..),
-                &offsets,
-                &mut doff.slice_mut(..),
-                k,
-                n,
-                ldx,
-                ldy,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
+            let dev_offsets = matmul::ExpertOffsets::upload(&kernel, &offsets, &mut doff).unwrap_or_else(|e| panic!("{e}"));
+            matmul::matmul_grouped(&kernel, &dw.slice(..), &dx.slice(..), &mut dy.slice_mut(..), &dev_offsets, k, n, ldx, ldy)
+                .unwrap_or_else(|e| panic!("{e}"));
             let got = down(s, &dy);
             let (got_rows, want_rows) =
                 output_rows(kernel.name(), &got, &y0, &want, total, n, ldy, false, &rng);
@@ -383,18 +373,9 @@ fn gpu_matmul_grouped_experts_match_each_experts_product() {
             // Refusals: offsets not from 0, decreasing, or more rows than x holds.
             let mut y = up(s, &y0);
             for bad in [vec![1, 2, 3], vec![0, 5, 4], vec![0, total as i32 + 1]] {
-                let e = matmul::matmul_grouped(
-                    &kernel,
-                    &dw.slice(..),
-                    &dx.slice(..),
-                    &mut y.slice_mut(..),
-                    &bad,
-                    &mut doff.slice_mut(..),
-                    k,
-                    n,
-                    ldx,
-                    ldy,
-                );
+                let e = matmul::ExpertOffsets::upload(&kernel, &bad, &mut doff).and_then(|o| {
+                    matmul::matmul_grouped(&kernel, &dw.slice(..), &dx.slice(..), &mut y.slice_mut(..), &o, k, n, ldx, ldy)
+                });
                 assert!(e.is_err(), "{what}: offsets {bad:?} accepted");
             }
         }

@@ -948,7 +948,7 @@ fn check_grouped(
     }
     let (dx, dids, dwts) = (up(s, &x), up(s, ids), up(s, &wts));
     let mut dout = up(s, &vec![f32::NAN; t * e]);
-    let mut scratch = GroupedScratch::new(gpu, t, nu, e, nf).expect("scratch");
+    let mut scratch = GroupedScratch::new(gpu, t, nu, ne, e, nf).expect("scratch");
     gm.forward(gpu, ks, w, &mut scratch, &dx.slice(..), &dids.slice(..), &dwts.slice(..), &mut dout.slice_mut(..), t, nu, ne)
         .unwrap_or_else(|err| panic!("{what}: {err}"));
     let got = down(s, &dout);

@@ -2,7 +2,7 @@
 //! tile by tile into bf16 for tensor cores (templates/memra/matmul.cuh). bf16 operands, f32
 //! accumulation: results match an f32 reference to ~1e-3 relative, not to f32 rounding.
 
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 use memra_gguf::GgmlType;
 
 use crate::cuda::{Error, Kernel};
@@ -35,6 +35,39 @@ pub struct MatmulArgs<'a> {
     pub expert_bytes: i64,
     pub x_batch: i64,
     pub y_batch: i64,
+}
+
+impl<'a> MatmulArgs<'a> {
+    /// The arguments of one product (`expert_bytes` 0); the stacked launches set their fields.
+    #[allow(clippy::too_many_arguments)]
+    fn one(
+        kernel: &Kernel,
+        w: &'a CudaView<'_, u8>,
+        x: &'a CudaView<'_, f32>,
+        y: &'a mut CudaViewMut<'_, f32>,
+        t: usize,
+        k: usize,
+        n: usize,
+        ldx: usize,
+        ldy: usize,
+    ) -> Result<MatmulArgs<'a>, Error> {
+        Ok(MatmulArgs {
+            w: w.slice(..),
+            x: x.slice(..),
+            y: y.slice_mut(..),
+            t: checks::to_i32(kernel, "t", t)?,
+            k: checks::to_i32(kernel, "k", k)?,
+            n: checks::to_i32(kernel, "n", n)?,
+            ldx: checks::to_i32(kernel, "ldx", ldx)?,
+            ldy: checks::to_i32(kernel, "ldy", ldy)?,
+            // Not read without a stack of experts; any valid pointer fills the slot.
+            // SAFETY: reinterprets x's first 4 bytes as one i32 the kernel never reads.
+            offsets: unsafe { x.transmute::<i32>(1) }.ok_or_else(|| checks::invalid(kernel, "x is empty"))?,
+            expert_bytes: 0,
+            x_batch: 0,
+            y_batch: 0,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,22 +173,7 @@ pub fn matmul(
     }
     checks::check_len(kernel, "x", x.len(), (t - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (t - 1) * ldy + n)?;
-    let mut args = MatmulArgs {
-        w: w.slice(..),
-        x: x.slice(..),
-        y: y.slice_mut(..),
-        t: checks::to_i32(kernel, "t", t)?,
-        k: checks::to_i32(kernel, "k", k)?,
-        n: checks::to_i32(kernel, "n", n)?,
-        ldx: checks::to_i32(kernel, "ldx", ldx)?,
-        ldy: checks::to_i32(kernel, "ldy", ldy)?,
-        // Not read with expert_bytes 0; any valid pointer fills the slot.
-        offsets: unsafe { x.transmute::<i32>(1) }
-            .ok_or_else(|| checks::invalid(kernel, "x is empty"))?,
-        expert_bytes: 0,
-        x_batch: 0,
-        y_batch: 0,
-    };
+    let mut args = MatmulArgs::one(kernel, w, x, y, t, k, n, ldx, ldy)?;
     // SAFETY: w holds n rows of row_bytes(qtype, k), x t rows of ldx ≥ k floats, y t rows of
     // ldy ≥ n floats (checked).
     unsafe { launch_checked(kernel, ty, &tune, &mut args, t, 1) }
@@ -194,77 +212,75 @@ unsafe fn launch_checked(kernel: &Kernel, ty: GgmlType, tune: &MatmulTuning, arg
     unsafe { launch(kernel, cfg, args) }
 }
 
+/// Expert row offsets for grouped launches ([`matmul_grouped`]): checked on the host (from 0,
+/// never decreasing, 1 to 65535 experts) and copied to the device once, on the stream of the
+/// kernels that read them, however many grouped launches follow.
+pub struct ExpertOffsets<'a> {
+    host: &'a [i32],
+    dev: CudaView<'a, i32>,
+}
+
+impl<'a> ExpertOffsets<'a> {
+    /// Copies `host` (`n_expert + 1` offsets) into the front of `dev` on `kernel`'s stream.
+    pub fn upload(kernel: &Kernel, host: &'a [i32], dev: &'a mut CudaSlice<i32>) -> Result<ExpertOffsets<'a>, Error> {
+        let n_expert = host.len().checked_sub(1).filter(|&e| e >= 1).ok_or_else(|| checks::invalid(kernel, "offsets needs n_expert + 1 ≥ 2 entries"))?;
+        if n_expert > u16::MAX as usize {
+            return Err(checks::invalid(kernel, format!("{n_expert} experts: grid.z holds at most 65535")));
+        }
+        if host[0] != 0 || host.windows(2).any(|p| p[1] < p[0]) {
+            return Err(checks::invalid(kernel, "offsets must start at 0 and never decrease"));
+        }
+        checks::check_len(kernel, "offsets_dev", dev.len(), host.len())?;
+        kernel
+            .stream()
+            .memcpy_htod(host, &mut dev.slice_mut(..host.len()))
+            .map_err(|e| Error::driver("copying the expert offsets", e))?;
+        let dev: &'a CudaSlice<i32> = dev;
+        Ok(ExpertOffsets { host, dev: dev.slice(..host.len()) })
+    }
+
+    fn n_expert(&self) -> usize {
+        self.host.len() - 1
+    }
+
+    /// Rows of all experts, and of the largest group (grid.y).
+    fn rows(&self) -> (usize, usize) {
+        let max = self.host.windows(2).map(|p| (p[1] - p[0]) as usize).max().unwrap_or(0);
+        (*self.host.last().expect("n_expert ≥ 1") as usize, max)
+    }
+}
+
 /// A stack of experts' products in one launch (MoE prefill grouped by expert): for each expert
 /// `z < n_expert`, rows `offsets[z]..offsets[z + 1]` of `x` (`[rows][ldx]`) times expert `z`'s
 /// weights (`w` holds `n_expert` experts of `n` rows of `row_bytes(k)`) into the same rows of
-/// `y` (`[rows][ldy]`). `offsets` (host, `n_expert + 1`, non-decreasing from 0) is copied into
-/// `offsets_dev` on the kernel's stream. Empty experts cost only their blocks' early exit.
+/// `y` (`[rows][ldy]`). Empty experts cost only their blocks' early exit. `kernel` runs on the
+/// stream the offsets were copied on.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_grouped(
     kernel: &Kernel,
     w: &CudaView<'_, u8>,
     x: &CudaView<'_, f32>,
     y: &mut CudaViewMut<'_, f32>,
-    offsets: &[i32],
-    offsets_dev: &mut CudaViewMut<'_, i32>,
+    offsets: &ExpertOffsets<'_>,
     k: usize,
     n: usize,
     ldx: usize,
     ldy: usize,
 ) -> Result<(), Error> {
-    let n_expert = offsets
-        .len()
-        .checked_sub(1)
-        .filter(|&e| e >= 1)
-        .ok_or_else(|| checks::invalid(kernel, "offsets needs n_expert + 1 ≥ 2 entries"))?;
-    if n_expert > u16::MAX as usize {
-        return Err(checks::invalid(
-            kernel,
-            format!("{n_expert} experts: grid.z holds at most 65535"),
-        ));
-    }
-    if offsets[0] != 0 || offsets.windows(2).any(|p| p[1] < p[0]) {
-        return Err(checks::invalid(
-            kernel,
-            "offsets must start at 0 and never decrease",
-        ));
-    }
-    let rows = *offsets.last().expect("n_expert ≥ 1") as usize;
-    let max_rows = offsets
-        .windows(2)
-        .map(|p| (p[1] - p[0]) as usize)
-        .max()
-        .unwrap_or(0);
+    let (n_expert, (rows, max_rows)) = (offsets.n_expert(), offsets.rows());
     let (ty, tune) = check_common(kernel, k, n, ldx, ldy, max_rows)?;
     let expert_bytes = matrix_bytes(kernel, ty, k, n)?;
     checks::check_len(kernel, "w", w.len(), n_expert * expert_bytes)?;
-    checks::check_len(kernel, "offsets_dev", offsets_dev.len(), offsets.len())?;
     if rows == 0 || n == 0 {
         return Ok(());
     }
     checks::check_len(kernel, "x", x.len(), (rows - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (rows - 1) * ldy + n)?;
-    kernel
-        .stream()
-        .memcpy_htod(offsets, offsets_dev)
-        .map_err(|e| Error::driver("copying the expert offsets", e))?;
-    let mut args = MatmulArgs {
-        w: w.slice(..),
-        x: x.slice(..),
-        y: y.slice_mut(..),
-        t: checks::to_i32(kernel, "t", max_rows)?,
-        k: checks::to_i32(kernel, "k", k)?,
-        n: checks::to_i32(kernel, "n", n)?,
-        ldx: checks::to_i32(kernel, "ldx", ldx)?,
-        ldy: checks::to_i32(kernel, "ldy", ldy)?,
-        offsets: offsets_dev.slice(..),
-        expert_bytes: expert_bytes as i64,
-        x_batch: 0,
-        y_batch: 0,
-    };
+    let mut args = MatmulArgs::one(kernel, w, x, y, max_rows, k, n, ldx, ldy)?;
+    (args.offsets, args.expert_bytes) = (offsets.dev.slice(..), expert_bytes as i64);
     // SAFETY: w holds n_expert experts of expert_bytes (a multiple of 16, so every expert's rows
-    // stay 16-byte aligned), offsets_dev holds the checked offsets (copied on this stream before
-    // the launch), x and y hold their last row; grid.y covers the largest group.
+    // stay 16-byte aligned), the device offsets hold the checked host ones (copied earlier on
+    // this stream), x and y hold their last row; grid.y covers the largest group.
     unsafe { launch_checked(kernel, ty, &tune, &mut args, max_rows, n_expert as u32) }
 }
 
@@ -299,21 +315,8 @@ pub fn matmul_batched(
     }
     checks::check_len(kernel, "x", x.len(), (batches - 1) * x_batch + (t - 1) * ldx + k)?;
     checks::check_len(kernel, "y", y.len(), (batches - 1) * y_batch + (t - 1) * ldy + n)?;
-    let mut args = MatmulArgs {
-        w: w.slice(..),
-        x: x.slice(..),
-        y: y.slice_mut(..),
-        t: checks::to_i32(kernel, "t", t)?,
-        k: checks::to_i32(kernel, "k", k)?,
-        n: checks::to_i32(kernel, "n", n)?,
-        ldx: checks::to_i32(kernel, "ldx", ldx)?,
-        ldy: checks::to_i32(kernel, "ldy", ldy)?,
-        // Not read in a strided batch; any valid pointer fills the slot.
-        offsets: unsafe { x.transmute::<i32>(1) }.ok_or_else(|| checks::invalid(kernel, "x is empty"))?,
-        expert_bytes: expert_bytes as i64,
-        x_batch: x_batch as i64,
-        y_batch: y_batch as i64,
-    };
+    let mut args = MatmulArgs::one(kernel, w, x, y, t, k, n, ldx, ldy)?;
+    (args.expert_bytes, args.x_batch, args.y_batch) = (expert_bytes as i64, x_batch as i64, y_batch as i64);
     // SAFETY: w holds `batches` matrices of expert_bytes (a multiple of 16: each stays 16-byte
     // aligned), x and y hold the last row of the last matrix (checked); x_batch and ldx are
     // multiples of 4 floats, so every row stays 16-byte aligned for float4 loads.

@@ -634,7 +634,7 @@ impl Bufs {
             ids: gpu::alloc(gpu, t * c.moe.as_ref().map_or(1, |m| m.n_used), "expert ids")?,
             wts: a(c.moe.as_ref().map_or(1, |m| m.n_used), "expert weights")?,
             grouped: match &c.moe {
-                Some(m) if moe_grouped::use_grouped(t, m.n_used, m.n_expert) => Some(GroupedScratch::new(gpu, t, m.n_used, e, m.n_ff_exp)?),
+                Some(m) if moe_grouped::use_grouped(t, m.n_used, m.n_expert) => Some(GroupedScratch::new(gpu, t, m.n_used, m.n_expert, e, m.n_ff_exp)?),
                 _ => None,
             },
             work: gpu::alloc(gpu, n_layer * attn_decode::work_floats(1, c.n_head, c.head_dim, max_split).next_multiple_of(4), "attention workspace")?,

@@ -1399,7 +1399,7 @@ impl Bufs {
             work: gpu::alloc(gpu, 1, "attention workspace")?,
             grouped: match &c.moe {
                 Some(m) if moe_grouped::use_grouped(t, m.n_used, m.n_expert) => {
-                    Some(GroupedScratch::new(gpu, t, m.n_used, e, m.n_ff_exp)?)
+                    Some(GroupedScratch::new(gpu, t, m.n_used, m.n_expert, e, m.n_ff_exp)?)
                 }
                 _ => None,
             },

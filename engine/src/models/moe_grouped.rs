@@ -95,12 +95,12 @@ pub struct GroupedScratch {
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
     act: CudaSlice<f32>,
-    /// The grouped matmuls' expert row offsets (`n_expert + 1`), sized at the first forward.
-    offsets: Option<CudaSlice<i32>>,
+    /// The grouped matmuls' expert row offsets (`n_expert + 1`; a rank's local experts fit).
+    offsets: CudaSlice<i32>,
 }
 
 impl GroupedScratch {
-    pub fn new(gpu: &Gpu, t: usize, n_used: usize, n_embd: usize, n_ff_exp: usize) -> Result<GroupedScratch> {
+    pub fn new(gpu: &Gpu, t: usize, n_used: usize, n_expert: usize, n_embd: usize, n_ff_exp: usize) -> Result<GroupedScratch> {
         let pairs = t * n_used;
         let what = |w: &str| format!("grouped MoE {w} ({t} tokens × {n_used} experts)");
         Ok(GroupedScratch {
@@ -110,7 +110,7 @@ impl GroupedScratch {
             gate: gpu::alloc(gpu, pairs * n_ff_exp, &what("gate"))?,
             up: gpu::alloc(gpu, pairs * n_ff_exp, &what("up"))?,
             act: gpu::alloc(gpu, pairs * n_ff_exp, &what("activations"))?,
-            offsets: None,
+            offsets: gpu::alloc(gpu, n_expert + 1, &what("expert offsets"))?,
         })
     }
 }
@@ -200,21 +200,18 @@ impl GroupedMoe {
         embed::embed(kernels.get(self.gather)?, &s.token_of_row.slice(..pairs), &table, &mut s.rows.slice_mut(..pairs * e), pairs, e, t, 1.0)?;
         let (gk, dk) = (kernels.get(self.gate_up)?, kernels.get(self.down)?);
         let named = |r: std::result::Result<(), crate::cuda::Error>, w: &DeviceTensor| r.map_err(|m| err(format!("tensor '{}' (grouped by expert): {m}", w.name)));
-        let offsets: Vec<i32> = g.offsets.iter().map(|&o| o as i32).collect();
-        if s.offsets.as_ref().is_none_or(|o| o.len() < offsets.len()) {
-            s.offsets = Some(gpu::alloc(gpu, offsets.len(), "grouped MoE expert offsets")?);
-        }
-        let offs = s.offsets.as_mut().expect("allocated above");
+        let host: Vec<i32> = g.offsets.iter().map(|&o| o as i32).collect();
+        let offsets = matmul::ExpertOffsets::upload(gk, &host, &mut s.offsets).map_err(|m| err(format!("grouped MoE ({}): {m}", gate.name)))?;
         // One launch per matrix over every expert (grid.z): per-expert launches of a few blocks
         // each left most SMs idle (measured on the H200: slower than moe_matvec at 1024 tokens).
         let xs = s.rows.slice(..pairs * e);
         for (w, y) in [(gate, &mut s.gate), (up, &mut s.up)] {
-            named(matmul::matmul_grouped(gk, &experts(w, n_expert), &xs, &mut y.slice_mut(..pairs * nf), &offsets, &mut offs.slice_mut(..offsets.len()), e, nf, e, nf), w)?;
+            named(matmul::matmul_grouped(gk, &experts(w, n_expert), &xs, &mut y.slice_mut(..pairs * nf), &offsets, e, nf, e, nf), w)?;
         }
         swiglu::swiglu(kernels.get(self.glu)?, &s.gate.slice(..pairs * nf), &s.up.slice(..pairs * nf), &mut s.act.slice_mut(..pairs * nf), pairs, nf, GluLayout::separate(nf))?;
         // The gathered rows are spent: the down outputs go there.
         let a = s.act.slice(..pairs * nf);
-        named(matmul::matmul_grouped(dk, &experts(down, n_expert), &a, &mut s.rows.slice_mut(..pairs * e), &offsets, &mut offs.slice_mut(..offsets.len()), nf, e, nf, e), down)?;
+        named(matmul::matmul_grouped(dk, &experts(down, n_expert), &a, &mut s.rows.slice_mut(..pairs * e), &offsets, nf, e, nf, e), down)?;
         moe_combine::moe_combine(kernels.get(self.combine)?, &s.rows.slice(..pairs * e), &s.row_of_slot.slice(..pairs), wts, out, t, n_used, e)?;
         Ok(())
     }
