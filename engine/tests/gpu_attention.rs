@@ -23,7 +23,7 @@ mod mla_common;
 
 use cudarc::driver::ValidAsZeroBits;
 use dense_common::{V, bf16_to_f32, variant};
-use gpu_common::{down, gpu, load_all, nan_buf, up};
+use gpu_common::{down, gpu, load_all, nan_buf, shard, up};
 use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::attn_decode::{self, AttnDecodeParams};
 use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
@@ -459,6 +459,9 @@ fn check_mla<C: HostCache>(
             .alloc_zeros::<f32>(mla_decode::work_floats(n_head, kvl, most))
             .expect("alloc");
         for n_split in splits {
+            if !shard::mine() {
+                continue;
+            }
             let p = MlaDecodeParams {
                 n_head,
                 kv_lora: kvl,
@@ -608,6 +611,9 @@ fn check_mla_batch<C: HostCache>(
             .alloc_zeros::<f32>(mla_decode::work_floats_batch(n_head, kvl, most, n_q))
             .expect("alloc");
         for n_split in splits {
+            if !shard::mine() {
+                continue;
+            }
             let p = MlaDecodeParams {
                 n_head,
                 kv_lora: kvl,

@@ -12,6 +12,8 @@
 
 #[path = "gpu_common/forward.rs"]
 mod forward;
+#[path = "gpu_common/shard.rs"]
+mod shard;
 
 use std::path::PathBuf;
 

@@ -208,6 +208,9 @@ pub fn micro_matches_the_cpu_reference(arch: &str, settings: &[(Policy, bool)]) 
     assert!(memra_engine::models::moe_grouped::use_grouped(prompt.len(), 2, 4));
     let steps = 12;
     for &(policy, graphs) in settings {
+        if !crate::shard::mine() {
+            continue;
+        }
         let what = format!("{arch} seed {seed}, {policy:?}, graphs {graphs}");
         let mut gpu = load(arch, &path, policy, graphs);
         cpu.reset();

@@ -13,6 +13,8 @@ use memra_reference::{Rng, rel_err};
 
 use crate::dense_common::headers;
 
+pub mod shard;
+
 /// Every weight type the dense kernels take.
 pub const QTYPES: [GgmlType; 13] = [
     GgmlType::F32,
