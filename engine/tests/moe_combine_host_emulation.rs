@@ -5,7 +5,8 @@
 //! (emu_common) combines them, compared with memra-reference `moe::moe_ffn`. Fresh seed per
 //! run (printed; replay with `MEMRA_SEED=<seed>`); NaN-poisoned outputs; float4 and scalar
 //! paths, specialized and generic variants, small grids (grid strides), a row index out of range
-//! (NaN row). Skips (one SKIP line) without a C++20 compiler.
+//! (NaN row), a multi-GPU rank's share (slots of other ranks' experts at weight 0: no row, the
+//! zero row). Skips (one SKIP line) without a C++20 compiler.
 
 mod emu_common;
 
@@ -72,6 +73,9 @@ struct Case {
     out_offset: usize,
     /// Route every token to expert 0 first (one expert used by all tokens).
     all_on_zero: bool,
+    /// A multi-GPU rank holding experts `lo..hi`: the others' slots become local expert 0 at
+    /// weight 0 (as ep_localize leaves them) and the rank's output is its experts' share.
+    rank_experts: Option<(usize, usize)>,
 }
 
 fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
@@ -129,13 +133,40 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
     if c.all_on_zero {
         assert!(ids.chunks_exact(nu).all(|r| r[0] == 0), "{what}: the routing does not put every token on expert 0");
     }
-    let groups = group_by_expert(&ids, nu, ne).unwrap_or_else(|m| panic!("{what}: {m}"));
-    let empty = (0..ne).filter(|&x| groups.rows(x).is_empty()).count();
-    // The grouped down outputs: each pair's row at its grouped position.
+    let mut want = want;
+    let mut n_local = ne;
+    if let Some((lo, hi)) = c.rank_experts {
+        n_local = hi - lo;
+        for (id, wt) in ids.iter_mut().zip(wts.iter_mut()) {
+            if (lo..hi).contains(&(*id as usize)) {
+                *id -= lo as i32;
+            } else {
+                (*id, *wt) = (0, 0.0);
+            }
+        }
+        // The rank's share: Σ over its own experts' slots only.
+        want = vec![0.0; t * e];
+        for (slot, out) in pair_out.iter().enumerate() {
+            let acc = &mut want[slot / nu * e..][..e];
+            acc.iter_mut().zip(out).for_each(|(a, v)| *a += wts[slot] * v);
+        }
+    }
+    let groups = group_by_expert(&ids, Some(&wts), nu, n_local).unwrap_or_else(|m| panic!("{what}: {m}"));
+    let empty = (0..n_local).filter(|&x| groups.rows(x).is_empty()).count();
+    let dropped = wts.iter().filter(|&&w| w == 0.0).count();
+    assert_eq!(groups.kept(), t * nu - dropped, "{what}: kept rows");
+    // The grouped down outputs: each kept pair's row at its grouped position, then the zero row
+    // of the dropped ones (the rest stays NaN: a dropped slot reading anything else shows).
     let mut y = vec![f32::NAN; t * nu * e];
     for (slot, out) in pair_out.iter().enumerate() {
-        let r = groups.row_of_slot[slot] as usize;
-        y[r * e..(r + 1) * e].copy_from_slice(out);
+        if wts[slot] != 0.0 {
+            let r = groups.row_of_slot[slot] as usize;
+            y[r * e..(r + 1) * e].copy_from_slice(out);
+        }
+    }
+    if dropped > 0 {
+        let r = groups.kept();
+        y[r * e..(r + 1) * e].iter_mut().for_each(|v| *v = 0.0);
     }
     let mut rows = groups.row_of_slot.clone();
     // The last token reads a row past the end: its output must be NaN, the others unaffected.
@@ -169,7 +200,7 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
         let err = rel_err(row, &want[tok * e..(tok + 1) * e]);
         assert!(err <= 1e-5, "{what}: token {tok}: relative L2 {err:e} vs moe_ffn");
     }
-    println!("{what}: pass ({empty} experts without tokens)");
+    println!("{what}: pass ({empty} experts without tokens, {dropped} slots without a row)");
 }
 
 #[test]
@@ -185,17 +216,21 @@ fn moe_combine_matches_the_reference_moe() {
     println!("seed {} (MEMRA_SEED to replay)", rng.seed());
     let cases = [
         // Generic, float4 path, t = 7: most of 16 experts get no token.
-        Case { cfg: 0, t: 7, n_embd: 64, n_ff: 32, n_expert: 16, n_used: 4, grid: (1, 3), out_offset: 0, all_on_zero: false },
+        Case { cfg: 0, t: 7, n_embd: 64, n_ff: 32, n_expert: 16, n_used: 4, grid: (1, 3), out_offset: 0, all_on_zero: false, rank_experts: None },
         // Specialized n = 64, a grid wider than the rows.
-        Case { cfg: 1, t: 9, n_embd: 64, n_ff: 16, n_expert: 8, n_used: 2, grid: (2, 9), out_offset: 0, all_on_zero: false },
+        Case { cfg: 1, t: 9, n_embd: 64, n_ff: 16, n_expert: 8, n_used: 2, grid: (2, 9), out_offset: 0, all_on_zero: false, rank_experts: None },
         // Every token on expert 0 (slot 0).
-        Case { cfg: 0, t: 12, n_embd: 32, n_ff: 16, n_expert: 8, n_used: 2, grid: (1, 5), out_offset: 0, all_on_zero: true },
+        Case { cfg: 0, t: 12, n_embd: 32, n_ff: 16, n_expert: 8, n_used: 2, grid: (1, 5), out_offset: 0, all_on_zero: true, rank_experts: None },
         // Scalar path by alignment: the output one float past a 16-byte boundary.
-        Case { cfg: 2, t: 5, n_embd: 36, n_ff: 8, n_expert: 4, n_used: 3, grid: (1, 2), out_offset: 1, all_on_zero: false },
+        Case { cfg: 2, t: 5, n_embd: 36, n_ff: 8, n_expert: 4, n_used: 3, grid: (1, 2), out_offset: 1, all_on_zero: false, rank_experts: None },
         // Scalar path by width: n_embd 30.
-        Case { cfg: 2, t: 6, n_embd: 30, n_ff: 8, n_expert: 6, n_used: 2, grid: (2, 4), out_offset: 0, all_on_zero: false },
+        Case { cfg: 2, t: 6, n_embd: 30, n_ff: 8, n_expert: 6, n_used: 2, grid: (2, 4), out_offset: 0, all_on_zero: false, rank_experts: None },
+        // Rank 1 of 2 (experts 8..16 of 16): about half the slots are another rank's.
+        Case { cfg: 0, t: 11, n_embd: 64, n_ff: 16, n_expert: 16, n_used: 4, grid: (1, 4), out_offset: 0, all_on_zero: false, rank_experts: Some((8, 16)) },
+        // Rank 0 of 4 with every token on expert 0 first: that slot is the rank's, most are not.
+        Case { cfg: 1, t: 6, n_embd: 64, n_ff: 8, n_expert: 8, n_used: 3, grid: (2, 3), out_offset: 0, all_on_zero: true, rank_experts: Some((0, 2)) },
         // One token, one expert of one.
-        Case { cfg: 0, t: 1, n_embd: 16, n_ff: 8, n_expert: 1, n_used: 1, grid: (1, 1), out_offset: 0, all_on_zero: false },
+        Case { cfg: 0, t: 1, n_embd: 16, n_ff: 8, n_expert: 1, n_used: 1, grid: (1, 1), out_offset: 0, all_on_zero: false, rank_experts: None },
     ];
     for (n, c) in cases.iter().enumerate() {
         run_case(&mut b, &mut rng, c, n);

@@ -4,7 +4,9 @@
 //! tensor-core matmul runs each expert over the matrix of its tokens' rows, all experts in one
 //! grouped launch (grid.z): gather `h` rows (embed over an f32 table) → gate, up grouped
 //! matmuls → SwiGLU over all pairs → down grouped matmul → moe_combine, the routing-weighted
-//! sum in slot order.
+//! sum in slot order. A slot of routing weight 0 gets no row: on a multi-GPU rank every slot
+//! routed to another rank's expert is one (ep_localize), about half of all slots on 2 GPUs,
+//! which as rows of local expert 0 made that expert the grouped launch's straggler.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use memra_gguf::GgmlType;
@@ -19,8 +21,9 @@ use crate::kernels::{embed, matmul, moe_combine, swiglu};
 /// [`GROUPED_MIN_TOKENS_PER_EXPERT`] tokens on average; shorter ones (and decode) stay on
 /// moe_matvec. The grouped path costs a host round trip and reads every expert with tokens
 /// once; with one or two tokens per expert moe_matvec reads about the same bytes. On the H200
-/// (session 6, GLM-5 dims, 1024 tokens = 32 per expert) one matmul launch per expert was 1.5×
-/// slower end to end than moe_matvec; the one-launch grouped matmul is not measured yet.
+/// (session 6, GLM-5 dims, 4 layers) one matmul launch per expert was 1.5× slower end to end
+/// than moe_matvec; the one-launch grouped matmul is 1.20× faster at 256 tokens (8 per
+/// expert), 1.41× at 1024 and 1.40× at 4096.
 pub const GROUPED_MIN_TOKENS: usize = 16;
 pub const GROUPED_MIN_TOKENS_PER_EXPERT: usize = 4;
 
@@ -56,28 +59,46 @@ impl ExpertGroups {
     pub fn rows(&self, x: usize) -> std::ops::Range<usize> {
         self.offsets[x]..self.offsets[x + 1]
     }
+
+    /// Rows of all experts: the slots that were kept. A dropped slot's `row_of_slot` is this
+    /// index, the zero row just after them.
+    pub fn kept(&self) -> usize {
+        self.offsets[self.offsets.len() - 1]
+    }
 }
 
-/// Groups the router's `ids` (`[t][n_used]`) by expert (a stable counting sort). An id outside
-/// `[0, n_expert)` (the router's −1 for an unselectable slot included) is an error naming it.
-pub fn group_by_expert(ids: &[i32], n_used: usize, n_expert: usize) -> std::result::Result<ExpertGroups, String> {
+/// Groups the router's `ids` (`[t][n_used]`) by expert (a stable counting sort). With `wts`, a
+/// slot whose routing weight is exactly 0 contributes nothing and gets no row (its
+/// `row_of_slot` is [`ExpertGroups::kept`]). An id outside `[0, n_expert)` (the router's −1
+/// for an unselectable slot included) is an error naming it.
+pub fn group_by_expert(ids: &[i32], wts: Option<&[f32]>, n_used: usize, n_expert: usize) -> std::result::Result<ExpertGroups, String> {
     if n_used == 0 || !ids.len().is_multiple_of(n_used) {
         return Err(format!("{} expert ids are not whole rows of n_used = {n_used}", ids.len()));
     }
+    if let Some(w) = wts.filter(|w| w.len() != ids.len()) {
+        return Err(format!("{} routing weights for {} expert ids", w.len(), ids.len()));
+    }
+    let kept = |i: usize| wts.is_none_or(|w| w[i] != 0.0);
     let mut offsets = vec![0usize; n_expert + 1];
     for (i, &x) in ids.iter().enumerate() {
         if x < 0 || x as usize >= n_expert {
             return Err(format!("token {} slot {}: expert id {x} is outside [0, {n_expert})", i / n_used, i % n_used));
         }
-        offsets[x as usize + 1] += 1;
+        if kept(i) {
+            offsets[x as usize + 1] += 1;
+        }
     }
     for x in 0..n_expert {
         offsets[x + 1] += offsets[x];
     }
+    let zero_row = offsets[n_expert];
     let mut next = offsets.clone();
-    let mut token_of_row = vec![0i32; ids.len()];
-    let mut row_of_slot = vec![0i32; ids.len()];
+    let mut token_of_row = vec![0i32; zero_row];
+    let mut row_of_slot = vec![zero_row as i32; ids.len()];
     for (i, &x) in ids.iter().enumerate() {
+        if !kept(i) {
+            continue;
+        }
         let row = next[x as usize];
         next[x as usize] += 1;
         token_of_row[row] = (i / n_used) as i32;
@@ -167,7 +188,7 @@ impl GroupedMoe {
 
     /// `out[t] = Σ_s wts[t, s] · down_{ids[t, s]}(silu(gate·h[t]) ⊙ up·h[t])` for a chunk of `t`
     /// tokens: `h` `[t][n_embd]`, `ids` / `wts` `[t][n_used]` from moe_router, `out` `[t][n_embd]`.
-    /// Reads the ids back (waits for the stream).
+    /// Reads the ids and weights back (waits for the stream); slots of weight 0 cost nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -189,10 +210,44 @@ impl GroupedMoe {
         }
         let stream = gpu.stream();
         let ids_host = stream.clone_dtoh(ids).map_err(|e| err(format!("copying expert ids to the host: {e:?}")))?;
-        let g = group_by_expert(&ids_host[..pairs], n_used, n_expert).map_err(|m| err(format!("grouped MoE ({}): {m}", gate.name)))?;
+        let wts_host = stream.clone_dtoh(wts).map_err(|e| err(format!("copying routing weights to the host: {e:?}")))?;
+        if ids_host.len() < pairs || wts_host.len() < pairs {
+            return Err(err(format!("grouped MoE: {} ids / {} weights for {t} tokens × {n_used} experts", ids_host.len(), wts_host.len())));
+        }
+        let g = group_by_expert(&ids_host[..pairs], Some(&wts_host[..pairs]), n_used, n_expert).map_err(|m| err(format!("grouped MoE ({}): {m}", gate.name)))?;
+        let kept = g.kept();
+        stream
+            .memcpy_htod(&g.row_of_slot, &mut s.row_of_slot.slice_mut(..pairs))
+            .map_err(|e| err(format!("copying the expert groups to the GPU: {e:?}")))?;
+        if kept < pairs {
+            // The dropped slots' row: weight 0 times a row of zeros (not whatever was there).
+            stream.memset_zeros(&mut s.rows.slice_mut(kept * e..(kept + 1) * e)).map_err(|e| err(format!("zeroing the grouped MoE's empty row: {e:?}")))?;
+        }
+        if kept > 0 {
+            self.experts(gpu, kernels, (gate, up, down), s, h, &g, t, n_expert)?;
+        }
+        moe_combine::moe_combine(kernels.get(self.combine)?, &s.rows.slice(..pairs * e), &s.row_of_slot.slice(..pairs), wts, out, t, n_used, e)?;
+        Ok(())
+    }
+
+    /// The expert FFNs of the `g.kept()` grouped rows, written over the first rows of `s.rows`.
+    #[allow(clippy::too_many_arguments)]
+    fn experts(
+        &self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        (gate, up, down): (&DeviceTensor, &DeviceTensor, &DeviceTensor),
+        s: &mut GroupedScratch,
+        h: &CudaView<'_, f32>,
+        g: &ExpertGroups,
+        t: usize,
+        n_expert: usize,
+    ) -> Result<()> {
+        // pairs: the kept (token, expert) pairs, one grouped row each.
+        let (e, nf, pairs) = (gate.k, down.k, g.kept());
+        let stream = gpu.stream();
         stream
             .memcpy_htod(&g.token_of_row, &mut s.token_of_row.slice_mut(..pairs))
-            .and_then(|_| stream.memcpy_htod(&g.row_of_slot, &mut s.row_of_slot.slice_mut(..pairs)))
             .map_err(|e| err(format!("copying the expert groups to the GPU: {e:?}")))?;
         // The h rows as an f32 "embedding table" of t rows, gathered per (expert, token) row.
         // SAFETY: f32 → its 4 bytes each; the view covers exactly h's t·n_embd floats.
@@ -211,9 +266,8 @@ impl GroupedMoe {
         swiglu::swiglu(kernels.get(self.glu)?, &s.gate.slice(..pairs * nf), &s.up.slice(..pairs * nf), &mut s.act.slice_mut(..pairs * nf), pairs, nf, GluLayout::separate(nf))?;
         // The gathered rows are spent: the down outputs go there.
         let a = s.act.slice(..pairs * nf);
-        named(matmul::matmul_grouped(dk, &experts(down, n_expert), &a, &mut s.rows.slice_mut(..pairs * e), &offsets, nf, e, nf, e), down)?;
-        moe_combine::moe_combine(kernels.get(self.combine)?, &s.rows.slice(..pairs * e), &s.row_of_slot.slice(..pairs), wts, out, t, n_used, e)?;
-        Ok(())
+        named(matmul::matmul_grouped(dk, &experts(down, n_expert), &a, &mut s.rows.slice_mut(..pairs * e), &offsets, nf, e, nf, e), down)
+
     }
 }
 
@@ -232,7 +286,7 @@ mod tests {
     /// Every (token, slot) lands on a row of its expert holding its token; rows of an expert are
     /// in token order; every row is used once.
     fn check(ids: &[i32], n_used: usize, n_expert: usize, what: &str) {
-        let g = group_by_expert(ids, n_used, n_expert).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let g = group_by_expert(ids, None, n_used, n_expert).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(g.offsets.len(), n_expert + 1, "{what}");
         assert_eq!(*g.offsets.last().unwrap(), ids.len(), "{what}");
         let mut seen = vec![false; ids.len()];
@@ -256,7 +310,7 @@ mod tests {
         // 3 tokens, 2 slots, 4 experts: expert 1 gets tokens 0, 2; expert 3 tokens 0, 1, 2;
         // expert 2 token 1; expert 0 none.
         let ids = [3, 1, 2, 3, 1, 3];
-        let g = group_by_expert(&ids, 2, 4).unwrap();
+        let g = group_by_expert(&ids, None, 2, 4).unwrap();
         assert_eq!(g.offsets, vec![0, 0, 2, 3, 6]);
         assert_eq!(g.token_of_row, vec![0, 2, 1, 0, 1, 2]);
         assert_eq!(g.row_of_slot, vec![3, 0, 2, 4, 1, 5]);
@@ -287,6 +341,29 @@ mod tests {
         check(&vec![5; 130], 1, 64, "all on expert 5");
     }
 
+    /// Zero-weight slots (a rank's foreign experts) get no row and point at the zero row after
+    /// the kept ones; the kept slots group as if the others were absent.
+    #[test]
+    fn zero_weight_slots_get_no_row() {
+        // 3 tokens, 2 slots, 4 experts; slots 1 and 4 (experts 1 and 1) weigh 0.
+        let ids = [3, 1, 2, 3, 1, 3];
+        let wts = [0.5, 0.0, 1.0, 0.25, 0.0, 2.0];
+        let g = group_by_expert(&ids, Some(&wts), 2, 4).unwrap();
+        assert_eq!(g.kept(), 4);
+        assert_eq!(g.offsets, vec![0, 0, 0, 1, 4]);
+        assert_eq!(g.token_of_row, vec![1, 0, 1, 2]);
+        assert_eq!(g.row_of_slot, vec![1, 4, 0, 2, 4, 3]);
+        // All dropped: no rows, every slot on row 0 (the zero row).
+        let g = group_by_expert(&ids, Some(&[0.0; 6]), 2, 4).unwrap();
+        assert_eq!((g.kept(), g.token_of_row.len()), (0, 0));
+        assert!(g.row_of_slot.iter().all(|&r| r == 0));
+        // Without weights, or with none zero, nothing is dropped.
+        let ones = [1.0; 6];
+        assert_eq!(group_by_expert(&ids, Some(&ones), 2, 4).unwrap(), group_by_expert(&ids, None, 2, 4).unwrap());
+        let e = group_by_expert(&ids, Some(&ones[..5]), 2, 4).unwrap_err();
+        assert!(e.contains("5 routing weights for 6"), "{e}");
+    }
+
     #[test]
     fn threshold_needs_tokens_and_tokens_per_expert() {
         // OLMoE 8 of 64: 4 tokens per expert from 32 tokens; GLM-5 8 of 256: from 128.
@@ -298,10 +375,10 @@ mod tests {
 
     #[test]
     fn bad_ids_are_errors_naming_the_slot() {
-        let e = group_by_expert(&[0, 1, -1, 2], 2, 4).unwrap_err();
+        let e = group_by_expert(&[0, 1, -1, 2], None, 2, 4).unwrap_err();
         assert!(e.contains("token 1 slot 0") && e.contains("-1"), "{e}");
-        let e = group_by_expert(&[0, 4], 2, 4).unwrap_err();
+        let e = group_by_expert(&[0, 4], None, 2, 4).unwrap_err();
         assert!(e.contains("token 0 slot 1") && e.contains("[0, 4)"), "{e}");
-        assert!(group_by_expert(&[0, 1, 2], 2, 4).is_err());
+        assert!(group_by_expert(&[0, 1, 2], None, 2, 4).is_err());
     }
 }
