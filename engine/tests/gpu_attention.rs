@@ -430,7 +430,8 @@ fn mla_kernels(gpu: &Gpu, cache_t: &'static str) -> Vec<Kernel> {
 
 /// Runs the kernels for `t_kv` rows (query position t_kv − 1, cache of t_kv + 5 rows) with
 /// `n_head` heads; compares o_lat with the reference attention over the latent rows (MQA, the
-/// absorbed core of §6.3). Returns (q, rounded cache values, o_lat from the last kernel).
+/// absorbed core of §6.3). Returns (q, rounded cache values, o_lat from the last kernel run;
+/// empty when `MEMRA_TEST_SHARD` left this process no case).
 fn check_mla<C: HostCache>(
     gpu: &Gpu,
     kernels: &[Kernel],
@@ -543,6 +544,10 @@ fn gpu_mla_decode_matches_the_absorbed_mla_oracle() {
     }
     let (_, cache, o_lat) =
         check_mla::<u16>(&gpu, &kernels, d.n_head, t_kv, Some(&q_abs), &mut rng);
+    if o_lat.is_empty() {
+        println!("MEMRA_TEST_SHARD: this shard ran no kernel case; the oracle comparison is another's");
+        return;
+    }
     let row = d.kv_lora + d.rope;
     let c: Vec<f32> = (0..t_kv)
         .flat_map(|r| cache[r * row..][..d.kv_lora].iter().copied())
