@@ -1,0 +1,145 @@
+//! `scripts/gpu-sanitize`'s bookkeeping, on a machine without a GPU: the script runs in a scratch
+//! copy of the repo against a fake `compute-sanitizer` (first on PATH: it runs the target, then
+//! writes the log and exit code a case asks for) and a fake test executable in `.gpu/tests`
+//! (lists two tests, echoes its arguments and `MEMRA_TEST_SHARD`, passes or fails on request).
+//! Checked: `--shards` deals a test whose name holds digits into exactly N processes; CUDA API
+//! return codes raised inside libnccl are set apart and not counted; a memory-access report
+//! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
+//! fails; a test that made no CUDA call says NOTHING CHECKED.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FAKE_SANITIZER: &str = r#"#!/usr/bin/env bash
+if [ "$1" = --version ]; then echo "Version 0.0 (fake)"; exit 0; fi
+while [ "$1" != --log-file ]; do shift; done
+log=$2; shift 2
+"$@"; rc=$?
+if [ -n "${FAKE_LOG:-}" ]; then cp "$FAKE_LOG" "$log"; else echo "========= ERROR SUMMARY: 0 errors" > "$log"; fi
+exit "${FAKE_EXIT:-$rc}"
+"#;
+
+const FAKE_TESTS: &str = r#"#!/usr/bin/env bash
+if [ "$1" = --list ]; then printf 'gpu_alpha: test\ngpu_f32_beta9: test\n'; exit 0; fi
+echo "args: $* shard=${MEMRA_TEST_SHARD:-none}"
+if [ -n "${FAKE_TEST_FAIL:-}" ]; then echo "test result: FAILED. 0 passed; 1 failed"; exit 101; fi
+echo "test result: ok. 1 passed; 0 failed"
+"#;
+
+const NCCL_CODES: &str = "========= COMPUTE-SANITIZER
+========= Program hit cudaErrorPeerAccessAlreadyEnabled (error 704) due to \"peer access is already enabled\" on CUDA API call to cudaGetLastError.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame:  [0x4cb045] in libcuda.so.1
+=========         Host Frame:  [0x1babc0] in libnccl.so.2
+========= 
+========= Program hit cudaErrorNoKernelImageForDevice (error 209) due to \"no kernel image is available for execution on the device\" on CUDA API call to cudaFuncGetAttributes.
+=========         Host Frame:  [0x4cb045] in libcuda.so.1
+=========         Host Frame:  [0x71065] in libnccl.so.2
+========= 
+========= ERROR SUMMARY: 2 errors
+";
+
+const ACCESS_ERROR: &str = "========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at some_kernel+0x10
+=========         Host Frame:  [0x1babc0] in libnccl.so.2
+========= 
+========= ERROR SUMMARY: 1 error
+";
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write_exe(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn scratch(name: &str) -> Scratch {
+    let root = std::env::temp_dir().join(format!("memra-sanitize-script-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-sanitize");
+    write_exe(&root.join("scripts/gpu-sanitize"), &std::fs::read_to_string(script).unwrap());
+    write_exe(&root.join("bin/compute-sanitizer"), FAKE_SANITIZER);
+    write_exe(&root.join(".gpu/tests/fake"), FAKE_TESTS);
+    Scratch(root)
+}
+
+/// Runs the script in `s` with `args` and the fake's `env`; (exit success, stdout).
+fn run(s: &Scratch, args: &[&str], env: &[(&str, String)]) -> (bool, String) {
+    let path = format!("{}:{}", s.0.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new("bash");
+    cmd.arg(s.0.join("scripts/gpu-sanitize"))
+        .args(["--per-test", "--out"])
+        .arg(s.0.join("out"))
+        .args(args)
+        .env("PATH", path)
+        .env_remove("OUT")
+        .env_remove("CUDA_VISIBLE_DEVICES");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run bash scripts/gpu-sanitize");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    (out.status.success(), text)
+}
+
+fn log_file(s: &Scratch, name: &str, text: &str) -> (&'static str, String) {
+    let p = s.0.join(name);
+    std::fs::write(&p, text).unwrap();
+    ("FAKE_LOG", p.display().to_string())
+}
+
+#[test]
+fn shards_deal_a_digit_named_test_into_exactly_n_processes() {
+    let s = scratch("shards");
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--shards", "gpu_f32_beta9=3"], &[]);
+    assert!(ok, "{out}");
+    for i in 0..3 {
+        let unit = format!("fake__gpu_f32_beta9__{i}of3");
+        assert!(out.contains(&format!("memcheck {unit}: ok")), "{unit} missing:\n{out}");
+        let stdout = std::fs::read_to_string(s.0.join(format!("out/memcheck/{unit}.log.stdout"))).unwrap();
+        assert!(stdout.contains(&format!("shard={i}/3")) && stdout.contains("gpu_f32_beta9 --exact"), "{stdout}");
+    }
+    assert!(out.contains("memcheck fake__gpu_alpha: ok"), "{out}");
+    assert!(out.contains("processes per tool: 4"), "{out}");
+    let unsharded = std::fs::read_to_string(s.0.join("out/memcheck/fake__gpu_alpha.log.stdout")).unwrap();
+    assert!(unsharded.contains("shard=none"), "{unsharded}");
+}
+
+#[test]
+fn nccl_api_return_codes_are_set_apart_and_access_errors_are_not() {
+    let s = scratch("nccl");
+    let nccl = log_file(&s, "nccl.log", NCCL_CODES);
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--exes", "fake"], &[nccl.clone(), ("FAKE_EXIT", "86".into())]);
+    assert!(ok, "{out}");
+    assert!(out.contains("ok (+2 CUDA API return codes raised inside libnccl, not counted)"), "{out}");
+    assert!(out.contains("errors: memcheck 0;"), "{out}");
+
+    let access = log_file(&s, "access.log", ACCESS_ERROR);
+    let (ok, out) = run(&s, &["--tools", "memcheck"], &[access, ("FAKE_EXIT", "86".into())]);
+    assert!(!ok, "a memory-access report must fail the run:\n{out}");
+    assert!(out.contains("fake__gpu_alpha: 1 error(s)") && out.contains("errors: memcheck 2;"), "{out}");
+
+    // NCCL codes alone do not hide a failing test behind the sanitizer's exit code.
+    let (ok, out) = run(&s, &["--tools", "memcheck"], &[nccl, ("FAKE_EXIT", "86".into()), ("FAKE_TEST_FAIL", "1".into())]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("fake__gpu_alpha: TEST FAILED") && out.contains("test failures: 2"), "{out}");
+}
+
+#[test]
+fn a_test_without_a_cuda_call_says_nothing_was_checked() {
+    let s = scratch("skip");
+    let skipped = log_file(&s, "skip.log", "========= Target application terminated before first instrumented API call\n");
+    let (ok, out) = run(&s, &["--tools", "racecheck"], &[skipped]);
+    assert!(ok, "{out}");
+    assert!(out.contains("racecheck fake__gpu_alpha: NOTHING CHECKED"), "{out}");
+}
