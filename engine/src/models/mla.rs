@@ -29,7 +29,7 @@ use std::time::Instant;
 
 mod attend_batch;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use memra_gguf::TensorInfo;
 use memra_reference::models::mla_model::INDEXER_K_NORM_EPS;
 use memra_reference::models::MlaModelHparams;
@@ -192,6 +192,34 @@ struct HeadStack {
 /// moe_matvec re-reads every head's matrix (on the H200 it was 174 of a 342 ms GLM-5 prefill
 /// of 512 tokens, 4 layers, session 6).
 const HEAD_MATMUL_MIN_TOKENS: usize = 16;
+
+impl HeadStack {
+    /// `y[s] = w[h]·x[s]` for the `t·n_head` rows `s = token·n_head + h` (`ids[s] = h`): `x`
+    /// rows of `ldx` floats (the first `k` read), `y` rows of `ldy` (the first `n` written).
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        kernels: &Kernels,
+        ids: &CudaView<'_, i32>,
+        x: &CudaView<'_, f32>,
+        y: &mut CudaViewMut<'_, f32>,
+        t: usize,
+        n_head: usize,
+        (k, n): (usize, usize),
+        (ldx, ldy): (usize, usize),
+    ) -> Result<()> {
+        let w = self.w.data.slice(..);
+        let done = match self.prefill.filter(|_| t >= HEAD_MATMUL_MIN_TOKENS) {
+            Some(mm) => matmul::matmul_batched(kernels.get(mm)?, &w, x, y, n_head, t, k, n, (n_head * ldx, ldx), (n_head * ldy, ldy)),
+            None => {
+                let inp = MoeMatvecInputs { w: &w, w_up: None, ids, weights: None, x };
+                let dims = MoeDims { k, n, n_tokens: t * n_head, n_used: 1, n_expert: n_head, ldx, ldy };
+                moe_matvec::moe_matvec(kernels.get(self.kernel)?, &inp, y, dims)
+            }
+        };
+        done.map_err(|e| err(format!("{}: {e}", self.w.name)))
+    }
+}
 
 struct Indexer {
     attn_q_b: Linear,
@@ -927,77 +955,18 @@ impl Net {
                 )?;
             }
             // Absorption: q_abs[s][0..kv_lora) = attn_k_b[h]·q_nope[s] for s = (token, head h).
-            let (wk, ids) = (l.k_b.w.data.slice(..), b.head_ids.slice(..t * nh));
-            let (qv, rows) = (b.q.slice(..t * nh * dq), t * nh);
-            if let Some(mm) = l.k_b.prefill.filter(|_| t >= HEAD_MATMUL_MIN_TOKENS) {
-                let mut qa = b.q_abs.slice_mut(..rows * dk);
-                matmul::matmul_batched(k.get(mm)?, &wk, &qv, &mut qa, nh, t, c.nope, c.kv_lora, (nh * dq, dq), (nh * dk, dk))
-                    .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
-            } else {
-                let inp = MoeMatvecInputs {
-                    w: &wk,
-                    w_up: None,
-                    ids: &ids,
-                    weights: None,
-                    x: &qv,
-                };
-                let dims = MoeDims {
-                    k: c.nope,
-                    n: c.kv_lora,
-                    n_tokens: rows,
-                    n_used: 1,
-                    n_expert: nh,
-                    ldx: dq,
-                    ldy: dk,
-                };
-                moe_matvec::moe_matvec(
-                    k.get(l.k_b.kernel)?,
-                    &inp,
-                    &mut b.q_abs.slice_mut(..rows * dk),
-                    dims,
-                )
-                .map_err(|e| err(format!("{}: {e}", l.k_b.w.name)))?;
-            }
+            let rows = t * nh;
+            let ids = b.head_ids.slice(..rows);
+            let mut qa = b.q_abs.slice_mut(..rows * dk);
+            l.k_b.forward(k, &ids, &b.q.slice(..rows * dq), &mut qa, t, nh, (c.nope, c.kv_lora), (dq, dk))?;
 
             // Every token over the cache rows up to its position, batched (see the module doc).
             self.attend_rows(state, b, il, t, pos0, idx.map(|(_, ic)| ic))?;
 
             // o[s] = attn_v_b[h]·lat[s], then attn_output.
-            let (wv, lat, ids) = (
-                l.v_b.w.data.slice(..),
-                b.lat.slice(..rows * c.kv_lora),
-                b.head_ids.slice(..rows),
-            );
-            if let Some(mm) = l.v_b.prefill.filter(|_| t >= HEAD_MATMUL_MIN_TOKENS) {
-                let (kv, v) = (c.kv_lora, c.v);
-                let mut att = b.att.slice_mut(..rows * v);
-                matmul::matmul_batched(k.get(mm)?, &wv, &lat, &mut att, nh, t, kv, v, (nh * kv, kv), (nh * v, v))
-                    .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
-            } else {
-                let inp = MoeMatvecInputs {
-                    w: &wv,
-                    w_up: None,
-                    ids: &ids,
-                    weights: None,
-                    x: &lat,
-                };
-                let dims = MoeDims {
-                    k: c.kv_lora,
-                    n: c.v,
-                    n_tokens: rows,
-                    n_used: 1,
-                    n_expert: nh,
-                    ldx: c.kv_lora,
-                    ldy: c.v,
-                };
-                moe_matvec::moe_matvec(
-                    k.get(l.v_b.kernel)?,
-                    &inp,
-                    &mut b.att.slice_mut(..rows * c.v),
-                    dims,
-                )
-                .map_err(|e| err(format!("{}: {e}", l.v_b.w.name)))?;
-            }
+            let (kv, v) = (c.kv_lora, c.v);
+            let mut att = b.att.slice_mut(..rows * v);
+            l.v_b.forward(k, &b.head_ids.slice(..rows), &b.lat.slice(..rows * kv), &mut att, t, nh, (kv, v), (kv, v))?;
             l.attn_output
                 .forward(k, &b.att.slice(..rows * c.v), &mut b.o.slice_mut(..te), t)?;
             self.all_reduce(&mut b.o, te)?;
