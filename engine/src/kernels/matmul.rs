@@ -125,28 +125,20 @@ pub fn smem_bytes(ty: GgmlType, t: &MatmulTuning) -> Option<u32> {
     Some(2 * BN * raw_row + 2 * (t.bm + BN) * ld * 2 + 16)
 }
 
+/// The grid of `t` rows (a stack: its largest group) by `n` columns, one z layer per matrix of
+/// the stack (1: one product).
 pub fn launch_config(
     ty: GgmlType,
     tune: &MatmulTuning,
     t: usize,
     n: usize,
-) -> Option<LaunchConfig> {
-    launch_config_grouped(ty, tune, t, n, 1)
-}
-
-/// [`launch_config`] of a grouped launch: `t` the largest group, one z layer per expert.
-pub fn launch_config_grouped(
-    ty: GgmlType,
-    tune: &MatmulTuning,
-    t: usize,
-    n: usize,
-    experts: u32,
+    matrices: u32,
 ) -> Option<LaunchConfig> {
     Some(LaunchConfig {
         grid_dim: (
             checks::grid_dim(n, BN as usize, i32::MAX as u32),
             checks::grid_dim(t, tune.bm as usize, checks::GRID_Y_MAX),
-            experts,
+            matrices,
         ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem_bytes(ty, tune)?,
@@ -204,7 +196,7 @@ fn check_common(kernel: &Kernel, k: usize, n: usize, ldx: usize, ldy: usize, gri
 unsafe fn launch_checked(kernel: &Kernel, ty: GgmlType, tune: &MatmulTuning, args: &mut MatmulArgs<'_>, grid_rows: usize, z: u32) -> Result<(), Error> {
     checks::check_aligned16(kernel, "w", &args.w)?;
     checks::check_aligned16(kernel, "x", &args.x)?;
-    let cfg = launch_config_grouped(ty, tune, grid_rows, args.n as usize, z).expect("qtype checked by the caller");
+    let cfg = launch_config(ty, tune, grid_rows, args.n as usize, z).expect("qtype checked by the caller");
     allow_smem(kernel, cfg.shared_mem_bytes)?;
     // SAFETY: the caller's contract, plus the grid covering n (128 per block) × grid_rows (BM
     // per block) × z and the dynamic shared memory matching MatmulGeometry (the kernel traps if

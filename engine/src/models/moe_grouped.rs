@@ -267,7 +267,6 @@ impl GroupedMoe {
         // The gathered rows are spent: the down outputs go there.
         let a = s.act.slice(..pairs * nf);
         named(matmul::matmul_grouped(dk, &experts(down, n_expert), &a, &mut s.rows.slice_mut(..pairs * e), &offsets, nf, e, nf, e), down)
-
     }
 }
 
