@@ -400,24 +400,16 @@ impl ShardedMla {
         collect_replies(&self.replies, ranks, reply_timeout()).map_err(|m| self.fail(m))
     }
 
-    /// Every rank's `()` result; the first failure names its rank.
-    fn all_units(&mut self, cmd: impl Fn() -> Cmd, what: &str) -> Result<()> {
+    /// Every rank's `()` result; the first failure names its rank ([`collect_replies`] returns
+    /// it, so what reaches the check here is a unit or a reply of the wrong kind).
+    fn all_units(&self, cmd: impl Fn() -> Cmd, what: &str) -> Result<()> {
         let replies = self
             .ask(0..self.workers.len(), cmd)
             .map_err(|e| err(format!("{what}: {e}")))?;
-        let errors: Vec<String> = replies
-            .into_iter()
-            .enumerate()
-            .filter_map(|(r, rep)| match rep {
-                Reply::Unit(Ok(())) => None,
-                Reply::Unit(Err(e)) => Some(format!("rank {r}: {e}")),
-                _ => Some(format!("rank {r}: unexpected reply")),
-            })
-            .collect();
-        if errors.is_empty() {
-            return Ok(());
+        match replies.iter().position(|r| !matches!(r, Reply::Unit(Ok(())))) {
+            None => Ok(()),
+            Some(r) => Err(self.fail(format!("{what}: rank {r}: unexpected reply"))),
         }
-        Err(self.fail(format!("{what}: {}", errors.join("; "))))
     }
 
     /// Random cache rows on every rank (the same on all) and `len` positions counted as cached.
@@ -478,18 +470,7 @@ impl GpuModel for ShardedMla {
     }
 
     fn sync(&self) -> Result<()> {
-        for (r, rep) in self
-            .ask(0..self.workers.len(), || Cmd::Sync)?
-            .into_iter()
-            .enumerate()
-        {
-            match rep {
-                Reply::Unit(Ok(())) => {}
-                Reply::Unit(Err(e)) => return Err(err(format!("rank {r}: {e}"))),
-                _ => return Err(err(format!("rank {r}: unexpected reply"))),
-            }
-        }
-        Ok(())
+        self.all_units(|| Cmd::Sync, "sync")
     }
 
     fn len(&self) -> usize {
