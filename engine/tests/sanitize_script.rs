@@ -5,7 +5,8 @@
 //! Checked: `--shards` deals a test whose name holds digits into exactly N processes; CUDA API
 //! return codes raised inside libnccl are set apart and not counted; a memory-access report
 //! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
-//! fails; a test that made no CUDA call says NOTHING CHECKED.
+//! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
+//! past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +23,8 @@ exit "${FAKE_EXIT:-$rc}"
 const FAKE_TESTS: &str = r#"#!/usr/bin/env bash
 if [ "$1" = --list ]; then printf 'gpu_alpha: test\ngpu_f32_beta9: test\n'; exit 0; fi
 echo "args: $* shard=${MEMRA_TEST_SHARD:-none}"
+# Killed once, like the host's OOM killer would: the marker file says it already happened.
+if [ -n "${FAKE_KILL_ONCE:-}" ] && [ ! -e "$FAKE_KILL_ONCE" ]; then : > "$FAKE_KILL_ONCE"; kill -9 $$; fi
 if [ -n "${FAKE_TEST_FAIL:-}" ]; then echo "test result: FAILED. 0 passed; 1 failed"; exit 101; fi
 echo "test result: ok. 1 passed; 0 failed"
 "#;
@@ -142,4 +145,38 @@ fn a_test_without_a_cuda_call_says_nothing_was_checked() {
     let (ok, out) = run(&s, &["--tools", "racecheck"], &[skipped]);
     assert!(ok, "{out}");
     assert!(out.contains("racecheck fake__gpu_alpha: NOTHING CHECKED"), "{out}");
+}
+
+#[test]
+fn only_runs_the_named_tests() {
+    let s = scratch("only");
+    let (ok, out) = run(&s, &["--tools", "synccheck", "--only", "gpu_f32_beta9"], &[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("synccheck fake__gpu_f32_beta9: ok") && !out.contains("gpu_alpha"), "{out}");
+    assert!(out.contains("processes per tool: 1"), "{out}");
+}
+
+#[test]
+fn past_the_deadline_nothing_starts_and_the_run_fails() {
+    let s = scratch("deadline");
+    let (ok, out) = run(&s, &["--tools", "initcheck", "--jobs", "2", "--deadline", "1"], &[]);
+    assert!(!ok, "units that never ran must fail the run:\n{out}");
+    assert!(out.contains("initcheck fake__gpu_alpha: NOT STARTED (deadline)"), "{out}");
+    assert!(out.contains("test failures: 2"), "{out}");
+    assert!(!s.0.join("out/initcheck/fake__gpu_alpha.log.stdout").exists(), "a unit past the deadline ran");
+}
+
+#[test]
+fn a_unit_killed_by_sigkill_runs_again_once() {
+    let s = scratch("retry");
+    let marker = ("FAKE_KILL_ONCE", s.0.join("killed-once").display().to_string());
+    // Without the option the kill is a failure.
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], &[marker.clone()]);
+    assert!(!ok && out.contains("fake__gpu_alpha: TEST FAILED (rc=137"), "{out}");
+    std::fs::remove_file(s.0.join("killed-once")).unwrap();
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--jobs", "2", "--retry-killed"], &[marker]);
+    assert!(ok, "{out}");
+    assert!(out.contains("1 unit(s) were killed (SIGKILL); running them again with 1 job(s)"), "{out}");
+    let summary = std::fs::read_to_string(s.0.join("out/summary.txt")).unwrap();
+    assert!(summary.contains("memcheck fake__gpu_alpha: ok") && summary.contains("test failures: 0"), "{summary}");
 }
