@@ -6,13 +6,15 @@
 //! return codes raised inside libnccl are set apart and not counted; a memory-access report
 //! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
 //! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
-//! past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again.
+//! past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again;
+//! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const FAKE_SANITIZER: &str = r#"#!/usr/bin/env bash
 if [ "$1" = --version ]; then echo "Version 0.0 (fake)"; exit 0; fi
+[ -z "${FAKE_ARGS:-}" ] || echo "$*" >> "$FAKE_ARGS"
 while [ "$1" != --log-file ]; do shift; done
 log=$2; shift 2
 "$@"; rc=$?
@@ -179,4 +181,26 @@ fn a_unit_killed_by_sigkill_runs_again_once() {
     assert!(out.contains("1 unit(s) were killed (SIGKILL); running them again with 1 job(s)"), "{out}");
     let summary = std::fs::read_to_string(s.0.join("out/summary.txt")).unwrap();
     assert!(summary.contains("memcheck fake__gpu_alpha: ok") && summary.contains("test failures: 0"), "{summary}");
+}
+
+#[test]
+fn racecheck_gets_a_share_of_the_cores_as_workers() {
+    let s = scratch("workers");
+    let args = s.0.join("args.txt");
+    let env = [("FAKE_ARGS", args.display().to_string())];
+    let (ok, out) = run(&s, &["--tools", "racecheck,memcheck", "--jobs", "2", "--only", "gpu_alpha"], &env);
+    assert!(ok, "{out}");
+    let cores: usize = String::from_utf8(Command::new("nproc").output().unwrap().stdout).unwrap().trim().parse().unwrap();
+    let text = std::fs::read_to_string(&args).unwrap();
+    let race: Vec<&str> = text.lines().filter(|l| l.contains("--tool racecheck")).collect();
+    let mem: Vec<&str> = text.lines().filter(|l| l.contains("--tool memcheck")).collect();
+    assert_eq!((race.len(), mem.len()), (1, 1), "{text}");
+    assert!(race[0].contains(&format!("--racecheck-num-workers {}", (cores / 2).max(1))), "{text}");
+    assert!(!mem[0].contains("racecheck-num-workers"), "{text}");
+
+    std::fs::remove_file(&args).unwrap();
+    let (ok, out) = run(&s, &["--tools", "racecheck", "--racecheck-workers", "3", "--only", "gpu_alpha"], &env);
+    assert!(ok, "{out}");
+    let text = std::fs::read_to_string(&args).unwrap();
+    assert!(text.contains("--racecheck-num-workers 3 "), "{text}");
 }
