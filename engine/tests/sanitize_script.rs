@@ -7,7 +7,8 @@
 //! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
 //! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
 //! past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again;
-//! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`).
+//! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); and
+//! `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -203,4 +204,54 @@ fn racecheck_gets_a_share_of_the_cores_as_workers() {
     assert!(ok, "{out}");
     let text = std::fs::read_to_string(&args).unwrap();
     assert!(text.contains("--racecheck-num-workers 3 "), "{text}");
+}
+
+/// `scripts/sanitize-verdict` on its own (python3): a pair is clean when an accepted build ran it
+/// whole or in every shard of one split; `SHA:EXE` accepts a build for that executable only; an
+/// error count at an accepted build fails the verdict.
+#[test]
+fn the_verdict_combines_runs_only_where_accepted() {
+    let s = scratch("verdict");
+    let units = s.0.join("units.txt");
+    std::fs::write(&units, "# suite\nexa t1\nexb t2\n").unwrap();
+    let old = s.0.join("old.txt");
+    let mut text = String::from("# build: aaaaaaa\n");
+    for tool in ["memcheck", "racecheck", "initcheck", "synccheck"] {
+        text += &format!("{tool} exa__t1: ok; test result: ok. 1 passed; 0 failed; 3s\n");
+        text += &format!("{tool} exb__t2: ok; test result: ok. 1 passed; 0 failed; 3s\n");
+    }
+    std::fs::write(&old, text).unwrap();
+    let new = s.0.join("new.txt");
+    let mut text = String::from("# build: bbbbbbbcafe\n");
+    for tool in ["memcheck", "initcheck", "synccheck"] {
+        text += &format!("{tool} exb__t2: ok; 2s\n");
+    }
+    text += "racecheck exb__t2__0of2: ok; 9s\n";
+    std::fs::write(&new, &text).unwrap();
+    let verdict = |at: &[&str], files: &[&Path]| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sanitize-verdict")).arg("--units").arg(&units);
+        for a in at {
+            cmd.args(["--at", a]);
+        }
+        let out = cmd.args(files).output().expect("python3 scripts/sanitize-verdict");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        println!("{text}");
+        (out.status.success(), text)
+    };
+    // exa's passes at the old build count for exa; exb's racecheck has one shard of two.
+    let (ok, out) = verdict(&["bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
+    assert!(!ok && out.contains("not clean at the accepted builds: 1") && out.contains("racecheck exb t2"), "{out}");
+    assert!(out.contains("clean at bbbbbbb: 3") && out.contains("clean at aaaaaaa (exa): 4"), "{out}");
+    // The second shard completes the split.
+    std::fs::write(&new, text.clone() + "racecheck exb__t2__1of2: ok; 9s\n").unwrap();
+    let (ok, out) = verdict(&["bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
+    assert!(ok && out.contains("sanitize-verdict: CLEAN"), "{out}");
+    // Without the old build, exa was never run.
+    let (ok, out) = verdict(&["bbbbbbb"], &[&old, &new]);
+    assert!(!ok && out.contains("memcheck exa t1 (never run)"), "{out}");
+    // An error count at an accepted build fails even where another line passed.
+    std::fs::write(&new, text + "racecheck exb__t2__1of2: ok; 9s\nmemcheck exb__t2: 2 error(s); 5s\n").unwrap();
+    let (ok, out) = verdict(&["bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
+    assert!(!ok && out.contains("lines reporting errors at an accepted build: 1"), "{out}");
 }
