@@ -576,13 +576,15 @@ fn launch_grids(
     first.expect("three launches ran")
 }
 
-fn run_shapes(test: &str, shapes: &[MoeShape]) {
+/// Every shape's experts, specialized and generic kernels (the integer path with `xq8`), 1, 3
+/// and 8 tokens, each one case of `MEMRA_TEST_SHARD`.
+fn run_shapes(test: &str, shapes: &[MoeShape], xq8: bool) {
     let gpu = gpu();
     let mut rng = Rng::from_env_or_time(test);
     for sh in shapes {
         let ex = Experts::new(gpu.stream(), sh, &mut rng);
         for spec in [true, false] {
-            let ks = kernels(&gpu, sh, spec, false);
+            let ks = kernels(&gpu, sh, spec, xq8);
             for t in [1, 3, 8] {
                 if shard::mine() {
                     check_moe(&gpu, &ks, sh, &ex, t, &mut rng);
@@ -590,9 +592,15 @@ fn run_shapes(test: &str, shapes: &[MoeShape]) {
             }
         }
     }
-    println!(
-        "VERDICT {test}: plain, swiglu and down match memra-reference (<= {F32_TOL:e}), unselected experts unread"
-    );
+    if xq8 {
+        println!(
+            "VERDICT {test}: xq8 plain, swiglu, geglu and down match memra_reference::q8 (<= {F32_TOL:e}), unselected experts unread"
+        );
+    } else {
+        println!(
+            "VERDICT {test}: plain, swiglu and down match memra-reference (<= {F32_TOL:e}), unselected experts unread"
+        );
+    }
 }
 
 #[test]
@@ -609,6 +617,7 @@ fn gpu_moe_matvec_olmoe_matches_reference() {
     run_shapes(
         "gpu_moe_matvec_olmoe_matches_reference",
         &[olmoe(GgmlType::Q4_K), olmoe(GgmlType::Q8_0)],
+        false,
     );
 }
 
@@ -623,7 +632,7 @@ fn gpu_moe_matvec_glm5_matches_reference() {
         n_used: 8,
         ty: GgmlType::Q4_K,
     };
-    run_shapes("gpu_moe_matvec_glm5_matches_reference", &[glm5]);
+    run_shapes("gpu_moe_matvec_glm5_matches_reference", &[glm5], false);
 }
 
 /// Argument checks answer errors, not panics: wrong dims for a specialized variant, too few
@@ -840,9 +849,6 @@ fn quantize_rows_q8(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_moe_matvec_xq8_matches_q8_reference() {
-    let test = "gpu_moe_matvec_xq8_matches_q8_reference";
-    let gpu = gpu();
-    let mut rng = Rng::from_env_or_time(test);
     let shapes = [
         // GLM-5 routed experts (the issue #4 case), OLMoE in Q8_0, a Q6_K / Q5_0 / IQ4_XS set.
         MoeShape {
@@ -894,20 +900,7 @@ fn gpu_moe_matvec_xq8_matches_q8_reference() {
             ty: GgmlType::Q4_0,
         },
     ];
-    for sh in &shapes {
-        let ex = Experts::new(gpu.stream(), sh, &mut rng);
-        for spec in [true, false] {
-            let ks = kernels(&gpu, sh, spec, true);
-            for t in [1, 3, 8] {
-                if shard::mine() {
-                    check_moe(&gpu, &ks, sh, &ex, t, &mut rng);
-                }
-            }
-        }
-    }
-    println!(
-        "VERDICT {test}: xq8 plain, swiglu, geglu and down match memra_reference::q8 (<= {F32_TOL:e}), unselected experts unread"
-    );
+    run_shapes("gpu_moe_matvec_xq8_matches_q8_reference", &shapes, true);
 }
 
 // ------------------------------------------------------------------------------------------
