@@ -206,6 +206,26 @@ fn racecheck_gets_a_share_of_the_cores_as_workers() {
     assert!(text.contains("--racecheck-num-workers 3 "), "{text}");
 }
 
+/// Past --print-limit the sanitizer adds "ERROR SUMMARY: M errors were not printed": the count is
+/// the first line's N, not N + M (session 9's NCCL initcheck log read 49,092 for 24,646). Only
+/// initcheck leaves NCCL's own kernels out, by name.
+#[test]
+fn errors_past_the_print_limit_count_once_and_only_initcheck_skips_nccl_kernels() {
+    let s = scratch("printlimit");
+    let many = log_file(&s, "many.log", "========= ERROR SUMMARY: 300 errors\n========= ERROR SUMMARY: 100 errors were not printed. Use --print-limit option to adjust the number of printed errors\n");
+    let args = s.0.join("args.txt");
+    let env = [many, ("FAKE_EXIT", "86".into()), ("FAKE_ARGS", args.display().to_string())];
+    let (ok, out) = run(&s, &["--tools", "initcheck,synccheck", "--only", "gpu_alpha"], &env);
+    assert!(!ok, "{out}");
+    assert!(out.contains("initcheck fake__gpu_alpha: 300 error(s)") && out.contains("synccheck fake__gpu_alpha: 300 error(s)"), "{out}");
+    let text = std::fs::read_to_string(&args).unwrap();
+    let init: Vec<&str> = text.lines().filter(|l| l.contains("--tool initcheck")).collect();
+    let sync: Vec<&str> = text.lines().filter(|l| l.contains("--tool synccheck")).collect();
+    assert_eq!((init.len(), sync.len()), (1, 1), "{text}");
+    assert!(init[0].contains("--kernel-name-exclude kns=ncclDevKernel "), "{text}");
+    assert!(!sync[0].contains("kernel-name-exclude"), "{text}");
+}
+
 /// `scripts/sanitize-verdict` on its own (python3): a pair is clean when an accepted build ran it
 /// whole or in every shard of one split; `SHA:EXE` accepts a build for that executable only; an
 /// error count at an accepted build fails the verdict.
