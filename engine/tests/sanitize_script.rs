@@ -208,9 +208,9 @@ fn racecheck_gets_a_share_of_the_cores_as_workers() {
 
 /// Past --print-limit the sanitizer adds "ERROR SUMMARY: M errors were not printed": the count is
 /// the first line's N, not N + M (session 9's NCCL initcheck log read 49,092 for 24,646). Only
-/// initcheck leaves NCCL's own kernels out, by name.
+/// initcheck and synccheck leave NCCL's own kernels out, by name.
 #[test]
-fn errors_past_the_print_limit_count_once_and_only_initcheck_skips_nccl_kernels() {
+fn errors_past_the_print_limit_count_once_and_nccl_kernels_are_left_out_of_initcheck_and_synccheck() {
     let s = scratch("printlimit");
     let many = log_file(&s, "many.log", "========= ERROR SUMMARY: 300 errors\n========= ERROR SUMMARY: 100 errors were not printed. Use --print-limit option to adjust the number of printed errors\n");
     let args = s.0.join("args.txt");
@@ -223,7 +223,14 @@ fn errors_past_the_print_limit_count_once_and_only_initcheck_skips_nccl_kernels(
     let sync: Vec<&str> = text.lines().filter(|l| l.contains("--tool synccheck")).collect();
     assert_eq!((init.len(), sync.len()), (1, 1), "{text}");
     assert!(init[0].contains("--kernel-name-exclude kns=ncclDevKernel "), "{text}");
-    assert!(!sync[0].contains("kernel-name-exclude"), "{text}");
+    assert!(sync[0].contains("--kernel-name-exclude kns=ncclDevKernel "), "{text}");
+
+    std::fs::remove_file(&args).unwrap();
+    let (ok, out) = run(&s, &["--tools", "memcheck,racecheck", "--only", "gpu_alpha"], &env[2..]);
+    assert!(ok, "{out}");
+    let text = std::fs::read_to_string(&args).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(!text.contains("kernel-name-exclude"), "memcheck and racecheck check NCCL's kernels too:\n{text}");
 }
 
 /// `scripts/sanitize-verdict` on its own (python3): a pair is clean when an accepted build ran it
