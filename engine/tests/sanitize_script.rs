@@ -25,7 +25,7 @@ exit "${FAKE_EXIT:-$rc}"
 
 const FAKE_TESTS: &str = r#"#!/usr/bin/env bash
 if [ "$1" = --list ]; then printf 'gpu_alpha: test\ngpu_f32_beta9: test\n'; exit 0; fi
-echo "args: $* shard=${MEMRA_TEST_SHARD:-none}"
+echo "args: $* shard=${MEMRA_TEST_SHARD:-none} sanitizer=${MEMRA_SANITIZER:-none}"
 # Killed once, like the host's OOM killer would: the marker file says it already happened.
 if [ -n "${FAKE_KILL_ONCE:-}" ] && [ ! -e "$FAKE_KILL_ONCE" ]; then : > "$FAKE_KILL_ONCE"; kill -9 $$; fi
 if [ -n "${FAKE_TEST_FAIL:-}" ]; then echo "test result: FAILED. 0 passed; 1 failed"; exit 101; fi
@@ -114,6 +114,7 @@ fn shards_deal_a_digit_named_test_into_exactly_n_processes() {
         assert!(out.contains(&format!("memcheck {unit}: ok")), "{unit} missing:\n{out}");
         let stdout = std::fs::read_to_string(s.0.join(format!("out/memcheck/{unit}.log.stdout"))).unwrap();
         assert!(stdout.contains(&format!("shard={i}/3")) && stdout.contains("gpu_f32_beta9 --exact"), "{stdout}");
+        assert!(stdout.contains("sanitizer=memcheck"), "the tests are told which tool runs them:\n{stdout}");
     }
     assert!(out.contains("memcheck fake__gpu_alpha: ok"), "{out}");
     assert!(out.contains("processes per tool: 4"), "{out}");
