@@ -120,6 +120,12 @@ fn shards_deal_a_digit_named_test_into_exactly_n_processes() {
     assert!(out.contains("processes per tool: 4"), "{out}");
     let unsharded = std::fs::read_to_string(s.0.join("out/memcheck/fake__gpu_alpha.log.stdout")).unwrap();
     assert!(unsharded.contains("shard=none"), "{unsharded}");
+
+    // N:i+j picks shards: here 0 and 2 of 3.
+    let (ok, out) = run(&s, &["--tools", "synccheck", "--shards", "gpu_f32_beta9=3:0+2", "--only", "gpu_f32_beta9"], &[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("fake__gpu_f32_beta9__0of3: ok") && out.contains("fake__gpu_f32_beta9__2of3: ok"), "{out}");
+    assert!(!out.contains("1of3") && out.contains("processes per tool: 2"), "{out}");
 }
 
 #[test]
