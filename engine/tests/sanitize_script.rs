@@ -266,7 +266,8 @@ fn the_verdict_combines_runs_only_where_accepted() {
         let mut cmd = Command::new("python3");
         cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sanitize-verdict")).arg("--units").arg(&units);
         for a in at {
-            cmd.args(["--at", a]);
+            // OLD=NEW items are --same, the rest --at.
+            cmd.args([if a.contains('=') { "--same" } else { "--at" }, a]);
         }
         let out = cmd.args(files).output().expect("python3 scripts/sanitize-verdict");
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -288,4 +289,23 @@ fn the_verdict_combines_runs_only_where_accepted() {
     std::fs::write(&new, text + "racecheck exb__t2__1of2: ok; 9s\nmemcheck exb__t2: 2 error(s); 5s\n").unwrap();
     let (ok, out) = verdict(&["bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
     assert!(!ok && out.contains("lines reporting errors at an accepted build: 1"), "{out}");
+
+    // Shards from two builds combine only where --same says their sources are identical.
+    let mut text = String::from("# build: ccccccc\n");
+    for tool in ["memcheck", "initcheck", "synccheck"] {
+        text += &format!("{tool} exb__t2: ok; 2s\n");
+    }
+    text += "racecheck exb__t2__0of2: ok; 9s\n# build: ddddddd\nracecheck exb__t2__1of2: ok; 9s\n";
+    std::fs::write(&new, &text).unwrap();
+    let (ok, out) = verdict(&["ddddddd", "ccccccc", "aaaaaaa:exa"], &[&old, &new]);
+    assert!(!ok && out.contains("racecheck exb t2"), "{out}");
+    let (ok, out) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd:exb"], &[&old, &new]);
+    assert!(ok && out.contains("clean at ddddddd: 4"), "{out}");
+    let (ok, _) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd:exa"], &[&old, &new]);
+    assert!(!ok, "--same for another executable must not combine exb's shards");
+
+    // A test that skipped itself checked nothing: listed, and the verdict is not clean.
+    std::fs::write(&new, text.replace("memcheck exb__t2: ok; 2s", "memcheck exb__t2: NOTHING CHECKED: the test made no CUDA call (skipped itself); 1s")).unwrap();
+    let (ok, out) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd"], &[&old, &new]);
+    assert!(!ok && out.contains("skipped themselves (no CUDA call: a model file or opt-in absent): 1"), "{out}");
 }
