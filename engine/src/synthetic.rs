@@ -204,11 +204,14 @@ impl Description {
     /// The header as a GGUF file: a sparse temporary file of the full size (only the header's
     /// blocks exist on disk), opened and unlinked.
     pub fn open(&self) -> std::result::Result<GgufFile, String> {
+        // One name per call: threads of one process (parallel tests) open their own copies.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let (header, data) = self.header()?;
         let path = std::env::temp_dir().join(format!(
-            "memra-synthetic-{}-{}.gguf",
+            "memra-synthetic-{}-{}-{}.gguf",
             self.preset,
-            std::process::id()
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let write = || -> std::io::Result<()> {
             let f = std::fs::File::create(&path)?;
