@@ -7,8 +7,9 @@
 //! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
 //! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
 //! past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again;
-//! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); and
-//! `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
+//! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); the
+//! memory guard kills a unit over `--max-rss-gb`, or the largest under `--min-free-gb`, and says
+//! so; and `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,6 +29,8 @@ if [ "$1" = --list ]; then printf 'gpu_alpha: test\ngpu_f32_beta9: test\n'; exit
 echo "args: $* shard=${MEMRA_TEST_SHARD:-none} sanitizer=${MEMRA_SANITIZER:-none}"
 # Killed once, like the host's OOM killer would: the marker file says it already happened.
 if [ -n "${FAKE_KILL_ONCE:-}" ] && [ ! -e "$FAKE_KILL_ONCE" ]; then : > "$FAKE_KILL_ONCE"; kill -9 $$; fi
+# Holds FAKE_HOLD_MB of resident memory for up to a minute (a racecheck process that grows).
+if [ -n "${FAKE_HOLD_MB:-}" ]; then python3 -c "import time; x = bytes([1]) * ($FAKE_HOLD_MB << 20); time.sleep(60)"; fi
 if [ -n "${FAKE_TEST_FAIL:-}" ]; then echo "test result: FAILED. 0 passed; 1 failed"; exit 101; fi
 echo "test result: ok. 1 passed; 0 failed"
 "#;
@@ -78,9 +81,18 @@ fn scratch(name: &str) -> Scratch {
     Scratch(root)
 }
 
-/// Runs the script in `s` with `args` and the fake's `env`; (exit success, stdout).
+/// A `/proc/meminfo` stand-in for the memory guard: `total` and `available` in kB.
+fn meminfo(s: &Scratch, total: u64, available: u64) -> (&'static str, String) {
+    let p = s.0.join(format!("meminfo-{total}-{available}"));
+    std::fs::write(&p, format!("MemTotal: {total} kB\nMemFree: 0 kB\nMemAvailable: {available} kB\n")).unwrap();
+    ("MEMRA_SANITIZE_MEMINFO", p.display().to_string())
+}
+
+/// Runs the script in `s` with `args` and the fake's `env`; (exit success, stdout). The memory
+/// guard reads a host with 100 of 100 GB available unless `env` names another meminfo.
 fn run(s: &Scratch, args: &[&str], env: &[(&str, String)]) -> (bool, String) {
     let path = format!("{}:{}", s.0.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let roomy = meminfo(s, 100 << 20, 100 << 20);
     let mut cmd = Command::new("bash");
     cmd.arg(s.0.join("scripts/gpu-sanitize"))
         .args(["--per-test", "--out"])
@@ -88,7 +100,8 @@ fn run(s: &Scratch, args: &[&str], env: &[(&str, String)]) -> (bool, String) {
         .args(args)
         .env("PATH", path)
         .env_remove("OUT")
-        .env_remove("CUDA_VISIBLE_DEVICES");
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env(roomy.0, roomy.1);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -211,6 +224,14 @@ fn racecheck_gets_a_share_of_the_cores_as_workers() {
     assert!(ok, "{out}");
     let text = std::fs::read_to_string(&args).unwrap();
     assert!(text.contains("--racecheck-num-workers 3 "), "{text}");
+
+    // --sanitizer-args reach the tool, word by word, ahead of the log file and the test.
+    std::fs::remove_file(&args).unwrap();
+    let extra = ["--tools", "racecheck", "--only", "gpu_alpha", "--sanitizer-args", "--force-synchronization-limit 1"];
+    let (ok, out) = run(&s, &extra, &env);
+    assert!(ok, "{out}");
+    let text = std::fs::read_to_string(&args).unwrap();
+    assert!(text.contains(" --force-synchronization-limit 1 --log-file "), "{text}");
 }
 
 /// Past --print-limit the sanitizer adds "ERROR SUMMARY: M errors were not printed": the count is
@@ -308,4 +329,36 @@ fn the_verdict_combines_runs_only_where_accepted() {
     std::fs::write(&new, text.replace("memcheck exb__t2: ok; 2s", "memcheck exb__t2: NOTHING CHECKED: the test made no CUDA call (skipped itself); 1s")).unwrap();
     let (ok, out) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd"], &[&old, &new]);
     assert!(!ok && out.contains("skipped themselves (no CUDA call: a model file or opt-in absent): 1"), "{out}");
+}
+
+/// The memory guard: a unit over `--max-rss-gb` is killed (its whole session: the fake test's
+/// python child too) and said to be, the run fails, and `--retry-killed` would run it again;
+/// when the host's available memory is under `--min-free-gb` the largest running unit goes first.
+/// Every unit the guard sampled reports its peak.
+#[test]
+fn the_memory_guard_kills_a_unit_that_grows_and_says_why() {
+    let s = scratch("guard");
+    let hold = ("FAKE_HOLD_MB", "120".to_string());
+    let t0 = std::time::Instant::now();
+    let (ok, out) = run(&s, &["--tools", "racecheck", "--only", "gpu_alpha", "--max-rss-gb", "0.05"], &[hold.clone()]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("racecheck fake__gpu_alpha: KILLED (host memory: held 0.1 GB, over --max-rss-gb 0.05)"), "{out}");
+    assert!(out.contains("; peak host memory 0.1 GB") && out.contains("test failures: 1"), "{out}");
+    assert!(t0.elapsed().as_secs() < 40, "the unit ran its whole minute: {:?}", t0.elapsed());
+    assert!(s.0.join("out/racecheck/fake__gpu_alpha.log.killed").exists(), "a guard kill is a --retry-killed candidate");
+
+    // Under the floor (1 MB of 1 GB available, floor 0.5 GB): both units, the larger first.
+    let low = meminfo(&s, 1 << 20, 1 << 10);
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--jobs", "2", "--min-free-gb", "0.5"], &[low, hold]);
+    assert!(!ok, "{out}");
+    for unit in ["fake__gpu_alpha", "fake__gpu_f32_beta9"] {
+        assert!(out.contains(&format!("memcheck {unit}: KILLED (host memory: held ")), "{unit}:\n{out}");
+    }
+    assert!(out.contains("when the host had 0.0 GB available, under --min-free-gb 0.5"), "{out}");
+
+    // Room to spare: nothing is killed and the default floor is a tenth of the host.
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], &[]);
+    assert!(ok && out.contains("under 10.0 GB available"), "{out}");
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--min-free-gb", "lots"], &[]);
+    assert!(!ok && out.contains("take a number of GB, not 'lots'"), "{out}");
 }
