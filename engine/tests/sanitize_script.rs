@@ -263,7 +263,7 @@ fn errors_past_the_print_limit_count_once_and_nccl_kernels_are_left_out_of_initc
 
 /// `scripts/sanitize-verdict` on its own (python3): a pair is clean when an accepted build ran it
 /// whole or in every shard of one split; `SHA:EXE` accepts a build for that executable only; an
-/// error count at an accepted build fails the verdict.
+/// error count at an accepted build fails the verdict; `--todo` prints what is left to run.
 #[test]
 fn the_verdict_combines_runs_only_where_accepted() {
     let s = scratch("verdict");
@@ -287,8 +287,11 @@ fn the_verdict_combines_runs_only_where_accepted() {
         let mut cmd = Command::new("python3");
         cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sanitize-verdict")).arg("--units").arg(&units);
         for a in at {
-            // OLD=NEW items are --same, the rest --at.
-            cmd.args([if a.contains('=') { "--same" } else { "--at" }, a]);
+            // OLD=NEW items are --same, flags go as they are, the rest are --at.
+            match a {
+                _ if a.starts_with("--") => cmd.arg(a),
+                _ => cmd.args([if a.contains('=') { "--same" } else { "--at" }, a]),
+            };
         }
         let out = cmd.args(files).output().expect("python3 scripts/sanitize-verdict");
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -299,6 +302,13 @@ fn the_verdict_combines_runs_only_where_accepted() {
     let (ok, out) = verdict(&["bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
     assert!(!ok && out.contains("not clean at the accepted builds: 1") && out.contains("racecheck exb t2"), "{out}");
     assert!(out.contains("clean at bbbbbbb: 3") && out.contains("clean at aaaaaaa (exa): 4"), "{out}");
+    // --todo: the missing shard only; without the old build, exa's four tools whole.
+    let (_, out) = verdict(&["--todo", "bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
+    assert!(out.contains("scripts/gpu-sanitize --per-test --tools racecheck --exes exb --only t2 --shards t2=2:1\n"), "{out}");
+    assert_eq!(out.matches("scripts/gpu-sanitize").count(), 1, "{out}");
+    let (_, out) = verdict(&["--todo", "bbbbbbb"], &[&old, &new]);
+    assert!(out.contains("--tools memcheck --exes exa --only t1\n"), "{out}");
+    assert!(out.contains("--tools racecheck --exes exa,exb --only t1,t2 --shards t2=2:1\n"), "{out}");
     // The second shard completes the split.
     std::fs::write(&new, text.clone() + "racecheck exb__t2__1of2: ok; 9s\n").unwrap();
     let (ok, out) = verdict(&["bbbbbbb", "aaaaaaa:exa"], &[&old, &new]);
