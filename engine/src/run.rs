@@ -41,7 +41,8 @@ pub struct RunArgs {
     /// Run the f32 CPU reference forward instead of the GPU (slow; for checking).
     #[arg(long)]
     pub cpu: bool,
-    /// KV-cache size in positions (default: the model's training context).
+    /// Context size in positions: the KV cache on the GPU, the limit on the CPU too (default and
+    /// at most: the model's training context; at least 2).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Fail unless every kernel is a variant specialized for this model's dims.
@@ -135,11 +136,25 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     let gguf = GgufFile::open(path)?;
     let arch = gguf.architecture()?.to_string();
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    // --ctx is checked before any weight is loaded, against the file's context where it has one
+    // (the loaders fall back to the spec's default otherwise; checked again after the load).
+    let ctx_key = format!("{arch}.context_length");
+    let ctx_too_big = |c: usize, n: usize, from: &str| format!("--ctx {c} is more than the model's context of {n} positions ({from})");
+    if let Some(c) = args.ctx {
+        if c < 2 {
+            return Err(format!("--ctx {c}: the context must hold at least 2 positions (a prompt token and a generated one)").into());
+        }
+        if let Ok(n) = gguf.get_usize(&ctx_key) {
+            if c > n {
+                return Err(ctx_too_big(c, n, &format!("{ctx_key} in {}", path.display())).into());
+            }
+        }
+    }
     let (mut backend, max_ctx) = if args.cpu {
         eprintln!("memra: loading {} on the CPU (dequantizing every weight to f32) ...", path.display());
         let model = CpuModel::from_gguf(&gguf)?;
         let (n_ctx, cache) = (model.n_ctx(), model.new_cache());
-        (Backend::Cpu(Box::new(model), cache, Vec::new()), n_ctx)
+        (Backend::Cpu(Box::new(model), cache, Vec::new()), args.ctx.unwrap_or(n_ctx).min(n_ctx))
     } else {
         drop(gguf);
         match args.gpus {
@@ -162,6 +177,10 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
         let n_ctx = model.max_ctx();
         (Backend::Gpu(model), n_ctx)
     };
+    // The GPU loaders cap --ctx at the model's context: a cap is refused, not applied silently.
+    if let Some(c) = args.ctx.filter(|&c| c > max_ctx) {
+        return Err(ctx_too_big(c, max_ctx, "the model's hparams").into());
+    }
     eprintln!(
         "memra: {arch} ready in {:.1} s (tokenizer {}); temp {} top-k {} top-p {} seed {seed}",
         load_start.elapsed().as_secs_f64(),

@@ -126,7 +126,7 @@ fn run_without_a_model_runs_the_embedded_default_and_says_so() {
 #[test]
 fn ctrl_c_stops_generation_cleanly() {
     let child = Command::new(env!("CARGO_BIN_EXE_memra"))
-        .args(["run", "--cpu", "-n", "1000000", "--ctx", "100000", "-p", "Hello"])
+        .args(["run", "--cpu", "-n", "1000000", "-p", "Hello"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -139,4 +139,32 @@ fn ctrl_c_stops_generation_cleanly() {
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
     assert!(stderr.contains("interrupted (Ctrl-C)") && stderr.contains("tokens/s"), "{stderr}");
+}
+
+/// `--ctx` is the context on both paths: under 2 or over the model's context it is refused before
+/// any load; on the CPU it bounds the prompt and the generation (the embedded default model).
+#[test]
+fn ctx_is_checked_and_bounds_the_cpu_generation() {
+    for (ctx, want) in [("1", "at least 2 positions"), ("0", "at least 2 positions"), ("100000000", "is more than the model's context of")] {
+        let out = memra(&["run", "--cpu", "-n", "3", "--ctx", ctx, "-p", "Hello"]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(&format!("--ctx {ctx}")) && stderr.contains(want), "--ctx {ctx}: {stderr}");
+        assert!(!stderr.contains("panicked") && !stderr.contains("loading"), "refused before the load: {stderr}");
+    }
+    let out = memra(&["run", "--cpu", "-n", "50", "--temp", "0", "--ctx", "6", "-p", "Hello"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    let number_before = |word: &str| -> usize {
+        let at = last.find(word).unwrap_or_else(|| panic!("no '{word}' in {last:?}"));
+        last[..at].split_whitespace().last().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{last:?}"))
+    };
+    let (prompt, generated) = (number_before(" tokens in"), number_before(" generated"));
+    // The last token is sampled from the logits of a full cache: it needs no position of its own.
+    assert!(prompt < 6 && generated == 6 - prompt + 1, "--ctx 6: {last}");
+
+    let long = "Hello world, again and again and again and again";
+    let out = memra(&["run", "--cpu", "-n", "3", "--ctx", "3", "-p", long]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("the context holds 3"), "{stderr}");
 }

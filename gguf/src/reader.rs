@@ -239,7 +239,13 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
         let file = File::open(path).map_err(|e| GgufError::io(path, e))?;
-        let len = file.metadata().map_err(|e| GgufError::io(path, e))?.len();
+        let meta = file.metadata().map_err(|e| GgufError::io(path, e))?;
+        if meta.is_dir() {
+            // mmap would say only "No such device".
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not a GGUF file");
+            return Err(GgufError::io(path, e));
+        }
+        let len = meta.len();
         if len == 0 {
             return Err(GgufError::format_at(0, "file is empty").in_file(Some(path)));
         }

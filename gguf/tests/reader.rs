@@ -176,6 +176,13 @@ fn open_maps_a_file_and_errors_name_it() {
     let e = GgufFile::open(&path).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Io(_)));
     assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+
+    // A directory is named as one (mmap alone says "No such device").
+    let dir = temp_path("a-directory.gguf");
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = GgufFile::open(&dir).unwrap_err().to_string();
+    std::fs::remove_dir(&dir).unwrap();
+    assert!(e.contains(&dir.display().to_string()) && e.contains("is a directory, not a GGUF file"), "{e}");
 }
 
 /// The real model, when it has been fetched (`scripts/fetch-gemma3-270m`).
