@@ -67,6 +67,20 @@ fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
         })
         .filter(|v| cmd.family.as_deref().is_none_or(|f| v.family == f))
         .collect();
+    if variants.is_empty() {
+        // A filter that matches nothing is a mistake to name, not an empty table.
+        let built: Vec<&str> = registry::SPECIALIZED_FOR.iter().map(|(a, _)| *a).collect();
+        let families: std::collections::BTreeSet<&str> = registry::variants().iter().map(|v| v.family).collect();
+        return Err(Error::Selection {
+            detail: format!(
+                "no variant matches --arch {} --family {} (this build: --arch generic{}; families {}); an architecture's specialized variants come with --features model-<arch>",
+                cmd.arch.as_deref().unwrap_or("(any)"),
+                cmd.family.as_deref().unwrap_or("(any)"),
+                built.iter().map(|a| format!(", {a}")).collect::<String>(),
+                families.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
     if !(cmd.compile || cmd.report) {
         print_list(&variants, cmd.json);
         return Ok(true);
