@@ -1248,7 +1248,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         return report::run_report(args, run);
     }
     let cases = plan(args.arch.as_deref(), args.family.as_deref());
-    if args.list {
+    if args.list && !cases.is_empty() {
         list(&cases);
         return Ok(());
     }

@@ -1,5 +1,6 @@
-//! `memra kernels` without a GPU: the listing filters by architecture and family, and a filter
-//! that matches nothing is an error naming what this build has, not an empty table.
+//! `memra kernels` and `memra bench --list` without a GPU: the listings filter by architecture and
+//! family, and a filter that matches nothing is an error naming what this build has, not an
+//! empty table.
 
 use std::process::{Command, Output};
 
@@ -23,4 +24,8 @@ fn filters_list_variants_and_a_filter_matching_nothing_says_what_exists() {
         assert!(stderr.contains("matvec") && stderr.contains("--features model-<arch>"), "{stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+
+    let out = memra(&["bench", "--list", "--arch", "no-such-arch"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no specialized variants to measure") && stderr.contains("--arch no-such-arch"), "{stderr}");
 }
