@@ -366,6 +366,10 @@ fn the_memory_guard_kills_a_unit_that_grows_and_says_why() {
     }
     assert!(out.contains("when the host had 0.0 GB available, under --min-free-gb 0.5"), "{out}");
 
+    // A unit in its own session still times out (timeout leads the session).
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha", "--timeout", "2"], &[("FAKE_HOLD_MB", "1".into())]);
+    assert!(!ok && out.contains("memcheck fake__gpu_alpha: TIMEOUT after 2s"), "{out}");
+
     // Room to spare: nothing is killed and the default floor is a tenth of the host.
     let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], &[]);
     assert!(ok && out.contains("under 10.0 GB available"), "{out}");
