@@ -10,7 +10,7 @@
 //! 4. Each symbol is its token's id. With `ignore_merges` (llama3) a pre-token that is itself a
 //!    vocabulary entry is emitted whole first.
 //!
-//! The regexes are hand-written matchers (the `regex` crate has no look-ahead); `\p{L}` and
+//! The regexes are hand-written matchers (the `regex` crate has no look-ahead); `\p{L}`, `\p{P}` and
 //! `\p{N}` use the Unicode tables of `regex-syntax`, `\s` is Unicode White_Space
 //! (`char::is_whitespace`), as in Oniguruma and llama.cpp's unicode.cpp.
 
@@ -32,6 +32,10 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen2 / Qwen3: the Llama 3 pattern with single digits (`\p{N}`), no ignore_merges.
     Qwen2,
+    /// llama.cpp's default (`default`, or no `tokenizer.ggml.pre`): four patterns in turn, each
+    /// cutting every piece of the one before into its matches and the text between them:
+    /// `[\p{P}\$\+<=>\^~\|]+`, the GPT-2 pattern, `\p{N}+`, `[0-9][0-9][0-9]`.
+    Default,
 }
 
 impl PreTokenizer {
@@ -42,9 +46,17 @@ impl PreTokenizer {
             // GLM-4's tokenizer.json uses the Llama 3 pattern.
             "llama3" | "llama-bpe" | "llama-v3" | "smaug-bpe" | "dbrx" | "falcon3" | "pixtral"
             | "glm4" => PreTokenizer::Llama3,
-            "gpt2" | "gpt-2" | "olmo" | "default" => PreTokenizer::Gpt2,
+            "gpt2" | "gpt-2" | "olmo" => PreTokenizer::Gpt2,
+            "default" => PreTokenizer::Default,
             _ => return None,
         })
+    }
+
+    /// Whether a pre-token that is itself a vocabulary entry is emitted whole, before any merge:
+    /// llama.cpp does so for the Llama 3 family only, not for dbrx, smaug-bpe or glm4, which
+    /// share its pattern.
+    pub fn ignores_merges(name: &str) -> bool {
+        matches!(name, "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral")
     }
 
     fn name(self) -> &'static str {
@@ -52,11 +64,15 @@ impl PreTokenizer {
             PreTokenizer::Gpt2 => "gpt2",
             PreTokenizer::Llama3 => "llama3",
             PreTokenizer::Qwen2 => "qwen2",
+            PreTokenizer::Default => "default",
         }
     }
 
     /// Splits `text` into pre-tokens (contiguous, covering all of `text`).
     pub fn split(self, text: &str) -> Vec<&str> {
+        if self == PreTokenizer::Default {
+            return default_split(text);
+        }
         let chars: Vec<(usize, char)> = text.char_indices().collect();
         let mut out = Vec::new();
         let mut i = 0;
@@ -65,6 +81,7 @@ impl PreTokenizer {
                 PreTokenizer::Gpt2 => gpt2_match(&chars, i),
                 PreTokenizer::Llama3 => llama3_match(&chars, i, 3),
                 PreTokenizer::Qwen2 => llama3_match(&chars, i, 1),
+                PreTokenizer::Default => unreachable!("split by default_split"),
             };
             debug_assert!(n > 0);
             let start = chars[i].0;
@@ -89,8 +106,7 @@ fn class(c: char) -> Class {
         Class::Space
     } else if is_letter(c) {
         Class::Letter
-    } else if c.is_numeric() {
-        // `char::is_numeric` is exactly the general categories Nd | Nl | No = \p{N}.
+    } else if is_number(c) {
         Class::Number
     } else {
         Class::Other
@@ -103,7 +119,28 @@ fn is_letter(c: char) -> bool {
         return c.is_ascii_alphabetic();
     }
     static RANGES: OnceLock<Vec<(char, char)>> = OnceLock::new();
-    let ranges = RANGES.get_or_init(|| unicode_class(r"\p{L}"));
+    in_ranges(RANGES.get_or_init(|| unicode_class(r"\p{L}")), c)
+}
+
+/// `\p{N}`: general category Number (Nd, Nl, No), from the same Unicode version as `\p{L}`
+/// (`char::is_numeric` follows the standard library's newer one, which split a few new code
+/// points differently from HF `tokenizers`).
+fn is_number(c: char) -> bool {
+    if c.is_ascii() {
+        return c.is_ascii_digit();
+    }
+    static RANGES: OnceLock<Vec<(char, char)>> = OnceLock::new();
+    in_ranges(RANGES.get_or_init(|| unicode_class(r"\p{N}")), c)
+}
+
+/// `[\p{P}\$\+<=>\^~\|]`: general category Punctuation, and the ASCII symbols llama.cpp's
+/// default pattern adds.
+fn is_default_punct(c: char) -> bool {
+    static RANGES: OnceLock<Vec<(char, char)>> = OnceLock::new();
+    matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|') || in_ranges(RANGES.get_or_init(|| unicode_class(r"\p{P}")), c)
+}
+
+fn in_ranges(ranges: &[(char, char)], c: char) -> bool {
     ranges
         .binary_search_by(|&(lo, hi)| {
             if hi < c {
@@ -180,7 +217,7 @@ fn llama3_match(chars: &[(usize, char)], i: usize, max_digits: usize) -> usize {
             return 1 + run(chars, i + 1, is_letter);
         }
         // \p{N}{1,max}
-        Class::Number => return run(chars, i, char::is_numeric).min(max_digits),
+        Class::Number => return run(chars, i, is_number).min(max_digits),
         _ => {}
     }
     // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
@@ -199,6 +236,59 @@ fn llama3_match(chars: &[(usize, char)], i: usize, max_digits: usize) -> usize {
     space_run(chars, i)
 }
 
+/// llama.cpp's default chain ([`PreTokenizer::Default`]). Each pattern sees one piece at a time,
+/// as llama.cpp's splitter does.
+fn default_split(text: &str) -> Vec<&str> {
+    cut_runs(text, is_default_punct)
+        .into_iter()
+        .flat_map(|p| PreTokenizer::Gpt2.split(p))
+        .flat_map(|p| cut_runs(p, is_number))
+        .flat_map(digit_triples)
+        .collect()
+}
+
+/// `text` cut where `pred` changes: the runs it holds for (the matches of `[...]+`) and the
+/// runs between them.
+fn cut_runs(text: &str, pred: impl Fn(char) -> bool) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut prev = None;
+    for (i, c) in text.char_indices() {
+        let now = pred(c);
+        if prev.is_some_and(|p| p != now) {
+            out.push(&text[start..i]);
+            start = i;
+        }
+        prev = Some(now);
+    }
+    if start < text.len() {
+        out.push(&text[start..]);
+    }
+    out
+}
+
+/// `[0-9][0-9][0-9]` left to right: each three ASCII digits a piece, the text between them too.
+fn digit_triples(text: &str) -> Vec<&str> {
+    let b = text.as_bytes();
+    let (mut out, mut gap, mut i) = (Vec::new(), 0, 0);
+    while i < b.len() {
+        if i + 3 <= b.len() && b[i..i + 3].iter().all(u8::is_ascii_digit) {
+            if gap < i {
+                out.push(&text[gap..i]);
+            }
+            out.push(&text[i..i + 3]);
+            i += 3;
+            gap = i;
+        } else {
+            i += 1;
+        }
+    }
+    if gap < b.len() {
+        out.push(&text[gap..]);
+    }
+    out
+}
+
 /// One match of the GPT-2 pattern at `i`, in characters.
 fn gpt2_match(chars: &[(usize, char)], i: usize) -> usize {
     if let Some(n) = contraction(chars, i, false) {
@@ -208,7 +298,7 @@ fn gpt2_match(chars: &[(usize, char)], i: usize) -> usize {
     let lead = usize::from(c == ' ' && i + 1 < chars.len() && !chars[i + 1].1.is_whitespace());
     match class(chars[i + lead].1) {
         Class::Letter => lead + run(chars, i + lead, is_letter),
-        Class::Number => lead + run(chars, i + lead, char::is_numeric),
+        Class::Number => lead + run(chars, i + lead, is_number),
         Class::Other => lead + run(chars, i + lead, |c| class(c) == Class::Other),
         Class::Space => space_run(chars, i),
     }
@@ -253,12 +343,12 @@ impl BpeModel {
                     path,
                     format!(
                         "metadata key '{KEY_PRE}' = \"{name}\" is not a known pre-tokenizer \
-                         (known: qwen2, llama-bpe/llama3, glm4, gpt2/olmo/default)"
+                         (known: qwen2, llama-bpe/llama3, dbrx, smaug-bpe, glm4, gpt2/olmo, default)"
                     ),
                 )
             })?,
-            // llama.cpp falls back to its default (GPT-2 style) pattern.
-            Err(e) if e.is_missing_key() => PreTokenizer::Gpt2,
+            // llama.cpp falls back to its default chain (and warns that quality may suffer).
+            Err(e) if e.is_missing_key() => PreTokenizer::Default,
             Err(e) => return Err(gguf_err(e)),
         };
         let lines = gguf.get_str_array(KEY_MERGES).map_err(gguf_err)?;
@@ -295,7 +385,7 @@ impl BpeModel {
         }
         Ok(BpeModel {
             pre,
-            ignore_merges: pre == PreTokenizer::Llama3,
+            ignore_merges: gguf.get_str(KEY_PRE).is_ok_and(PreTokenizer::ignores_merges),
             merges,
             byte_to_char,
             char_to_byte,
@@ -413,6 +503,28 @@ mod tests {
         );
         assert_eq!(split(g, "I'LL"), ["I", "'", "LL"]);
         assert_eq!(split(g, "a\n\nb  "), ["a", "\n", "\n", "b", "  "]);
+    }
+
+    #[test]
+    fn default_chain_cuts_each_pieces_of_the_one_before() {
+        let d = PreTokenizer::Default;
+        assert_eq!(split(d, "x $+ y"), ["x", " ", "$+", " y"]);
+        assert_eq!(split(d, "'s"), ["'", "s"]);
+        assert_eq!(split(d, " 1"), [" ", "1"]);
+        assert_eq!(split(d, "1234567"), ["123", "456", "7"]);
+        assert_eq!(split(d, "ab12345, c"), ["ab", "123", "45", ",", " c"]);
+        assert_eq!(split(d, "a\u{00BF}b `q"), ["a", "\u{00BF}", "b", " `", "q"]);
+        assert_eq!(split(d, ""), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn only_the_llama3_family_ignores_merges() {
+        for name in ["llama3", "llama-bpe", "llama-v3", "falcon3", "pixtral"] {
+            assert!(PreTokenizer::ignores_merges(name), "{name}");
+        }
+        for name in ["dbrx", "smaug-bpe", "glm4", "qwen2", "gpt2", "default"] {
+            assert!(!PreTokenizer::ignores_merges(name), "{name}");
+        }
     }
 
     #[test]
