@@ -70,19 +70,17 @@ impl PreTokenizer {
 
     /// Splits `text` into pre-tokens (contiguous, covering all of `text`).
     pub fn split(self, text: &str) -> Vec<&str> {
-        if self == PreTokenizer::Default {
-            return default_split(text);
-        }
+        let one_match: fn(&[(usize, char)], usize) -> usize = match self {
+            PreTokenizer::Gpt2 => gpt2_match,
+            PreTokenizer::Llama3 => |chars, i| llama3_match(chars, i, 3),
+            PreTokenizer::Qwen2 => |chars, i| llama3_match(chars, i, 1),
+            PreTokenizer::Default => return default_split(text),
+        };
         let chars: Vec<(usize, char)> = text.char_indices().collect();
         let mut out = Vec::new();
         let mut i = 0;
         while i < chars.len() {
-            let n = match self {
-                PreTokenizer::Gpt2 => gpt2_match(&chars, i),
-                PreTokenizer::Llama3 => llama3_match(&chars, i, 3),
-                PreTokenizer::Qwen2 => llama3_match(&chars, i, 1),
-                PreTokenizer::Default => unreachable!("split by default_split"),
-            };
+            let n = one_match(&chars, i);
             debug_assert!(n > 0);
             let start = chars[i].0;
             let end = chars.get(i + n).map_or(text.len(), |c| c.0);
@@ -337,8 +335,8 @@ impl BpeModel {
         vocab: &Vocab,
     ) -> Result<BpeModel, TokenizerError> {
         let path = gguf.path();
-        let pre = match gguf.get_str(KEY_PRE) {
-            Ok(name) => PreTokenizer::from_gguf_name(name).ok_or_else(|| {
+        let (pre, ignore_merges) = match gguf.get_str(KEY_PRE) {
+            Ok(name) => (PreTokenizer::from_gguf_name(name).ok_or_else(|| {
                 TokenizerError::new(
                     path,
                     format!(
@@ -346,9 +344,9 @@ impl BpeModel {
                          (known: qwen2, llama-bpe/llama3, dbrx, smaug-bpe, glm4, gpt2/olmo, default)"
                     ),
                 )
-            })?,
+            })?, PreTokenizer::ignores_merges(name)),
             // llama.cpp falls back to its default chain (and warns that quality may suffer).
-            Err(e) if e.is_missing_key() => PreTokenizer::Default,
+            Err(e) if e.is_missing_key() => (PreTokenizer::Default, false),
             Err(e) => return Err(gguf_err(e)),
         };
         let lines = gguf.get_str_array(KEY_MERGES).map_err(gguf_err)?;
@@ -385,7 +383,7 @@ impl BpeModel {
         }
         Ok(BpeModel {
             pre,
-            ignore_merges: gguf.get_str(KEY_PRE).is_ok_and(PreTokenizer::ignores_merges),
+            ignore_merges,
             merges,
             byte_to_char,
             char_to_byte,
