@@ -6,7 +6,8 @@
 //! return codes raised inside libnccl are set apart and not counted; a memory-access report
 //! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
 //! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
-//! past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again;
+//! a pass without the tool's summary (never attached) is NOT CHECKED and fails; racecheck's
+//! hazard summary counts; past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again;
 //! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); the
 //! memory guard kills a unit over `--max-rss-gb`, or the largest under `--min-free-gb`, and says
 //! so; and `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
@@ -147,7 +148,7 @@ fn nccl_api_return_codes_are_set_apart_and_access_errors_are_not() {
     let nccl = log_file(&s, "nccl.log", NCCL_CODES);
     let (ok, out) = run(&s, &["--tools", "memcheck", "--exes", "fake"], &[nccl.clone(), ("FAKE_EXIT", "86".into())]);
     assert!(ok, "{out}");
-    assert!(out.contains("ok (+2 CUDA API return codes raised inside libnccl, not counted)"), "{out}");
+    assert!(out.contains("ok (summary seen; +2 CUDA API return codes raised inside libnccl, not counted)"), "{out}");
     assert!(out.contains("errors: memcheck 0;"), "{out}");
 
     let access = log_file(&s, "access.log", ACCESS_ERROR);
@@ -168,6 +169,42 @@ fn a_test_without_a_cuda_call_says_nothing_was_checked() {
     let (ok, out) = run(&s, &["--tools", "racecheck"], &[skipped]);
     assert!(ok, "{out}");
     assert!(out.contains("racecheck fake__gpu_alpha: NOTHING CHECKED"), "{out}");
+}
+
+/// Session 11: the opt-in full-dims GLM-5 test builds its model on the CPU for minutes before
+/// its first CUDA call, and the tool gave up waiting ("No attachable process found") while the
+/// test ran on unchecked. A pass is ok only with the tool's summary in the log; racecheck's own
+/// summary counts its hazards; every unit asks the tool to wait for the first CUDA call.
+#[test]
+fn a_pass_without_the_sanitizers_summary_is_not_checked() {
+    let s = scratch("attach");
+    let lost = log_file(
+        &s,
+        "lost.log",
+        "========= COMPUTE-SANITIZER\n========= Error: No attachable process found. compute-sanitizer timed-out.\n========= Default timeout can be adjusted with --launch-timeout. Awaiting target completion.\n",
+    );
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], &[lost]);
+    assert!(!ok, "a run the tool never attached to must fail:\n{out}");
+    assert!(out.contains("memcheck fake__gpu_alpha: NOT CHECKED (the sanitizer did not attach"), "{out}");
+    assert!(out.contains("test failures: 1"), "{out}");
+
+    let empty = log_file(&s, "empty.log", "========= COMPUTE-SANITIZER\n");
+    let (ok, out) = run(&s, &["--tools", "initcheck", "--only", "gpu_alpha"], &[empty]);
+    assert!(!ok && out.contains("initcheck fake__gpu_alpha: NOT CHECKED (no sanitizer summary"), "{out}");
+
+    let clean = log_file(&s, "race-clean.log", "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n");
+    let (ok, out) = run(&s, &["--tools", "racecheck", "--only", "gpu_alpha"], &[clean]);
+    assert!(ok && out.contains("racecheck fake__gpu_alpha: ok (summary seen)"), "{out}");
+
+    let hazards = log_file(&s, "race-warn.log", "========= RACECHECK SUMMARY: 3 hazards displayed (0 errors, 3 warnings)\n");
+    let (ok, out) = run(&s, &["--tools", "racecheck", "--only", "gpu_alpha"], &[hazards]);
+    assert!(!ok && out.contains("racecheck fake__gpu_alpha: 3 error(s)"), "{out}");
+
+    let args = s.0.join("args.txt");
+    let (ok, out) = run(&s, &["--tools", "synccheck", "--only", "gpu_alpha"], &[("FAKE_ARGS", args.display().to_string())]);
+    assert!(ok, "{out}");
+    let text = std::fs::read_to_string(&args).unwrap();
+    assert!(text.contains("--launch-timeout 86400 "), "{text}");
 }
 
 #[test]
@@ -263,7 +300,8 @@ fn errors_past_the_print_limit_count_once_and_nccl_kernels_are_left_out_of_initc
 
 /// `scripts/sanitize-verdict` on its own (python3): a pair is clean when an accepted build ran it
 /// whole or in every shard of one split; `SHA:EXE` accepts a build for that executable only; an
-/// error count at an accepted build fails the verdict; `--todo` prints what is left to run.
+/// error count at an accepted build fails the verdict; `--todo` prints what is left to run;
+/// `--recheck` counts a test's passes only with the tool's summary seen.
 #[test]
 fn the_verdict_combines_runs_only_where_accepted() {
     let s = scratch("verdict");
@@ -339,6 +377,15 @@ fn the_verdict_combines_runs_only_where_accepted() {
     std::fs::write(&new, text.replace("memcheck exb__t2: ok; 2s", "memcheck exb__t2: NOTHING CHECKED: the test made no CUDA call (skipped itself); 1s")).unwrap();
     let (ok, out) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd"], &[&old, &new]);
     assert!(!ok && out.contains("skipped themselves (no CUDA call: a model file or opt-in absent): 1"), "{out}");
+
+    // --recheck: a test's passes count only with the tool's summary seen.
+    std::fs::write(&new, &text).unwrap();
+    let (ok, out) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd:exb", "--recheck=t1"], &[&old, &new]);
+    assert!(!ok && out.contains("not clean at the accepted builds: 4"), "{out}");
+    assert!(out.contains("memcheck exa t1 (aaaaaaa: UNPROVEN ok)"), "{out}");
+    std::fs::write(&new, text.clone() + "# build: aaaaaaa\nmemcheck exa__t1: ok (summary seen); 3s\n").unwrap();
+    let (ok, out) = verdict(&["ddddddd", "aaaaaaa:exa", "ccccccc=ddddddd:exb", "--recheck=t1"], &[&old, &new]);
+    assert!(!ok && out.contains("not clean at the accepted builds: 3") && !out.contains("memcheck exa t1"), "{out}");
 }
 
 /// The memory guard: a unit over `--max-rss-gb` is killed (its whole session: the fake test's
