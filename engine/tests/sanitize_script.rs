@@ -7,10 +7,11 @@
 //! counts even with libnccl frames; a failing test under the sanitizer's error exit code still
 //! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
 //! a pass without the tool's summary (never attached) is NOT CHECKED and fails; racecheck's
-//! hazard summary counts; past `--deadline` nothing starts and the run fails; `--retry-killed` runs a SIGKILLed unit again;
-//! racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); the
+//! hazard summary counts; past `--deadline` nothing starts and the run fails; `--retry-killed`
+//! runs a SIGKILLed unit again; racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); the
 //! memory guard kills a unit over `--max-rss-gb`, or the largest under `--min-free-gb`, and says
-//! so; and `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
+//! so, also for units another invocation listed in the shared folder (one guard per machine);
+//! and `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,7 +103,8 @@ fn run(s: &Scratch, args: &[&str], env: &[(&str, String)]) -> (bool, String) {
         .env("PATH", path)
         .env_remove("OUT")
         .env_remove("CUDA_VISIBLE_DEVICES")
-        .env(roomy.0, roomy.1);
+        .env(roomy.0, roomy.1)
+        .env("MEMRA_SANITIZE_UNITS", s.0.join("units"));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -416,6 +418,19 @@ fn the_memory_guard_kills_a_unit_that_grows_and_says_why() {
     // A unit in its own session still times out (timeout leads the session).
     let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha", "--timeout", "2"], &[("FAKE_HOLD_MB", "1".into())]);
     assert!(!ok && out.contains("memcheck fake__gpu_alpha: TIMEOUT after 2s"), "{out}");
+
+    // One guard per machine: a unit that another invocation listed in the shared folder (here a
+    // `sleep` in its own session, capped at 1 kB) is weighed and killed by this run's guard.
+    let mut foreign = Command::new("setsid").args(["sleep", "30"]).spawn().expect("setsid sleep");
+    let foreign_log = s.0.join("foreign.log");
+    std::fs::create_dir_all(s.0.join("units")).unwrap();
+    std::fs::write(s.0.join("units/1.999"), format!("{} {} 1 0.000001\n", foreign.id(), foreign_log.display())).unwrap();
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha", "--timeout", "3"], &[("FAKE_HOLD_MB", "1".into())]);
+    assert!(!ok && out.contains("TIMEOUT after 3s"), "{out}");
+    let status = foreign.wait().unwrap();
+    assert!(status.code().is_none(), "the other invocation's unit was not killed: {status:?}");
+    let why = std::fs::read_to_string(s.0.join("foreign.log.memkill")).unwrap();
+    assert!(why.contains("over --max-rss-gb 0.000001"), "{why}");
 
     // Room to spare: nothing is killed and the default floor is a tenth of the host.
     let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], &[]);
