@@ -11,6 +11,7 @@
 //! runs a SIGKILLed unit again; racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); the
 //! memory guard kills a unit over `--max-rss-gb`, or the largest under `--min-free-gb`, and says
 //! so, also for units another invocation listed in the shared folder (one guard per machine);
+//! `--detach` returns while the run goes on, and `scripts/sanitize-progress` follows and packs it;
 //! and `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ echo "args: $* shard=${MEMRA_TEST_SHARD:-none} sanitizer=${MEMRA_SANITIZER:-none
 if [ -n "${FAKE_KILL_ONCE:-}" ] && [ ! -e "$FAKE_KILL_ONCE" ]; then : > "$FAKE_KILL_ONCE"; kill -9 $$; fi
 # Holds FAKE_HOLD_MB of resident memory for up to a minute (a racecheck process that grows).
 if [ -n "${FAKE_HOLD_MB:-}" ]; then python3 -c "import time; x = bytes([1]) * ($FAKE_HOLD_MB << 20); time.sleep(60)"; fi
+[ -z "${FAKE_SLEEP:-}" ] || sleep "$FAKE_SLEEP"
 if [ -n "${FAKE_TEST_FAIL:-}" ]; then echo "test result: FAILED. 0 passed; 1 failed"; exit 101; fi
 echo "test result: ok. 1 passed; 0 failed"
 "#;
@@ -271,6 +273,51 @@ fn racecheck_gets_a_share_of_the_cores_as_workers() {
     assert!(ok, "{out}");
     let text = std::fs::read_to_string(&args).unwrap();
     assert!(text.contains(" --force-synchronization-limit 1 --log-file "), "{text}");
+}
+
+/// `--detach` returns at once while the run goes on in its own session (it must outlive the
+/// device command that started it); `scripts/sanitize-progress` shows the running unit, then its
+/// line, and `--tar` packs the lines, run.log and the tails of units that did not end ok.
+#[test]
+fn a_detached_run_goes_on_and_progress_packs_it() {
+    let s = scratch("detach");
+    let progress = |args: &[&str]| {
+        let out = Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sanitize-progress"))
+            .args(args)
+            .env("MEMRA_SANITIZE_UNITS", s.0.join("units"))
+            .output()
+            .expect("python3 scripts/sanitize-progress");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let wait_for = |what: &dyn Fn() -> bool, secs: u64| {
+        let t = std::time::Instant::now();
+        while !what() && t.elapsed().as_secs() < secs {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        what()
+    };
+    let dir = s.0.join("out");
+    let d = dir.display().to_string();
+    let t0 = std::time::Instant::now();
+    let env = [("FAKE_SLEEP", "3".to_string()), ("FAKE_TEST_FAIL", "1".to_string())];
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha", "--detach"], &env);
+    assert!(ok && out.contains("gpu-sanitize: detached"), "{out}");
+    assert!(t0.elapsed().as_secs() < 3, "--detach waited for the run: {:?}", t0.elapsed());
+    assert!(wait_for(&|| progress(&[&d]).contains("running memcheck fake__gpu_alpha: "), 10), "{}", progress(&[&d]));
+    let summary = dir.join("summary.txt");
+    let ended = || std::fs::read_to_string(&summary).is_ok_and(|t| t.contains("gpu-sanitize: errors:"));
+    assert!(wait_for(&ended, 30), "the detached run did not finish");
+    let tar = s.0.join("res.tgz");
+    let shown = progress(&["--tar", &tar.display().to_string(), &d]);
+    assert!(shown.contains("memcheck fake__gpu_alpha: TEST FAILED") && !shown.contains("running "), "{shown}");
+    assert!(shown.contains("gpu-sanitize: errors: memcheck 0; test failures: 1"), "{shown}");
+    let listing = Command::new("tar").arg("tzf").arg(&tar).output().unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for name in ["out/run.log", "out/summary.txt", "out/memcheck/fake__gpu_alpha.log.line", "out/memcheck/fake__gpu_alpha.log.stdout.tail"] {
+        assert!(listing.lines().any(|l| l == name), "{name} not in the tar:\n{listing}");
+    }
+    assert!(progress(&["/nonexistent/dir"]).contains("no such folder: /nonexistent/dir"));
 }
 
 /// Past --print-limit the sanitizer adds "ERROR SUMMARY: M errors were not printed": the count is
