@@ -36,9 +36,9 @@ enum Command {
     #[command(after_help = "Examples:\n  memra inspect model.gguf\n  memra inspect model.gguf --json | jq .hparams")]
     Inspect(inspect::InspectArgs),
     /// Generate text from a prompt, streaming it as tokens are produced, on the GPU forward of
-    /// the file's architecture (gemma3, qwen3, olmoe) with this build's specialized kernels where
-    /// the dims match, or on the CPU reference forward (`--cpu`, every architecture). Without a
-    /// file: the embedded micro model of the built architecture (random weights).
+    /// the file's architecture (every architecture with a spec) with this build's specialized
+    /// kernels where the dims match, or on the CPU reference forward (`--cpu`). Without a file:
+    /// the embedded micro model of the built architecture (random weights).
     #[command(after_help = "Examples:\n  memra run model.gguf -p \"Water boils at\" -n 16 --temp 0\n  memra run model.gguf -p \"Once upon a time\" --temp 0.8 --top-k 40 --top-p 0.95 --seed 1\n  memra run model.gguf -p \"Water boils at\" --require-specialized   # fail unless every kernel is specialized\n  memra run model.gguf -p \"Water boils at\" -n 16 --cpu --temp 0   # the f32 reference path\n  memra run                                                   # the embedded default model")]
     Run(memra_engine::run::RunArgs),
     /// List this build's kernel variants; compile them with NVRTC (cache-aware) for the GPU or
