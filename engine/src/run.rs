@@ -144,10 +144,10 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
         if c < 2 {
             return Err(format!("--ctx {c}: the context must hold at least 2 positions (a prompt token and a generated one)").into());
         }
-        if let Ok(n) = gguf.get_usize(&ctx_key) {
-            if c > n {
-                return Err(ctx_too_big(c, n, &format!("{ctx_key} in {}", path.display())).into());
-            }
+        if let Ok(n) = gguf.get_usize(&ctx_key)
+            && c > n
+        {
+            return Err(ctx_too_big(c, n, &format!("{ctx_key} in {}", path.display())).into());
         }
     }
     let (mut backend, max_ctx) = if args.cpu {

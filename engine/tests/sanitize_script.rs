@@ -235,7 +235,7 @@ fn a_unit_killed_by_sigkill_runs_again_once() {
     let s = scratch("retry");
     let marker = ("FAKE_KILL_ONCE", s.0.join("killed-once").display().to_string());
     // Without the option the kill is a failure.
-    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], &[marker.clone()]);
+    let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], std::slice::from_ref(&marker));
     assert!(!ok && out.contains("fake__gpu_alpha: TEST FAILED (rc=137"), "{out}");
     std::fs::remove_file(s.0.join("killed-once")).unwrap();
     let (ok, out) = run(&s, &["--tools", "memcheck", "--jobs", "2", "--retry-killed"], &[marker]);
@@ -446,7 +446,7 @@ fn the_memory_guard_kills_a_unit_that_grows_and_says_why() {
     let s = scratch("guard");
     let hold = ("FAKE_HOLD_MB", "120".to_string());
     let t0 = std::time::Instant::now();
-    let (ok, out) = run(&s, &["--tools", "racecheck", "--only", "gpu_alpha", "--max-rss-gb", "0.05"], &[hold.clone()]);
+    let (ok, out) = run(&s, &["--tools", "racecheck", "--only", "gpu_alpha", "--max-rss-gb", "0.05"], std::slice::from_ref(&hold));
     assert!(!ok, "{out}");
     assert!(out.contains("racecheck fake__gpu_alpha: KILLED (host memory: held 0.1 GB, over --max-rss-gb 0.05)"), "{out}");
     assert!(out.contains("; peak host memory 0.1 GB") && out.contains("test failures: 1"), "{out}");
