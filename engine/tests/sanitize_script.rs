@@ -8,9 +8,10 @@
 //! fails; a test that made no CUDA call says NOTHING CHECKED; `--only` runs just the named tests;
 //! a pass without the tool's summary (never attached) is NOT CHECKED and fails; racecheck's
 //! hazard summary counts; past `--deadline` nothing starts and the run fails; `--retry-killed`
-//! runs a SIGKILLed unit again; racecheck alone gets `--racecheck-num-workers` (cores / jobs, or `--racecheck-workers`); the
-//! memory guard kills a unit over `--max-rss-gb`, or the largest under `--min-free-gb`, and says
-//! so, also for units another invocation listed in the shared folder (one guard per machine);
+//! runs a SIGKILLed unit again; racecheck alone gets `--racecheck-num-workers` (cores / jobs,
+//! or `--racecheck-workers`); the memory guard kills a unit over `--max-rss-gb`, or the largest
+//! under `--min-free-gb`, and says so, also for units another invocation listed in the shared
+//! folder (one guard per machine);
 //! `--detach` returns while the run goes on, and `scripts/sanitize-progress` follows and packs it;
 //! and `scripts/sanitize-verdict` combines runs only at the builds it is told to accept.
 
@@ -30,8 +31,9 @@ exit "${FAKE_EXIT:-$rc}"
 const FAKE_TESTS: &str = r#"#!/usr/bin/env bash
 if [ "$1" = --list ]; then printf 'gpu_alpha: test\ngpu_f32_beta9: test\n'; exit 0; fi
 echo "args: $* shard=${MEMRA_TEST_SHARD:-none} sanitizer=${MEMRA_SANITIZER:-none}"
-# Killed once, like the host's OOM killer would: the marker file says it already happened.
-if [ -n "${FAKE_KILL_ONCE:-}" ] && [ ! -e "$FAKE_KILL_ONCE" ]; then : > "$FAKE_KILL_ONCE"; kill -9 $$; fi
+# Killed once, like the host's OOM killer would: the marker folder says it already happened
+# (mkdir, so that of two units started together exactly one makes it and is killed).
+if [ -n "${FAKE_KILL_ONCE:-}" ] && mkdir "$FAKE_KILL_ONCE" 2>/dev/null; then kill -9 $$; fi
 # Holds FAKE_HOLD_MB of resident memory for up to a minute (a racecheck process that grows).
 if [ -n "${FAKE_HOLD_MB:-}" ]; then python3 -c "import time; x = bytes([1]) * ($FAKE_HOLD_MB << 20); time.sleep(60)"; fi
 [ -z "${FAKE_SLEEP:-}" ] || sleep "$FAKE_SLEEP"
@@ -237,7 +239,7 @@ fn a_unit_killed_by_sigkill_runs_again_once() {
     // Without the option the kill is a failure.
     let (ok, out) = run(&s, &["--tools", "memcheck", "--only", "gpu_alpha"], std::slice::from_ref(&marker));
     assert!(!ok && out.contains("fake__gpu_alpha: TEST FAILED (rc=137"), "{out}");
-    std::fs::remove_file(s.0.join("killed-once")).unwrap();
+    std::fs::remove_dir(s.0.join("killed-once")).unwrap();
     let (ok, out) = run(&s, &["--tools", "memcheck", "--jobs", "2", "--retry-killed"], &[marker]);
     assert!(ok, "{out}");
     assert!(out.contains("1 unit(s) were killed (SIGKILL); running them again with 1 job(s)"), "{out}");
