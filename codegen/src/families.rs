@@ -30,6 +30,8 @@ pub enum FieldType {
     MoeMode,
     /// `memra::Gating`: MoE router probability function.
     Gating,
+    /// `memra::Glu` (norm_matvec.cuh): a plain projection or a gated pair with its activation.
+    Glu,
 }
 
 /// The QTypes of the contract (`memra::QType`), in enum order.
@@ -59,6 +61,7 @@ impl FieldType {
             "memra::CacheType" => FieldType::CacheType,
             "memra::MoeMode" => FieldType::MoeMode,
             "memra::Gating" => FieldType::Gating,
+            "memra::Glu" => FieldType::Glu,
             _ => return None,
         })
     }
@@ -73,6 +76,7 @@ impl FieldType {
             FieldType::CacheType => vec!["f32", "bf16"],
             FieldType::MoeMode => vec!["plain", "swiglu", "geglu", "down"],
             FieldType::Gating => vec!["softmax", "sigmoid"],
+            FieldType::Glu => vec!["none", "swiglu", "geglu"],
         }
     }
 
@@ -105,6 +109,10 @@ impl FieldType {
                 "memra::Gating::{}",
                 camel(token, &["softmax", "sigmoid"])?
             ),
+            FieldType::Glu => format!(
+                "memra::Glu::{}",
+                camel(token, &["none", "swiglu", "geglu"])?
+            ),
         };
         Some(v)
     }
@@ -118,6 +126,7 @@ impl FieldType {
             FieldType::CacheType => "memra::CacheType",
             FieldType::MoeMode => "memra::MoeMode",
             FieldType::Gating => "memra::Gating",
+            FieldType::Glu => "memra::Glu",
         }
     }
 }

@@ -15,6 +15,8 @@ use crate::models::{self, GpuModel, GpuOptions};
 /// The measured figures of one model under one kernel policy.
 pub struct ModelRow {
     pub policy: &'static str,
+    /// Decode steps with the residual add + RMSNorm fused into the next projection.
+    pub fuse_norm: bool,
     pub prefill_tokens: usize,
     pub prefill_tok_s: f64,
     pub decode_tokens: usize,
@@ -34,13 +36,14 @@ pub fn measure(
     path: &Path,
     device: usize,
     policy: Policy,
+    fuse_norm: bool,
     prompt_tokens: usize,
     decode_tokens: usize,
     reps: usize,
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");
@@ -75,6 +78,7 @@ pub fn measure(
             Policy::GenericOnly => "generic",
             _ => "specialized",
         },
+        fuse_norm,
         prefill_tokens: prompt_tokens,
         prefill_tok_s: prompt_tokens as f64 / prefill_s,
         decode_tokens,
@@ -84,26 +88,31 @@ pub fn measure(
     })
 }
 
-/// Both policies, printed as a table; returns the JSON entries (benches/results/SCHEMA.md `models`).
+/// Both policies, then the specialized kernels with each decode norm as its own launch (the
+/// fusion's A/B in the same run), printed as a table; returns the JSON entries
+/// (benches/results/SCHEMA.md `models`).
 pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, decode_tokens: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     let mut rows = Vec::new();
-    for policy in [Policy::Best, Policy::GenericOnly] {
-        eprintln!("memra bench: {} with {:?} kernels", path.display(), policy);
-        rows.push(measure(path, device, policy, prompt_tokens, decode_tokens, 3)?);
+    for (policy, fuse_norm) in [(Policy::Best, true), (Policy::GenericOnly, true), (Policy::Best, false)] {
+        eprintln!("memra bench: {} with {:?} kernels, decode norms {}", path.display(), policy, if fuse_norm { "fused" } else { "unfused" });
+        rows.push(measure(path, device, policy, fuse_norm, prompt_tokens, decode_tokens, 3)?);
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");
-    println!("{:<12} {:>14} {:>14} {:>12} {:>16}", "kernels", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
+    println!("{:<12} {:<12} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode norms", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
     for r in &rows {
         let floor_us = r.weight_bytes as f64 / (copy_gbps * 1e9) * 1e6;
         println!(
-            "{:<12} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
-            r.policy, r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
+            "{:<12} {:<12} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
+            r.policy,
+            if r.fuse_norm { "fused" } else { "add_rmsnorm" },
+            r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
         );
         out.push(json!({
             "model": name,
             "kernels": r.policy,
+            "fuse_norm": r.fuse_norm,
             "prefill_tokens": r.prefill_tokens,
             "prefill_tok_s": r.prefill_tok_s,
             "decode_tokens": r.decode_tokens,
@@ -113,11 +122,12 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "decode_floor_us": floor_us,
         }));
     }
-    if let [s, g] = &rows[..] {
+    if let [s, g, u] = &rows[..] {
         println!(
-            "specialized/generic: prefill {:.2}x, decode {:.2}x",
+            "specialized/generic: prefill {:.2}x, decode {:.2}x; fused/unfused decode norms: {:.2}x",
             s.prefill_tok_s / g.prefill_tok_s,
-            s.decode_tok_s / g.decode_tok_s
+            s.decode_tok_s / g.decode_tok_s,
+            s.decode_tok_s / u.decode_tok_s
         );
     }
     Ok(out)

@@ -293,6 +293,7 @@ mod gpu {
             max_ctx: Some(tokens + 16),
             graphs: true,
             fuse_ffn: true,
+            fuse_norm: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers (prefill)",
@@ -352,6 +353,7 @@ mod gpu {
             max_ctx: Some(ctx + steps + 8),
             graphs: true,
             fuse_ffn: true,
+            fuse_norm: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers",
@@ -390,6 +392,7 @@ mod gpu {
             max_ctx: Some(ctx + steps + 8),
             graphs: true,
             fuse_ffn: true,
+            fuse_norm: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers on {gpus} GPUs",

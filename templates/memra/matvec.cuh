@@ -652,6 +652,12 @@ template <class...> using void_t = void;
 template <class Cfg, class = void> struct CfgXq8 { static constexpr int value = 0; };
 template <class Cfg> struct CfgXq8<Cfg, void_t<decltype(Cfg::XQ8)>> { static constexpr int value = Cfg::XQ8; };
 
+// Src::X_IN_SMEM, false when a row source does not declare it: true for sources that build
+// their (batch-1) x row in shared memory themselves (norm_matvec.cuh's prologue), at
+// matvec_smem + SMEM as padded units of XS_UNIT floats; no x chunk is staged then.
+template <class Src, class = void> struct SrcXInSmem { static constexpr bool value = false; };
+template <class Src> struct SrcXInSmem<Src, void_t<decltype(Src::X_IN_SMEM)>> { static constexpr bool value = Src::X_IN_SMEM; };
+
 // Geometry shared by the kernel and (mirrored) the Rust launcher.
 template <class Cfg> struct MatvecGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
@@ -867,7 +873,9 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 }
             }
         }
-        if constexpr (G::XQ8_FUSED) {
+        if constexpr (SrcXInSmem<Src>::value) {
+            // x is the source's own row in shared memory, built in its prologue.
+        } else if constexpr (G::XQ8_FUSED) {
             // x is quantized once, in the prologue.
         } else if constexpr (G::XQ8) {
             // q8 x chunk: 16-byte piece i < QP = elements 16i.. -> unit 16i / UE's padded run;
@@ -939,7 +947,12 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         }
         const float wseg = Src::WEIGHTED ? src.weight(seg) : 1.0f;
         const u8* ws = matvec_smem + slot * G::STAGE;
-        const float* xs = reinterpret_cast<const float*>(ws + G::W_BYTES);
+        const float* xs;
+        if constexpr (SrcXInSmem<Src>::value) {
+            xs = reinterpret_cast<const float*>(matvec_smem + G::SMEM) + ci * G::UPC * G::XS_UNIT;
+        } else {
+            xs = reinterpret_cast<const float*>(ws + G::W_BYTES);
+        }
         const int chunk_off = ALIGNED ? 0 : (int)(((i64)ci * G::CB) & 15);
         if constexpr (G::XQ8) {
             if constexpr (U::INT_DOT) {
@@ -1062,6 +1075,12 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < steps) issue(s);
         async::commit();
+    }
+    if constexpr (SrcXInSmem<Src>::value) {
+        // The source builds its x row (batch 1, f32) in shared memory while the first chunks
+        // load; the loop's first barrier publishes it.
+        static_assert(!G::XQ8 && !Src::SEGMENTED && NB == 1, "an x row in shared memory is one f32 row");
+        src.template prologue<G>(reinterpret_cast<float*>(matvec_smem + G::SMEM), K);
     }
     if constexpr (G::XQ8_FUSED && !Src::SEGMENTED) {
         // XQ8 = 2: quantize the whole x (segment 0's rows) into shared memory while the first

@@ -19,6 +19,7 @@ pub mod topk;
 // Matrix families (H-gemv).
 pub mod matmul;
 pub mod matvec;
+pub mod norm_matvec;
 pub mod quantize_q8;
 
 // MoE families (H-moe).

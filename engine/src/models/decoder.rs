@@ -26,6 +26,7 @@ use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
 use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
+use crate::kernels::norm_matvec::{self, NormMatvecWeights, Residual};
 use crate::kernels::{add_rmsnorm, argmax, embed, geglu, moe_router, rmsnorm, swiglu};
 
 /// Fewest keys per decode-attention split. With few kv heads (gemma3: one) a split is a single
@@ -74,6 +75,13 @@ impl Glu {
         match self {
             Glu::Swiglu => swiglu::FAMILY,
             Glu::Geglu => geglu::FAMILY,
+        }
+    }
+
+    fn norm_matvec(self) -> norm_matvec::Glu {
+        match self {
+            Glu::Swiglu => norm_matvec::Glu::Swiglu,
+            Glu::Geglu => norm_matvec::Glu::Geglu,
         }
     }
 }
@@ -186,6 +194,18 @@ struct Layer {
     rope_base: f32,
     rope_scale: f32,
     window: Option<usize>,
+    /// Decode steps with the residual add + norm fused into the projections after it
+    /// (`GpuOptions::fuse_norm`); `None` runs add_rmsnorm launches.
+    norm_fused: Option<NormFused>,
+}
+
+/// The norm_matvec variants of one layer's decode step: q, k, v, and the dense gated FFN
+/// (`None` for MoE FFNs or gate/up of different types: their norm stays a launch of its own).
+struct NormFused {
+    q: &'static str,
+    k: &'static str,
+    v: &'static str,
+    ffn: Option<&'static str>,
 }
 
 enum Ffn {
@@ -233,6 +253,8 @@ struct Net {
     sm_count: usize,
     /// One expert id 0: the fused dense FFN runs the expert kernel on a single "expert".
     zero_id: CudaSlice<i32>,
+    /// The LM head's norm_matvec variant when decode steps fuse the norms.
+    lm_head_norm: Option<&'static str>,
 }
 
 /// What a forward writes besides the activations: the KV cache and the last logits.
@@ -243,6 +265,9 @@ struct Bufs {
     tokens: CudaSlice<i32>,
     pos: CudaSlice<i32>,
     x: CudaSlice<f32>,
+    /// The residual's second buffer: a fused decode step's norm_matvec reads one and writes the
+    /// other (its blocks all read x while one writes the sum).
+    x_alt: CudaSlice<f32>,
     h: CudaSlice<f32>,
     q: CudaSlice<f32>,
     k: CudaSlice<f32>,
@@ -327,6 +352,20 @@ impl Decoder {
                     Ffn::Moe { router, gate, up, down, swiglu, down_kernel, grouped }
                 }
             };
+            let norm_fused = if opts.fuse_norm {
+                let nm = |plan: &mut KernelPlan, lin: &Linear, glu: norm_matvec::Glu| -> Result<&'static str> {
+                    let q = gpu::qtype_token(norm_matvec::FAMILY, lin.w.ty).map_err(|e| err(format!("tensor '{}': {e}", lin.w.name)))?;
+                    let req = [("k", Param::Int(lin.w.k as i64)), ("n", Param::Int(lin.w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym(glu.token()))];
+                    plan.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", lin.w.name)))
+                };
+                let ffn = match &ffn {
+                    Ffn::Dense { gate, up, .. } if gate.w.ty == up.w.ty => Some(nm(&mut plan, gate, cfg.glu.norm_matvec())?),
+                    _ => None,
+                };
+                Some(NormFused { q: nm(&mut plan, &attn_q, norm_matvec::Glu::None)?, k: nm(&mut plan, &attn_k, norm_matvec::Glu::None)?, v: nm(&mut plan, &attn_v, norm_matvec::Glu::None)?, ffn })
+            } else {
+                None
+            };
             let qk_norm = match (&l.attn_q_norm, &l.attn_k_norm) {
                 (Some(q), Some(k)) => Some((f32s(q)?, f32s(k)?)),
                 _ => None,
@@ -345,6 +384,7 @@ impl Decoder {
                 rope_base: l.rope_base,
                 rope_scale: l.rope_scale,
                 window: l.window,
+                norm_fused,
             });
         }
         let embd = upload(&spec.token_embd)?;
@@ -358,6 +398,13 @@ impl Decoder {
             return Err(err(format!("{}: output.weight has {} rows, token_embd.weight {n_vocab}", path.display(), lm_head.w.n)));
         }
         let output_norm = f32s(&spec.output_norm)?;
+        let lm_head_norm = if opts.fuse_norm {
+            let q = gpu::qtype_token(norm_matvec::FAMILY, lm_head.w.ty).map_err(|e| err(format!("tensor '{}': {e}", lm_head.w.name)))?;
+            let req = [("k", Param::Int(lm_head.w.k as i64)), ("n", Param::Int(lm_head.w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym("none"))];
+            Some(plan.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", lm_head.w.name)))?)
+        } else {
+            None
+        };
 
         let int = |v: usize| Param::Int(v as i64);
         let sandwich = cfg.norm == NormPlacement::Sandwich;
@@ -410,7 +457,7 @@ impl Decoder {
         let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
         let n_ctx_train = cfg.n_ctx_train;
-        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, zero_id };
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, zero_id, lm_head_norm };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         let state = State { gpu, cache, out, len: 0, max_ctx, n_ctx_train, n_vocab, weight_bytes: bytes, report };
         Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs) })
@@ -444,103 +491,221 @@ impl Net {
     /// Enqueues the forward of `t` tokens (ids and positions `pos0..pos0+t` already in `bufs`),
     /// leaving the last token's logits in `state.logits` and its argmax in `state.best_idx`.
     fn enqueue(&self, state: &mut State, bufs: &mut Bufs, t: usize, pos0: usize, splits: &[usize]) -> Result<()> {
+        if t == 1 && self.lm_head_norm.is_some() {
+            return self.enqueue_decode_fused(state, bufs, pos0, splits);
+        }
         let c = &self.cfg;
-        let (e, hd, n_ff, eps) = (c.n_embd, c.head_dim, c.n_ff, c.eps);
-        let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
+        let (e, eps) = (c.n_embd, c.eps);
         let k = &self.kernels;
-        let n_vocab = self.n_vocab();
-        let Bufs { tokens, pos, x, h, q, k: kb, v, att, o, gate, up, ff, work, router, ids, wts, grouped: grouped_scratch } = bufs;
-
-        let table = self.embd_table();
-        embed::embed(k.get(self.names.embed)?, &tokens.slice(..t), &table.data.slice(..), &mut x.slice_mut(..t * e), t, e, n_vocab, c.embed_scale)?;
+        self.embed(bufs, t)?;
+        let Bufs { x, h, .. } = &mut *bufs;
         rmsnorm::rmsnorm(k.get(self.names.rmsnorm)?, &x.slice(..t * e), &self.layers[0].attn_norm.slice(..), &mut h.slice_mut(..t * e), t, e, eps)?;
         for (il, l) in self.layers.iter().enumerate() {
+            let Bufs { h, q, k: kb, v, .. } = &mut *bufs;
+            let (qd, kvd) = (c.n_head * c.head_dim, c.n_kv * c.head_dim);
             l.attn_q.forward(k, &h.slice(..t * e), &mut q.slice_mut(..t * qd), t)?;
             l.attn_k.forward(k, &h.slice(..t * e), &mut kb.slice_mut(..t * kvd), t)?;
             l.attn_v.forward(k, &h.slice(..t * e), &mut v.slice_mut(..t * kvd), t)?;
-            let mut p = QkNormRopeParams::packed(t, hd, c.n_head, c.n_kv, c.n_rot, state.cache.max_ctx, l.rope_base, eps);
-            p.freq_scale = l.rope_scale;
-            let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
-            qk_norm_rope::qk_norm_rope(
-                k.get(self.names.qk_norm_rope)?,
-                &mut q.slice_mut(..t * qd),
-                &mut kb.slice_mut(..t * kvd),
-                &v.slice(..t * kvd),
-                norm_w.as_ref().map(|(a, b)| (a, b)),
-                &pos.slice(..t),
-                &mut state.cache.k[il].slice_mut(..),
-                &mut state.cache.v[il].slice_mut(..),
-                &p,
-            )?;
-            self.attend(&state.cache, l, il, q, pos, att, work, t, pos0, splits[il])?;
-            l.attn_output.forward(k, &att.slice(..t * qd), &mut o.slice_mut(..t * e), t)?;
-            add_rmsnorm::add_rmsnorm(
-                k.get(self.names.add_rmsnorm)?,
-                &mut x.slice_mut(..t * e),
-                &o.slice(..t * e),
-                l.post_attention_norm.as_ref().map(|w| w.slice(..)).as_ref(),
-                &l.ffn_norm.slice(..),
-                &mut h.slice_mut(..t * e),
-                t,
-                e,
-                eps,
-            )?;
-            match &l.ffn {
-                Ffn::Dense { gate: wg, up: wu, down: wd, fused: Some(fused) } if t == 1 => {
-                    let (gv, uv, id0, hv) = (wg.w.data.slice(..), wu.w.data.slice(..), self.zero_id.slice(..), h.slice(..e));
-                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &id0, weights: None, x: &hv };
-                    let dims = MoeDims { k: e, n: n_ff, n_tokens: 1, n_used: 1, n_expert: 1, ldx: e, ldy: n_ff };
-                    moe_matvec::moe_matvec(k.get(fused)?, &inp, &mut ff.slice_mut(..n_ff), dims)?;
-                    wd.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
-                }
-                Ffn::Dense { gate: wg, up: wu, down: wd, .. } => {
-                    wg.forward(k, &h.slice(..t * e), &mut gate.slice_mut(..t * n_ff), t)?;
-                    wu.forward(k, &h.slice(..t * e), &mut up.slice_mut(..t * n_ff), t)?;
-                    let glu = match c.glu {
-                        Glu::Swiglu => swiglu::swiglu,
-                        Glu::Geglu => geglu::geglu,
-                    };
-                    glu(k.get(self.names.glu)?, &gate.slice(..t * n_ff), &up.slice(..t * n_ff), &mut ff.slice_mut(..t * n_ff), t, n_ff, GluLayout::separate(n_ff))?;
-                    wd.forward(k, &ff.slice(..t * n_ff), &mut o.slice_mut(..t * e), t)?;
-                }
-                Ffn::Moe { router: wr, gate: wg, up: wu, down: wd, swiglu, down_kernel, grouped } => {
-                    let m = c.moe.as_ref().expect("MoE layers have a MoE config (checked at load)");
-                    let (ne, nu, nf) = (m.n_expert, m.n_used, m.n_ff_exp);
-                    wr.forward(k, &h.slice(..t * e), &mut router.slice_mut(..t * ne), t)?;
-                    let name = self.names.moe_router.expect("planned with the MoE config");
-                    moe_router::moe_router(k.get(name)?, &router.slice(..t * ne), None, &mut ids.slice_mut(..t * nu), &mut wts.slice_mut(..t * nu), t, ne, nu, m.norm, m.scale)?;
-                    if let (Some(gm), Some(scratch)) = (grouped, grouped_scratch.as_mut()) {
-                        let (hv, ids_v, wts_v) = (h.slice(..t * e), ids.slice(..t * nu), wts.slice(..t * nu));
-                        gm.forward(&state.gpu, k, (wg, wu, wd), scratch, &hv, &ids_v, &wts_v, &mut o.slice_mut(..t * e), t, nu, ne)?;
-                    } else {
-                        let (gv, uv, ids_v, wts_v) = (wg.data.slice(..), wu.data.slice(..), ids.slice(..t * nu), wts.slice(..t * nu));
-                        let hv = h.slice(..t * e);
-                        let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &ids_v, weights: None, x: &hv };
-                        let dims = MoeDims { k: e, n: nf, n_tokens: t, n_used: nu, n_expert: ne, ldx: e, ldy: nf };
-                        moe_matvec::moe_matvec(k.get(swiglu)?, &inp, &mut ff.slice_mut(..t * nu * nf), dims)?;
-                        let (dv, ffv) = (wd.data.slice(..), ff.slice(..t * nu * nf));
-                        let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &ids_v, weights: Some(&wts_v), x: &ffv };
-                        let dims = MoeDims { k: nf, n: e, n_tokens: t, n_used: nu, n_expert: ne, ldx: nf, ldy: e };
-                        moe_matvec::moe_matvec(k.get(down_kernel)?, &inp, &mut o.slice_mut(..t * e), dims)?;
-                    }
-                }
-            }
+            self.attention(state, bufs, l, il, t, pos0, splits[il])?;
+            let Bufs { x, h, o, .. } = &mut *bufs;
+            self.add_norm(x, o, l.post_attention_norm.as_ref(), &l.ffn_norm, h, t)?;
+            self.ffn(state, bufs, l, t)?;
+            let Bufs { x, h, o, .. } = &mut *bufs;
             let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |n| &n.attn_norm);
-            add_rmsnorm::add_rmsnorm(
-                k.get(self.names.add_rmsnorm)?,
-                &mut x.slice_mut(..t * e),
-                &o.slice(..t * e),
-                l.post_ffw_norm.as_ref().map(|w| w.slice(..)).as_ref(),
-                &next_norm.slice(..),
-                &mut h.slice_mut(..t * e),
-                t,
-                e,
-                eps,
-            )?;
+            self.add_norm(x, o, l.post_ffw_norm.as_ref(), next_norm, h, t)?;
         }
         let last = (t - 1) * e;
-        self.lm_head.forward(k, &h.slice(last..last + e), &mut state.out.logits.slice_mut(..), 1)?;
+        self.lm_head.forward(k, &bufs.h.slice(last..last + e), &mut state.out.logits.slice_mut(..), 1)?;
         state.out.enqueue_argmax(k.get(self.names.argmax)?)
+    }
+
+    /// A decode step with each residual add + RMSNorm fused into the projection after it
+    /// (norm_matvec): the residual alternates between `x` and `x_alt`, the launch that first
+    /// reads an owed add writing the sum into the other buffer. Norms before a MoE FFN (its
+    /// router and experts read `h`) stay add_rmsnorm launches.
+    fn enqueue_decode_fused(&self, state: &mut State, bufs: &mut Bufs, pos0: usize, splits: &[usize]) -> Result<()> {
+        let c = &self.cfg;
+        let (e, qd, kvd, n_ff, eps) = (c.n_embd, c.n_head * c.head_dim, c.n_kv * c.head_dim, c.n_ff, c.eps);
+        let k = &self.kernels;
+        self.embed(bufs, 1)?;
+        // The residual is in x (cur = 0) or x_alt (1); `owed` = Some(post-norm): x += post(o)
+        // is still to be applied (None inside: o is added as it is).
+        let mut cur = 0;
+        let mut owed: Option<Option<&CudaSlice<f32>>> = None;
+        for (il, l) in self.layers.iter().enumerate() {
+            match &l.norm_fused {
+                Some(nf) => {
+                    let Bufs { x, x_alt, o, q, k: kb, v, .. } = &mut *bufs;
+                    let (res, res_next) = residuals(x, x_alt, cur);
+                    let ov = o.slice(..e);
+                    let post = owed.map(|p| p.map(|w| w.slice(..)));
+                    let add = owed.map(|_| Residual { delta: &ov, delta_w: post.as_ref().and_then(|p| p.as_ref()) });
+                    let mut next = res_next.slice_mut(..e);
+                    for (i, (name, lin, out)) in [(nf.q, &l.attn_q, q), (nf.k, &l.attn_k, kb), (nf.v, &l.attn_v, v)].into_iter().enumerate() {
+                        let wv = lin.w.data.slice(..);
+                        let weights = NormMatvecWeights { w: &wv, w_up: None };
+                        let x_out = if i == 0 && add.is_some() { Some(&mut next) } else { None };
+                        norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), add, &l.attn_norm.slice(..), x_out, &mut out.slice_mut(..lin.w.n), e, lin.w.n, eps)
+                            .map_err(|er| err(format!("tensor '{}': {er}", lin.w.name)))?;
+                    }
+                    if add.is_some() {
+                        cur ^= 1;
+                    }
+                }
+                None => {
+                    self.settle(bufs, cur, owed, &l.attn_norm)?;
+                    let Bufs { h, q, k: kb, v, .. } = &mut *bufs;
+                    l.attn_q.forward(k, &h.slice(..e), &mut q.slice_mut(..qd), 1)?;
+                    l.attn_k.forward(k, &h.slice(..e), &mut kb.slice_mut(..kvd), 1)?;
+                    l.attn_v.forward(k, &h.slice(..e), &mut v.slice_mut(..kvd), 1)?;
+                }
+            }
+            self.attention(state, bufs, l, il, 1, pos0, splits[il])?;
+            let post_attn = Some(l.post_attention_norm.as_ref());
+            match (&l.ffn, l.norm_fused.as_ref().and_then(|nf| nf.ffn)) {
+                (Ffn::Dense { gate, up, down, .. }, Some(name)) => {
+                    let Bufs { x, x_alt, o, ff, .. } = &mut *bufs;
+                    let (res, res_next) = residuals(x, x_alt, cur);
+                    let (gv, uv, ov) = (gate.w.data.slice(..), up.w.data.slice(..), o.slice(..e));
+                    let pw = l.post_attention_norm.as_ref().map(|w| w.slice(..));
+                    let add = Residual { delta: &ov, delta_w: pw.as_ref() };
+                    let weights = NormMatvecWeights { w: &gv, w_up: Some(&uv) };
+                    norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), Some(add), &l.ffn_norm.slice(..), Some(&mut res_next.slice_mut(..e)), &mut ff.slice_mut(..n_ff), e, n_ff, eps)
+                        .map_err(|er| err(format!("tensor '{}': {er}", gate.w.name)))?;
+                    cur ^= 1;
+                    down.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
+                }
+                _ => {
+                    self.settle(bufs, cur, post_attn, &l.ffn_norm)?;
+                    self.ffn(state, bufs, l, 1)?;
+                }
+            }
+            owed = Some(l.post_ffw_norm.as_ref());
+        }
+        let name = self.lm_head_norm.expect("checked by enqueue");
+        let Bufs { x, x_alt, o, .. } = &mut *bufs;
+        let (res, _) = residuals(x, x_alt, cur);
+        let (wv, ov) = (self.lm_head.w.data.slice(..), o.slice(..e));
+        let post = owed.flatten().map(|w| w.slice(..));
+        let add = owed.map(|_| Residual { delta: &ov, delta_w: post.as_ref() });
+        let n_vocab = self.n_vocab();
+        norm_matvec::norm_matvec(k.get(name)?, &NormMatvecWeights { w: &wv, w_up: None }, &res.slice(..e), add, &self.output_norm.slice(..), None, &mut state.out.logits.slice_mut(..), e, n_vocab, eps)
+            .map_err(|er| err(format!("tensor '{}': {er}", self.lm_head.w.name)))?;
+        state.out.enqueue_argmax(k.get(self.names.argmax)?)
+    }
+
+    /// Token embeddings of `bufs.tokens[..t]` into `bufs.x`.
+    fn embed(&self, bufs: &mut Bufs, t: usize) -> Result<()> {
+        let (e, n_vocab) = (self.cfg.n_embd, self.n_vocab());
+        let table = self.embd_table();
+        embed::embed(self.kernels.get(self.names.embed)?, &bufs.tokens.slice(..t), &table.data.slice(..), &mut bufs.x.slice_mut(..t * e), t, e, n_vocab, self.cfg.embed_scale)
+            .map_err(Into::into)
+    }
+
+    /// `x += post(o)` (post-norm when given), then `h = norm(x)·norm_w`, for `t` rows.
+    fn add_norm(&self, x: &mut CudaSlice<f32>, o: &CudaSlice<f32>, post: Option<&CudaSlice<f32>>, norm_w: &CudaSlice<f32>, h: &mut CudaSlice<f32>, t: usize) -> Result<()> {
+        let e = self.cfg.n_embd;
+        add_rmsnorm::add_rmsnorm(
+            self.kernels.get(self.names.add_rmsnorm)?,
+            &mut x.slice_mut(..t * e),
+            &o.slice(..t * e),
+            post.map(|w| w.slice(..)).as_ref(),
+            &norm_w.slice(..),
+            &mut h.slice_mut(..t * e),
+            t,
+            e,
+            self.cfg.eps,
+        )?;
+        Ok(())
+    }
+
+    /// A fused decode step's norm as a launch of its own (before a MoE FFN or an unfused
+    /// layer): the owed add into the current residual buffer, then `h = norm(x)·norm_w`.
+    fn settle(&self, bufs: &mut Bufs, cur: usize, owed: Option<Option<&CudaSlice<f32>>>, norm_w: &CudaSlice<f32>) -> Result<()> {
+        let (e, eps) = (self.cfg.n_embd, self.cfg.eps);
+        let Bufs { x, x_alt, o, h, .. } = &mut *bufs;
+        let res = if cur == 0 { x } else { x_alt };
+        match owed {
+            Some(post) => self.add_norm(res, o, post, norm_w, h, 1),
+            None => Ok(rmsnorm::rmsnorm(self.kernels.get(self.names.rmsnorm)?, &res.slice(..e), &norm_w.slice(..), &mut h.slice_mut(..e), 1, e, eps)?),
+        }
+    }
+
+    /// QK-norm + RoPE + the KV-cache write of `q`, `k`, `v`, attention over the cache, and the
+    /// output projection into `o`, for `t` tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, t: usize, pos0: usize, n_split: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (e, hd, eps) = (c.n_embd, c.head_dim, c.eps);
+        let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
+        let k = &self.kernels;
+        let Bufs { pos, q, k: kb, v, att, o, work, .. } = &mut *bufs;
+        let mut p = QkNormRopeParams::packed(t, hd, c.n_head, c.n_kv, c.n_rot, state.cache.max_ctx, l.rope_base, eps);
+        p.freq_scale = l.rope_scale;
+        let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
+        qk_norm_rope::qk_norm_rope(
+            k.get(self.names.qk_norm_rope)?,
+            &mut q.slice_mut(..t * qd),
+            &mut kb.slice_mut(..t * kvd),
+            &v.slice(..t * kvd),
+            norm_w.as_ref().map(|(a, b)| (a, b)),
+            &pos.slice(..t),
+            &mut state.cache.k[il].slice_mut(..),
+            &mut state.cache.v[il].slice_mut(..),
+            &p,
+        )?;
+        self.attend(&state.cache, l, il, q, pos, att, work, t, pos0, n_split)?;
+        l.attn_output.forward(k, &att.slice(..t * qd), &mut o.slice_mut(..t * e), t)?;
+        Ok(())
+    }
+
+    /// The FFN of `t` rows of `h` into `o`.
+    fn ffn(&self, state: &mut State, bufs: &mut Bufs, l: &Layer, t: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (e, n_ff) = (c.n_embd, c.n_ff);
+        let k = &self.kernels;
+        let Bufs { h, o, gate, up, ff, router, ids, wts, grouped: grouped_scratch, .. } = &mut *bufs;
+        match &l.ffn {
+            Ffn::Dense { gate: wg, up: wu, down: wd, fused: Some(fused) } if t == 1 => {
+                let (gv, uv, id0, hv) = (wg.w.data.slice(..), wu.w.data.slice(..), self.zero_id.slice(..), h.slice(..e));
+                let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &id0, weights: None, x: &hv };
+                let dims = MoeDims { k: e, n: n_ff, n_tokens: 1, n_used: 1, n_expert: 1, ldx: e, ldy: n_ff };
+                moe_matvec::moe_matvec(k.get(fused)?, &inp, &mut ff.slice_mut(..n_ff), dims)?;
+                wd.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
+            }
+            Ffn::Dense { gate: wg, up: wu, down: wd, .. } => {
+                wg.forward(k, &h.slice(..t * e), &mut gate.slice_mut(..t * n_ff), t)?;
+                wu.forward(k, &h.slice(..t * e), &mut up.slice_mut(..t * n_ff), t)?;
+                let glu = match c.glu {
+                    Glu::Swiglu => swiglu::swiglu,
+                    Glu::Geglu => geglu::geglu,
+                };
+                glu(k.get(self.names.glu)?, &gate.slice(..t * n_ff), &up.slice(..t * n_ff), &mut ff.slice_mut(..t * n_ff), t, n_ff, GluLayout::separate(n_ff))?;
+                wd.forward(k, &ff.slice(..t * n_ff), &mut o.slice_mut(..t * e), t)?;
+            }
+            Ffn::Moe { router: wr, gate: wg, up: wu, down: wd, swiglu, down_kernel, grouped } => {
+                let m = c.moe.as_ref().expect("MoE layers have a MoE config (checked at load)");
+                let (ne, nu, nf) = (m.n_expert, m.n_used, m.n_ff_exp);
+                wr.forward(k, &h.slice(..t * e), &mut router.slice_mut(..t * ne), t)?;
+                let name = self.names.moe_router.expect("planned with the MoE config");
+                moe_router::moe_router(k.get(name)?, &router.slice(..t * ne), None, &mut ids.slice_mut(..t * nu), &mut wts.slice_mut(..t * nu), t, ne, nu, m.norm, m.scale)?;
+                if let (Some(gm), Some(scratch)) = (grouped, grouped_scratch.as_mut()) {
+                    let (hv, ids_v, wts_v) = (h.slice(..t * e), ids.slice(..t * nu), wts.slice(..t * nu));
+                    gm.forward(&state.gpu, k, (wg, wu, wd), scratch, &hv, &ids_v, &wts_v, &mut o.slice_mut(..t * e), t, nu, ne)?;
+                } else {
+                    let (gv, uv, ids_v, wts_v) = (wg.data.slice(..), wu.data.slice(..), ids.slice(..t * nu), wts.slice(..t * nu));
+                    let hv = h.slice(..t * e);
+                    let inp = MoeMatvecInputs { w: &gv, w_up: Some(&uv), ids: &ids_v, weights: None, x: &hv };
+                    let dims = MoeDims { k: e, n: nf, n_tokens: t, n_used: nu, n_expert: ne, ldx: e, ldy: nf };
+                    moe_matvec::moe_matvec(k.get(swiglu)?, &inp, &mut ff.slice_mut(..t * nu * nf), dims)?;
+                    let (dv, ffv) = (wd.data.slice(..), ff.slice(..t * nu * nf));
+                    let inp = MoeMatvecInputs { w: &dv, w_up: None, ids: &ids_v, weights: Some(&wts_v), x: &ffv };
+                    let dims = MoeDims { k: nf, n: e, n_tokens: t, n_used: nu, n_expert: ne, ldx: nf, ldy: e };
+                    moe_matvec::moe_matvec(k.get(down_kernel)?, &inp, &mut o.slice_mut(..t * e), dims)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Attention of `t` query rows at positions `pos0..` over the layer's cache: the split-K
@@ -621,6 +786,7 @@ impl Bufs {
             tokens: gpu::alloc(gpu, t, "token ids")?,
             pos: gpu::alloc(gpu, t, "positions")?,
             x: a(e, "residual")?,
+            x_alt: a(e, "residual")?,
             h: a(e, "normed")?,
             q: a(qd, "q")?,
             k: a(kvd, "k")?,
@@ -640,4 +806,9 @@ impl Bufs {
             work: gpu::alloc(gpu, n_layer * attn_decode::work_floats(1, c.n_head, c.head_dim, max_split).next_multiple_of(4), "attention workspace")?,
         })
     }
+}
+
+/// The residual buffer `cur` (0: `x`, 1: `x_alt`) to read and the other one to write.
+fn residuals<'a>(x: &'a mut CudaSlice<f32>, x_alt: &'a mut CudaSlice<f32>, cur: usize) -> (&'a CudaSlice<f32>, &'a mut CudaSlice<f32>) {
+    if cur == 0 { (x, x_alt) } else { (x_alt, x) }
 }

@@ -29,11 +29,14 @@ pub struct GpuOptions {
     /// Run a decode step's dense gated FFN (gate, up, activation) as one fused launch where
     /// the build has the variant.
     pub fuse_ffn: bool,
+    /// Fuse each decode step's residual add + RMSNorm into the projection after it
+    /// (norm_matvec: q/k/v, the dense gated FFN, the LM head) instead of add_rmsnorm launches.
+    pub fuse_norm: bool,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true }
+        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true }
     }
 }
 

@@ -1,0 +1,168 @@
+// memra/norm_matvec.cuh — a decode projection with the residual add and RMSNorm before it fused
+// in (one token). Each block normalizes the row itself, into shared memory, while its first
+// weight chunks load, then runs matvec.cuh's streaming core over it: the add_rmsnorm launch
+// between two decode matvecs disappears.
+//
+//   r = x + (flags & ADD ? (flags & DELTA_NORM ? rmsnorm(delta)·delta_w : delta) : 0)
+//   x_out = r                       (flags & WRITE_X; block 0 writes it)
+//   h = rmsnorm(r)·norm_w           rmsnorm(v) = v / sqrt(mean(v²) + eps), as rmsnorm.cuh
+//   GLU None:           y[n] = Σ_k W[n][k]·h[k]
+//   GLU Swiglu / Geglu: y[n] = act(Σ_k Wg[n][k]·h[k]) · Σ_k Wu[n][k]·h[k]   (act: silu / gelu_tanh,
+//                       moe_matvec's paired rows and swiglu.cuh's formulas)
+//
+// Cfg fields (static constexpr):
+//   int       K, N      row length (n_embd) and rows; 0 = run time (kernel parameters k, n)
+//   QType     QTYPE     weight type (W, and Wu when paired)
+//   Glu       GLU       None / Swiglu / Geglu
+//   int       THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (paired: ROWS_PER_GROUP even)
+//
+// Kernel parameters, in order:
+//   (const unsigned char* w, const unsigned char* w_up, const float* x, const float* delta,
+//    const float* delta_w, const float* norm_w, float* x_out, float* y, int k, int n, int flags,
+//    float eps)
+//   flags: ADD 1, DELTA_NORM 2 (with ADD), WRITE_X 4 (NormFlags below); a pointer whose flag is
+//   clear is never read or written (any valid pointer fills its slot).
+//   w, w_up: N·row_bytes(K) bytes, 16-byte aligned (w_up paired only, else unread); x, delta,
+//   delta_w, norm_w, x_out: K floats; with WRITE_X, x_out is neither x nor delta (the kernel
+//   traps: other blocks still read them); y: N floats.
+//
+// Launch geometry: matvec's with BATCH 1 — R = THREADS / LANES · ROWS_PER_GROUP tile rows,
+//   T = ceil(N / R) tiles (paired: ceil(2N / R), tile row 2n = gate row n, 2n + 1 = up row n),
+//   grid (G) for any 1 ≤ G ≤ T, block THREADS, dynamic shared memory
+//   MatvecGeometry::SMEM + xrow_bytes(K) (NormMatvecGeometry below; the kernel traps if less).
+#pragma once
+#include "memra/moe_matvec.cuh"
+
+namespace memra {
+
+enum class Glu : int { None = 0, Swiglu = 1, Geglu = 2 };
+
+// The run-time choices of one launch (kernel parameter `flags`).
+struct NormFlags {
+    static constexpr int ADD = 1, DELTA_NORM = 2, WRITE_X = 4;
+};
+
+// matvec's Cfg view of a norm_matvec Cfg: one f32 x row, built in shared memory.
+template <class Cfg> struct NormMatvecGeometryCfg {
+    static constexpr int K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES;
+    static constexpr int ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = 0, XQ8 = 0;
+    static constexpr QType QTYPE = Cfg::QTYPE;
+};
+
+template <class Cfg> struct NormMatvecGeometry {
+    using G = MatvecGeometry<NormMatvecGeometryCfg<Cfg>>;
+    // The normalized row: K / UE units of XS_UNIT floats (the staged x chunk's padded layout).
+    __host__ __device__ static constexpr int xrow_bytes(int k) { return (k / G::U::UE * G::XS_UNIT * 4 + 15) / 16 * 16; }
+};
+
+namespace norm_matvec_detail {
+
+template <Glu A> constexpr MoeMode PAIR_MODE = A == Glu::Geglu ? MoeMode::Geglu : MoeMode::Swiglu;
+
+template <class Cfg> struct NormRows {
+    static constexpr bool SEGMENTED = false, WEIGHTED = false, X_IN_SMEM = true;
+    static constexpr bool PAIRED = Cfg::GLU != Glu::None;
+    static constexpr int LANES = Cfg::LANES, THREADS = Cfg::THREADS;
+    const u8* w;
+    const u8* w_up;
+    float* y;
+    i64 w_total;
+    int n;
+    const float* x;
+    const float* delta;
+    const float* delta_w;
+    const float* norm_w;
+    float* x_out;
+    int flags;
+    float eps;
+
+    __device__ __forceinline__ int segments() const { return 1; }
+    __device__ __forceinline__ i64 row(int, int r, const u8*& base) const {
+        if constexpr (PAIRED) {
+            base = (r & 1) ? w_up : w;
+            return r >> 1;
+        } else {
+            base = w;
+            return r;
+        }
+    }
+    __device__ __forceinline__ const float* xrow(int, int) const { return x; }  // unread: X_IN_SMEM
+    __device__ __forceinline__ float weight(int) const { return 1.0f; }
+
+    // h into the padded unit layout (element i at unit i / UE, slot i % UE); every element is
+    // rewritten only by the thread that first wrote it, so only the reductions synchronize.
+    template <class G> __device__ __forceinline__ void prologue(float* h, int K) const {
+        constexpr int UE = G::U::UE;
+        const int tid = threadIdx.x;
+        const bool add = (flags & NormFlags::ADD) != 0, delta_norm = add && (flags & NormFlags::DELTA_NORM) != 0;
+        const bool write_x = (flags & NormFlags::WRITE_X) != 0 && blockIdx.x == 0;
+        float inv_d = 1.0f;
+        if (delta_norm) {
+            float ss = 0.0f;
+            for (int i = tid; i < K; i += THREADS) ss = fmaf(delta[i], delta[i], ss);
+            inv_d = rsqrtf(block_sum<THREADS>(ss) / (float)K + eps);
+        }
+        float ss = 0.0f;
+        for (int i = tid; i < K; i += THREADS) {
+            float r = x[i];
+            if (add) r += delta_norm ? delta[i] * inv_d * __ldg(delta_w + i) : delta[i];
+            if (write_x) x_out[i] = r;
+            h[(i / UE) * G::XS_UNIT + i % UE] = r;
+            ss = fmaf(r, r, ss);
+        }
+        const float inv = rsqrtf(block_sum<THREADS>(ss) / (float)K + eps);
+        for (int i = tid; i < K; i += THREADS) {
+            float& v = h[(i / UE) * G::XS_UNIT + i % UE];
+            v = v * inv * __ldg(norm_w + i);
+        }
+    }
+
+    template <int RPG, int NB>
+    __device__ __forceinline__ void store(int lane, int first_row, const float (&sums)[RPG][NB], int) const {
+        if constexpr (PAIRED) {
+            static_assert(RPG % 2 == 0, "GLU Swiglu / Geglu needs an even ROWS_PER_GROUP (gate and up rows pair up)");
+#pragma unroll
+            for (int i = 0; i < RPG / 2; ++i) {
+                const int row = first_row / 2 + i;
+                if (lane == i % LANES && row < n) y[row] = moe_detail::gate_act<PAIR_MODE<Cfg::GLU>>(sums[2 * i][0]) * sums[2 * i + 1][0];
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < RPG; ++r) {
+                const int row = first_row + r;
+                if (lane == r % LANES && row < n) y[row] = sums[r][0];
+            }
+        }
+    }
+};
+
+}  // namespace norm_matvec_detail
+
+template <class Cfg>
+__device__ __forceinline__ void norm_matvec_impl(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w_up,
+                                                 const float* x, const float* delta, const float* __restrict__ delta_w,
+                                                 const float* __restrict__ norm_w, float* x_out, float* __restrict__ y,
+                                                 int k, int n, int flags, float eps) {
+    using GC = NormMatvecGeometryCfg<Cfg>;
+    using G = MatvecGeometry<GC>;
+    using U = qunit::Unit<Cfg::QTYPE>;
+    const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
+    if (async::dynamic_smem_bytes() < (u32)G::SMEM + (u32)NormMatvecGeometry<Cfg>::xrow_bytes(K)) __trap();
+    // Other blocks read x and delta while block 0 writes x_out.
+    if ((flags & NormFlags::WRITE_X) && (x_out == x || ((flags & NormFlags::ADD) && x_out == delta))) __trap();
+    const i64 w_total = (i64)N * ((i64)(K / U::BLOCK) * U::BYTES);
+    const norm_matvec_detail::NormRows<Cfg> src{w, w_up, y, w_total, N, x, delta, delta_w, norm_w, x_out, flags, eps};
+    matvec_detail::run<GC, 1>(1, src, k, Cfg::GLU != Glu::None ? 2 * N : N, gridDim.x);
+}
+
+}  // namespace memra
+
+#define MEMRA_DEFINE_NORM_MATVEC(SYMBOL, CFG)                                                                         \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS,                                                          \
+                                                 memra::MatvecGeometry<memra::NormMatvecGeometryCfg<CFG>>::MIN_BLOCKS)  \
+        SYMBOL(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w_up, const float* x,             \
+               const float* delta, const float* __restrict__ delta_w, const float* __restrict__ norm_w, float* x_out,   \
+               float* __restrict__ y, int k, int n, int flags, float eps) {                                             \
+        memra::pdl_entry();                                                                                             \
+        memra::norm_matvec_impl<CFG>(w, w_up, x, delta, delta_w, norm_w, x_out, y, k, n, flags, eps);                   \
+    }
