@@ -26,8 +26,9 @@ use memra_reference::models::Gemma3;
 
 use forward::{Cpu, argmax, check_decode, check_prefill, load, micro, random_prompt, with_u32};
 
-/// Each kernel policy, with and without CUDA graphs.
-const SETTINGS: [(Policy, bool); 3] = [(Policy::Best, true), (Policy::GenericOnly, false), (Policy::Best, false)];
+/// Each kernel policy, with and without CUDA graphs (and with them the fused decode launches:
+/// gate/up + activation, the norms inside the projections; forward.rs `load_ctx`).
+const SETTINGS: [(Policy, bool); 4] = [(Policy::Best, true), (Policy::GenericOnly, false), (Policy::Best, false), (Policy::GenericOnly, true)];
 
 fn micro_matches_the_cpu_reference(arch: &str) {
     forward::micro_matches_the_cpu_reference(arch, &SETTINGS);

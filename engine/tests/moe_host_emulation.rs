@@ -89,36 +89,13 @@ fn emulator_source() -> String {
         "// Loads.",
         "common.cuh",
     );
-    let reductions = cut(
-        &common,
-        "__device__ __forceinline__ float warp_max(float v)",
-        "// Block-wide sum",
-        "common.cuh",
-    );
+    let reductions = emu_common::warp_reductions();
     // The gated activations moe_matvec shares with swiglu.cuh / geglu.cuh (not the row kernel).
-    let glu = template("swiglu.cuh");
-    let act = cut(
-        &glu,
-        "enum class Act",
-        "template <Act A, class Cfg>",
-        "swiglu.cuh",
-    );
-    let moe = template("moe_matvec.cuh");
-    let moe_body = cut(
-        &moe,
-        "namespace memra {",
-        "#define MEMRA_DEFINE_MOE_MATVEC",
-        "moe_matvec.cuh",
-    );
-    let router = template("moe_router.cuh");
-    let router_body = cut(
-        &router,
-        "namespace memra {",
-        "#define MEMRA_DEFINE_MOE_ROUTER",
-        "moe_router.cuh",
-    );
+    let glu = emu_common::glu_activations();
+    let moe_body = emu_common::template_body("moe_matvec.cuh", "#define MEMRA_DEFINE_MOE_MATVEC");
+    let router_body = emu_common::template_body("moe_router.cuh", "#define MEMRA_DEFINE_MOE_ROUTER");
     format!(
-        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{keys}\nnamespace glu_detail {{\n{act}\n}}\n}}\n{}{moe_body}{router_body}{GRID_RUNNER}{DRIVER}",
+        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{keys}\n{glu}\n}}\n{}{moe_body}{router_body}{GRID_RUNNER}{DRIVER}",
         emu_common::matvec_host_body()
     )
 }

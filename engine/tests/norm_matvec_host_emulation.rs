@@ -11,7 +11,7 @@
 
 mod emu_common;
 
-use emu_common::{Builder, GRID_RUNNER, PRELUDE, cut, f32_bytes, read_f32, template};
+use emu_common::{Builder, GRID_RUNNER, PRELUDE, f32_bytes, read_f32};
 use memra_gguf::{GgmlType, quant};
 use memra_reference::{Rng, act, linear, norm, rel_err};
 
@@ -75,21 +75,12 @@ template <int THREADS> inline float block_sum(float v) {
 "#;
 
 fn emulator_source() -> String {
-    let common = template("common.cuh");
-    let reductions = cut(
-        &common,
-        "__device__ __forceinline__ float warp_max(float v)",
-        "// Block-wide sum",
-        "common.cuh",
-    );
-    let glu = template("swiglu.cuh");
-    let act = cut(&glu, "enum class Act", "template <Act A, class Cfg>", "swiglu.cuh");
-    let moe = template("moe_matvec.cuh");
-    let moe_body = cut(&moe, "namespace memra {", "#define MEMRA_DEFINE_MOE_MATVEC", "moe_matvec.cuh");
-    let nm = template("norm_matvec.cuh");
-    let nm_body = cut(&nm, "namespace memra {", "#define MEMRA_DEFINE_NORM_MATVEC", "norm_matvec.cuh");
+    let reductions = emu_common::warp_reductions();
+    let glu = emu_common::glu_activations();
+    let moe_body = emu_common::template_body("moe_matvec.cuh", "#define MEMRA_DEFINE_MOE_MATVEC");
+    let nm_body = emu_common::template_body("norm_matvec.cuh", "#define MEMRA_DEFINE_NORM_MATVEC");
     format!(
-        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\nnamespace glu_detail {{\n{act}\n}}\n}}\n{HOST_EXTRA}{}{moe_body}{nm_body}{GRID_RUNNER}{DRIVER}",
+        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{glu}\n}}\n{HOST_EXTRA}{}{moe_body}{nm_body}{GRID_RUNNER}{DRIVER}",
         emu_common::matvec_host_body()
     )
 }

@@ -164,6 +164,25 @@ pub fn matvec_host_body() -> String {
     )
 }
 
+/// common.cuh's warp reductions (warp_max … up to the block-wide sum, which needs __shared__).
+pub fn warp_reductions() -> String {
+    let common = template("common.cuh");
+    cut(&common, "__device__ __forceinline__ float warp_max(float v)", "// Block-wide sum", "common.cuh").to_string()
+}
+
+/// swiglu.cuh's gated activations as `namespace glu_detail` (what moe_matvec's paired rows use).
+pub fn glu_activations() -> String {
+    let glu = template("swiglu.cuh");
+    let act = cut(&glu, "enum class Act", "template <Act A, class Cfg>", "swiglu.cuh");
+    format!("namespace glu_detail {{\n{act}\n}}")
+}
+
+/// `name`'s `namespace memra` body: from its first `namespace memra {` to its `#define`.
+pub fn template_body(name: &str, define: &str) -> String {
+    let text = template(name);
+    cut(&text, "namespace memra {", define, name).to_string()
+}
+
 pub fn compiler() -> Option<String> {
     let candidates = [
         std::env::var("CXX").ok(),

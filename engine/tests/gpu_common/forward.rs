@@ -110,6 +110,8 @@ pub fn load_ctx(
         policy,
         graphs,
         fuse_ffn: graphs,
+        // Fused launches go with graphs, so every setting list covers fused and unfused steps.
+        fuse_norm: graphs,
         max_ctx: Some(max_ctx),
         ..GpuOptions::default()
     };
