@@ -89,13 +89,53 @@ template <class Cfg> struct NormRows {
     __device__ __forceinline__ const float* xrow(int, int) const { return x; }  // unread: X_IN_SMEM
     __device__ __forceinline__ float weight(int) const { return 1.0f; }
 
-    // h into the padded unit layout (element i at unit i / UE, slot i % UE); every element is
-    // rewritten only by the thread that first wrote it, so only the reductions synchronize.
+    // h into the padded unit layout (element i at unit i / UE, slot i % UE). Every operand is
+    // loaded before the first reduction, so the prologue costs one memory latency (which the
+    // weight chunks issued before it share) and two block sums; rows longer than PER elements
+    // per thread take three passes (each element re-read only by the thread that wrote it).
     template <class G> __device__ __forceinline__ void prologue(float* h, int K) const {
+        constexpr int PER = Cfg::K != 0 ? (Cfg::K + THREADS - 1) / THREADS : 8;
         constexpr int UE = G::U::UE;
         const int tid = threadIdx.x;
         const bool add = (flags & NormFlags::ADD) != 0, delta_norm = add && (flags & NormFlags::DELTA_NORM) != 0;
         const bool write_x = (flags & NormFlags::WRITE_X) != 0 && blockIdx.x == 0;
+        auto slot = [&](int i) -> float& { return h[(i / UE) * G::XS_UNIT + i % UE]; };
+        if (PER <= 8 && K <= PER * THREADS) {
+            float r[PER], d[PER], dw[PER], nw[PER];
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int i = tid + j * THREADS;
+                const bool in = i < K;
+                r[j] = in ? x[i] : 0.0f;
+                d[j] = in && add ? delta[i] : 0.0f;
+                dw[j] = in && delta_norm ? __ldg(delta_w + i) : 0.0f;
+                nw[j] = in ? __ldg(norm_w + i) : 0.0f;
+            }
+            if (add) {
+                float inv_d = 1.0f;
+                if (delta_norm) {
+                    float ss = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < PER; ++j) ss = fmaf(d[j], d[j], ss);
+                    inv_d = rsqrtf(block_sum<THREADS>(ss) / (float)K + eps);
+                }
+#pragma unroll
+                for (int j = 0; j < PER; ++j) r[j] += delta_norm ? d[j] * inv_d * dw[j] : d[j];
+            }
+            float ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER; ++j) ss = fmaf(r[j], r[j], ss);
+            const float inv = rsqrtf(block_sum<THREADS>(ss) / (float)K + eps);
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int i = tid + j * THREADS;
+                if (i < K) {
+                    if (write_x) x_out[i] = r[j];
+                    slot(i) = r[j] * inv * nw[j];
+                }
+            }
+            return;
+        }
         float inv_d = 1.0f;
         if (delta_norm) {
             float ss = 0.0f;
@@ -107,12 +147,12 @@ template <class Cfg> struct NormRows {
             float r = x[i];
             if (add) r += delta_norm ? delta[i] * inv_d * __ldg(delta_w + i) : delta[i];
             if (write_x) x_out[i] = r;
-            h[(i / UE) * G::XS_UNIT + i % UE] = r;
+            slot(i) = r;
             ss = fmaf(r, r, ss);
         }
         const float inv = rsqrtf(block_sum<THREADS>(ss) / (float)K + eps);
         for (int i = tid; i < K; i += THREADS) {
-            float& v = h[(i / UE) * G::XS_UNIT + i % UE];
+            float& v = slot(i);
             v = v * inv * __ldg(norm_w + i);
         }
     }
