@@ -78,7 +78,8 @@ pub fn plan_arch(
                 ));
             }
         }
-        for scope in scopes(spec, dims, k, &mut errors) {
+        let instances = scopes(spec, dims, k, &mut errors);
+        for scope in instances.iter().map(Option::as_ref) {
             match bake(spec, dims, k, family, scope) {
                 Ok(v) => push_unique(&mut plan.variants, v),
                 Err(e) => {
@@ -114,14 +115,34 @@ pub fn push_unique(list: &mut Vec<KernelVariant>, v: KernelVariant) {
 /// The tensor a per-tensor entry is baked for, if any.
 type Scope<'a> = Option<&'a TensorInstance>;
 
-fn scopes<'a>(
+/// Runs of consecutive matrices that stack into one (`stack = true`): equal type and row
+/// length. `parts` are (type, row length) in order; each run is a range of indices into them.
+/// The engine stacks a layer's weights by the same rule, so the planned shapes are the ones it
+/// launches.
+pub fn stack_runs<T: PartialEq>(parts: &[(T, u64)]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if parts[r.start] == *p => r.end = i + 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
+/// The tensors a per-tensor entry is baked for (owned: a stacked entry's are made up, the
+/// rows of a run of its tensors).
+fn scopes(
     spec: &ArchSpec,
-    dims: &'a ModelDims,
+    dims: &ModelDims,
     k: &KernelSpec,
     errors: &mut Vec<String>,
-) -> Vec<Scope<'a>> {
+) -> Vec<Option<TensorInstance>> {
     if k.tensors.is_empty() {
         return vec![None];
+    }
+    if k.stack {
+        return stacked(spec, dims, k, errors).into_iter().map(Some).collect();
     }
     let mut out = Vec::new();
     for (name, loc) in &k.tensors {
@@ -138,8 +159,44 @@ fn scopes<'a>(
             dims.tensors
                 .iter()
                 .filter(|t| t.spec_index == index)
+                .cloned()
                 .map(Some),
         );
+    }
+    out
+}
+
+/// Per layer, the listed tensors present in it, stacked by [`stack_runs`]: shape
+/// `[ne0, Σ rows]`, named `a+b+…`.
+fn stacked(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, errors: &mut Vec<String>) -> Vec<TensorInstance> {
+    let mut indices = Vec::new();
+    for (name, loc) in &k.tensors {
+        match spec.tensors.iter().position(|t| t.name == *name) {
+            Some(i) => indices.push(i),
+            None => errors.push(format!("{loc}: `{name}` is not in [tensors]")),
+        }
+    }
+    let mut layers: Vec<usize> = dims.tensors.iter().filter(|t| indices.contains(&t.spec_index)).filter_map(|t| t.layer).collect();
+    layers.sort_unstable();
+    layers.dedup();
+    let mut out = Vec::new();
+    for layer in layers {
+        let parts: Vec<&TensorInstance> = indices
+            .iter()
+            .filter_map(|&i| dims.tensors.iter().find(|t| t.spec_index == i && t.layer == Some(layer)))
+            .collect();
+        let keys: Vec<_> = parts.iter().map(|t| (t.ggml_type, t.shape[0])).collect();
+        for run in stack_runs(&keys) {
+            let run = &parts[run];
+            let rows: u64 = run.iter().map(|t| t.shape[1..].iter().product::<u64>()).sum();
+            out.push(TensorInstance {
+                spec_index: run[0].spec_index,
+                layer: Some(layer),
+                name: run.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join("+"),
+                shape: vec![run[0].shape[0], rows],
+                ggml_type: run[0].ggml_type,
+            });
+        }
     }
     out
 }

@@ -317,6 +317,11 @@ pub struct KernelSpec {
     pub family: String,
     /// Non-empty: one variant per listed tensor (per layer for per-layer tensors).
     pub tensors: Vec<(String, Loc)>,
+    /// `stack = true`: the listed per-layer tensors are one matrix per run of consecutive
+    /// tensors of equal type and row length, rows stacked in list order
+    /// ([`crate::plan::stack_runs`]); one variant per run (the q/k/v of a decode step in one
+    /// launch).
+    pub stack: bool,
     pub params: Vec<KernelParam>,
     /// Why the architecture needs it (free text).
     pub note: Option<String>,
@@ -1383,6 +1388,7 @@ fn parse_kernels(
         let family = k.req_str(src, "family");
         let note = k.str(src, "for").map(|s| s.into_inner());
         let pending = k.str(src, "pending").map(|s| s.into_inner());
+        let stack = k.bool(src, "stack").map(|b| (*b.get_ref(), b.span()));
         let mut tensors = Vec::new();
         if let Some((tpath, _, titems)) = k.array(src, "tensors") {
             for (j, t) in titems.iter().enumerate() {
@@ -1399,7 +1405,7 @@ fn parse_kernels(
             }
         }
         let mut params = Vec::new();
-        let reserved = ["family", "for", "pending", "tensors"];
+        let reserved = ["family", "for", "pending", "tensors", "stack"];
         for (key, ppath, pspan, v) in k.all() {
             if reserved.contains(&key.as_str()) {
                 continue;
@@ -1430,9 +1436,15 @@ fn parse_kernels(
                     "family names are snake_case (templates/README.md sections)",
                 );
             }
+            if let Some((true, span)) = &stack
+                && (tensors.len() < 2 || tensors.iter().any(|(t, _)| !t.starts_with("blk.{i}.")))
+            {
+                src.error(span, &format!("{kpath}.stack"), "stack = true needs two or more per-layer tensors (`blk.{i}.…`) in `tensors`");
+            }
             out.push(KernelSpec {
                 family: family.into_inner(),
                 tensors,
+                stack: stack.is_some_and(|(b, _)| b),
                 params,
                 note,
                 pending,

@@ -435,3 +435,12 @@ fn indivisible_splits_name_the_tensor_and_the_count() {
         "tensor 'blk.0.attn_q.weight' [32, 2, 2]: a block of 1 rows is not whole slices of its last dim",
     );
 }
+
+#[test]
+fn stack_needs_several_per_layer_tensors() {
+    let entry = "[[kernels]]\nfamily = \"matvec\"\ntensors = [\"token_embd.weight\"]\nstack = true\nk = \"ne0\"\nn = \"ne1\"\n";
+    let text = format!("{BASE}\n{entry}");
+    expect_error(&text, "stack = true", "kernels[1].stack", "two or more per-layer tensors");
+    let text = format!("{BASE}\n[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{{i}}.attn_q.weight\"]\nstack = \"yes\"\n");
+    expect_error(&text, "stack = \"yes\"", "kernels[1].stack", "expected true or false");
+}

@@ -42,3 +42,30 @@ fn every_spec_validates_resolves_and_plans() {
         }
     }
 }
+
+/// `stack = true` plans one variant per run of equal-typed neighbours: Gemma 3 270M's layers
+/// with a Q8_0 attn_v stack q + k (640 → 1280, Q5_0) and keep v alone; the all-Q5_0 layers stack
+/// all three (640 → 1536). No variant at a single q, k or v shape comes from that entry.
+#[test]
+fn stacked_entries_plan_runs_of_equal_types() {
+    use memra_gguf::GgmlType::{Q5_0, Q8_0};
+    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q5_0, 640), (Q8_0, 640)]), vec![0..2, 2..3]);
+    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q5_0, 640), (Q5_0, 640)]), vec![0..3]);
+    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q8_0, 640), (Q5_0, 640)]), vec![0..1, 1..2, 2..3]);
+    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q5_0, 512)]), vec![0..1, 1..2]);
+    assert!(plan::stack_runs::<u8>(&[]).is_empty());
+    let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
+    let spec = ArchSpec::load(&root().join("specs/gemma3.toml")).unwrap();
+    let d = dims::from_preset(&spec, None).unwrap();
+    let names: Vec<String> = plan::plan_arch(&spec, &d, &catalogue)
+        .unwrap()
+        .variants
+        .iter()
+        .map(|v| v.name())
+        .filter(|n| n.starts_with("norm_matvec__") && n.ends_with("_none"))
+        .collect();
+    for want in ["norm_matvec__k640_n1280__q5_0_none", "norm_matvec__k640_n1536__q5_0_none", "norm_matvec__k640_n256__q8_0_none"] {
+        assert!(names.iter().any(|n| n == want), "{want} not planned: {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "norm_matvec__k640_n1024__q5_0_none"), "q planned alone: {names:?}");
+}

@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use memra_gguf::{Gguf, TensorInfo};
 
 use super::GpuOptions;
@@ -182,9 +182,8 @@ pub struct DecoderSpec<'f> {
 
 struct Layer {
     attn_norm: CudaSlice<f32>,
-    attn_q: Linear,
-    attn_k: Linear,
-    attn_v: Linear,
+    /// q, k and v, stacked by runs of equal type.
+    qkv: Vec<QkvRun>,
     qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     attn_output: Linear,
     post_attention_norm: Option<CudaSlice<f32>>,
@@ -199,13 +198,34 @@ struct Layer {
     norm_fused: Option<NormFused>,
 }
 
-/// The norm_matvec variants of one layer's decode step: q, k, v, and the dense gated FFN
-/// (`None` for MoE FFNs or gate/up of different types: their norm stays a launch of its own).
+/// A layer's decode step with fused norms: q/k/v through each run's norm_matvec
+/// ([`QkvRun::norm`]), and this norm_matvec for the dense gated FFN (`None` for MoE FFNs or
+/// gate/up of different types: their norm stays a launch of its own).
 struct NormFused {
-    q: &'static str,
-    k: &'static str,
-    v: &'static str,
     ffn: Option<&'static str>,
+}
+
+/// A run of a layer's q, k, v projections with one type and row length (neighbours in that
+/// order, `memra_codegen::plan::stack_runs`, as the specs' `stack = true` entries plan them):
+/// their rows in one buffer, so a fused decode step projects the run in one launch into the
+/// adjacent q | k | v rows of `Bufs::qkv`. Prefill and unfused steps project each part alone.
+struct QkvRun {
+    w: DeviceTensor,
+    parts: Vec<QkvPart>,
+    /// The norm_matvec variant over the whole run (fused decode steps).
+    norm: Option<&'static str>,
+}
+
+struct QkvPart {
+    /// 0 = q, 1 = k, 2 = v.
+    which: usize,
+    name: String,
+    n: usize,
+    /// First byte in the run's buffer (16-byte aligned).
+    offset: usize,
+    bytes: usize,
+    /// (matvec, matmul) variants.
+    variants: (&'static str, &'static str),
 }
 
 enum Ffn {
@@ -269,9 +289,9 @@ struct Bufs {
     /// other (its blocks all read x while one writes the sum).
     x_alt: CudaSlice<f32>,
     h: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
+    /// q `[t, n_head·hd]`, then k and v `[t, n_kv·hd]` each: for one token the rows of q, k and
+    /// v are adjacent, as a stacked run's launch writes them.
+    qkv: CudaSlice<f32>,
     att: CudaSlice<f32>,
     o: CudaSlice<f32>,
     gate: CudaSlice<f32>,
@@ -314,9 +334,11 @@ impl Decoder {
         };
         let f32s = |t: &TensorInfo<'_>| upload_f32(&gpu, file, t);
         let mut layers = Vec::with_capacity(spec.layers.len());
+        // Bytes of the stacked q/k/v buffers (uploaded beside `upload`).
+        let mut stacked = 0usize;
         for l in &spec.layers {
             let mut lin = |t: &TensorInfo<'_>| -> Result<Linear> { plan.linear(upload(t)?) };
-            let (attn_q, attn_k, attn_v, attn_output) = (lin(&l.attn_q)?, lin(&l.attn_k)?, lin(&l.attn_v)?, lin(&l.attn_output)?);
+            let attn_output = lin(&l.attn_output)?;
             let ffn = match &l.ffn {
                 FfnSpec::Dense { ffn_gate, ffn_up, ffn_down } => {
                     let (gate, up, down) = (lin(ffn_gate)?, lin(ffn_up)?, lin(ffn_down)?);
@@ -352,17 +374,26 @@ impl Decoder {
                     Ffn::Moe { router, gate, up, down, swiglu, down_kernel, grouped }
                 }
             };
+            let mut qkv = Vec::new();
+            for run in qkv_runs(&[l.attn_q, l.attn_k, l.attn_v]) {
+                let infos: Vec<TensorInfo<'_>> = run.iter().map(|&(_, t)| t).collect();
+                let (w, offsets) = DeviceTensor::upload_stacked(&gpu, file, &infos)?;
+                stacked += w.bytes();
+                let mut parts = Vec::new();
+                for ((which, t), offset) in run.into_iter().zip(offsets) {
+                    let (k, n) = (t.row_len() as usize, t.n_rows() as usize);
+                    let variants = plan.projection(t.name, t.ggml_type, k, n)?;
+                    parts.push(QkvPart { which, name: t.name.to_string(), n, offset, bytes: t.n_bytes as usize, variants });
+                }
+                let norm = if opts.fuse_norm { Some(norm_variant(&mut plan, &w, norm_matvec::Glu::None)?) } else { None };
+                qkv.push(QkvRun { w, parts, norm });
+            }
             let norm_fused = if opts.fuse_norm {
-                let nm = |plan: &mut KernelPlan, lin: &Linear, glu: norm_matvec::Glu| -> Result<&'static str> {
-                    let q = gpu::qtype_token(norm_matvec::FAMILY, lin.w.ty).map_err(|e| err(format!("tensor '{}': {e}", lin.w.name)))?;
-                    let req = [("k", Param::Int(lin.w.k as i64)), ("n", Param::Int(lin.w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym(glu.token()))];
-                    plan.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", lin.w.name)))
-                };
                 let ffn = match &ffn {
-                    Ffn::Dense { gate, up, .. } if gate.w.ty == up.w.ty => Some(nm(&mut plan, gate, cfg.glu.norm_matvec())?),
+                    Ffn::Dense { gate, up, .. } if gate.w.ty == up.w.ty => Some(norm_variant(&mut plan, &gate.w, cfg.glu.norm_matvec())?),
                     _ => None,
                 };
-                Some(NormFused { q: nm(&mut plan, &attn_q, norm_matvec::Glu::None)?, k: nm(&mut plan, &attn_k, norm_matvec::Glu::None)?, v: nm(&mut plan, &attn_v, norm_matvec::Glu::None)?, ffn })
+                Some(NormFused { ffn })
             } else {
                 None
             };
@@ -372,9 +403,7 @@ impl Decoder {
             };
             layers.push(Layer {
                 attn_norm: f32s(&l.attn_norm)?,
-                attn_q,
-                attn_k,
-                attn_v,
+                qkv,
                 qk_norm,
                 attn_output,
                 post_attention_norm: l.post_attention_norm.as_ref().map(f32s).transpose()?,
@@ -398,13 +427,8 @@ impl Decoder {
             return Err(err(format!("{}: output.weight has {} rows, token_embd.weight {n_vocab}", path.display(), lm_head.w.n)));
         }
         let output_norm = f32s(&spec.output_norm)?;
-        let lm_head_norm = if opts.fuse_norm {
-            let q = gpu::qtype_token(norm_matvec::FAMILY, lm_head.w.ty).map_err(|e| err(format!("tensor '{}': {e}", lm_head.w.name)))?;
-            let req = [("k", Param::Int(lm_head.w.k as i64)), ("n", Param::Int(lm_head.w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym("none"))];
-            Some(plan.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", lm_head.w.name)))?)
-        } else {
-            None
-        };
+        let bytes = bytes + stacked;
+        let lm_head_norm = if opts.fuse_norm { Some(norm_variant(&mut plan, &lm_head.w, norm_matvec::Glu::None)?) } else { None };
 
         let int = |v: usize| Param::Int(v as i64);
         let sandwich = cfg.norm == NormPlacement::Sandwich;
@@ -501,11 +525,7 @@ impl Net {
         let Bufs { x, h, .. } = &mut *bufs;
         rmsnorm::rmsnorm(k.get(self.names.rmsnorm)?, &x.slice(..t * e), &self.layers[0].attn_norm.slice(..), &mut h.slice_mut(..t * e), t, e, eps)?;
         for (il, l) in self.layers.iter().enumerate() {
-            let Bufs { h, q, k: kb, v, .. } = &mut *bufs;
-            let (qd, kvd) = (c.n_head * c.head_dim, c.n_kv * c.head_dim);
-            l.attn_q.forward(k, &h.slice(..t * e), &mut q.slice_mut(..t * qd), t)?;
-            l.attn_k.forward(k, &h.slice(..t * e), &mut kb.slice_mut(..t * kvd), t)?;
-            l.attn_v.forward(k, &h.slice(..t * e), &mut v.slice_mut(..t * kvd), t)?;
+            self.project_qkv(bufs, l, t)?;
             self.attention(state, bufs, l, il, t, pos0, splits[il])?;
             let Bufs { x, h, o, .. } = &mut *bufs;
             self.add_norm(x, o, l.post_attention_norm.as_ref(), &l.ffn_norm, h, t)?;
@@ -534,19 +554,22 @@ impl Net {
         let mut owed: Option<Option<&CudaSlice<f32>>> = None;
         for (il, l) in self.layers.iter().enumerate() {
             match &l.norm_fused {
-                Some(nf) => {
-                    let Bufs { x, x_alt, o, q, k: kb, v, .. } = &mut *bufs;
+                Some(_) => {
+                    let Bufs { x, x_alt, o, qkv, .. } = &mut *bufs;
                     let (res, res_next) = residuals(x, x_alt, cur);
                     let ov = o.slice(..e);
                     let post = owed.map(|p| p.map(|w| w.slice(..)));
                     let add = owed.map(|_| Residual { delta: &ov, delta_w: post.as_ref().and_then(|p| p.as_ref()) });
                     let mut next = res_next.slice_mut(..e);
-                    for (i, (name, lin, out)) in [(nf.q, &l.attn_q, q), (nf.k, &l.attn_k, kb), (nf.v, &l.attn_v, v)].into_iter().enumerate() {
-                        let wv = lin.w.data.slice(..);
+                    for (i, run) in l.qkv.iter().enumerate() {
+                        let name = run.norm.expect("fused layers plan every run's norm_matvec");
+                        let wv = run.w.data.slice(..);
                         let weights = NormMatvecWeights { w: &wv, w_up: None };
+                        // The first launch writes the new residual; the others read the old one.
                         let x_out = if i == 0 && add.is_some() { Some(&mut next) } else { None };
-                        norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), add, &l.attn_norm.slice(..), x_out, &mut out.slice_mut(..lin.w.n), e, lin.w.n, eps)
-                            .map_err(|er| err(format!("tensor '{}': {er}", lin.w.name)))?;
+                        let at = qkv_offset(run.parts[0].which, 1, qd, kvd);
+                        norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), add, &l.attn_norm.slice(..), x_out, &mut qkv.slice_mut(at..at + run.w.n), e, run.w.n, eps)
+                            .map_err(|er| err(format!("tensor '{}': {er}", run.w.name)))?;
                     }
                     if add.is_some() {
                         cur ^= 1;
@@ -554,10 +577,7 @@ impl Net {
                 }
                 None => {
                     self.settle(bufs, cur, owed, &l.attn_norm)?;
-                    let Bufs { h, q, k: kb, v, .. } = &mut *bufs;
-                    l.attn_q.forward(k, &h.slice(..e), &mut q.slice_mut(..qd), 1)?;
-                    l.attn_k.forward(k, &h.slice(..e), &mut kb.slice_mut(..kvd), 1)?;
-                    l.attn_v.forward(k, &h.slice(..e), &mut v.slice_mut(..kvd), 1)?;
+                    self.project_qkv(bufs, l, 1)?;
                 }
             }
             self.attention(state, bufs, l, il, 1, pos0, splits[il])?;
@@ -592,6 +612,21 @@ impl Net {
         norm_matvec::norm_matvec(k.get(name)?, &NormMatvecWeights { w: &wv, w_up: None }, &res.slice(..e), add, &self.output_norm.slice(..), None, &mut state.out.logits.slice_mut(..), e, n_vocab, eps)
             .map_err(|er| err(format!("tensor '{}': {er}", self.lm_head.w.name)))?;
         state.out.enqueue_argmax(k.get(self.names.argmax)?)
+    }
+
+    /// q, k and v of `t` rows of `h`, each part of each run on its own (prefill, unfused steps).
+    fn project_qkv(&self, bufs: &mut Bufs, l: &Layer, t: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (e, qd, kvd) = (c.n_embd, c.n_head * c.head_dim, c.n_kv * c.head_dim);
+        let Bufs { h, qkv, .. } = &mut *bufs;
+        for run in &l.qkv {
+            for p in &run.parts {
+                let at = qkv_offset(p.which, t, qd, kvd);
+                let w = run.w.data.slice(p.offset..p.offset + p.bytes);
+                gpu::project(&self.kernels, p.variants, &p.name, &w, e, p.n, &h.slice(..t * e), &mut qkv.slice_mut(at..at + t * p.n), t)?;
+            }
+        }
+        Ok(())
     }
 
     /// Token embeddings of `bufs.tokens[..t]` into `bufs.x`.
@@ -639,14 +674,16 @@ impl Net {
         let (e, hd, eps) = (c.n_embd, c.head_dim, c.eps);
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
-        let Bufs { pos, q, k: kb, v, att, o, work, .. } = &mut *bufs;
+        let Bufs { pos, qkv, att, o, work, .. } = &mut *bufs;
+        let (mut q, mut kv) = qkv.split_at_mut(t * qd);
+        let (mut kb, v) = kv.split_at_mut(t * kvd);
         let mut p = QkNormRopeParams::packed(t, hd, c.n_head, c.n_kv, c.n_rot, state.cache.max_ctx, l.rope_base, eps);
         p.freq_scale = l.rope_scale;
         let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
         qk_norm_rope::qk_norm_rope(
             k.get(self.names.qk_norm_rope)?,
-            &mut q.slice_mut(..t * qd),
-            &mut kb.slice_mut(..t * kvd),
+            &mut q,
+            &mut kb,
             &v.slice(..t * kvd),
             norm_w.as_ref().map(|(a, b)| (a, b)),
             &pos.slice(..t),
@@ -654,7 +691,7 @@ impl Net {
             &mut state.cache.v[il].slice_mut(..),
             &p,
         )?;
-        self.attend(&state.cache, l, il, q, pos, att, work, t, pos0, n_split)?;
+        self.attend(&state.cache, l, il, &q.slice(..), pos, att, work, t, pos0, n_split)?;
         l.attn_output.forward(k, &att.slice(..t * qd), &mut o.slice_mut(..t * e), t)?;
         Ok(())
     }
@@ -716,7 +753,7 @@ impl Net {
         cache: &KvCache,
         l: &Layer,
         il: usize,
-        q: &CudaSlice<f32>,
+        q: &CudaView<'_, f32>,
         pos: &CudaSlice<i32>,
         att: &mut CudaSlice<f32>,
         work: &mut CudaSlice<f32>,
@@ -788,9 +825,7 @@ impl Bufs {
             x: a(e, "residual")?,
             x_alt: a(e, "residual")?,
             h: a(e, "normed")?,
-            q: a(qd, "q")?,
-            k: a(kvd, "k")?,
-            v: a(kvd, "v")?,
+            qkv: a(qd + 2 * kvd, "q, k, v")?,
             att: a(qd, "attention")?,
             o: a(e, "projection")?,
             gate: a(c.n_ff, "gate")?,
@@ -811,4 +846,38 @@ impl Bufs {
 /// The residual buffer `cur` (0: `x`, 1: `x_alt`) to read and the other one to write.
 fn residuals<'a>(x: &'a mut CudaSlice<f32>, x_alt: &'a mut CudaSlice<f32>, cur: usize) -> (&'a CudaSlice<f32>, &'a mut CudaSlice<f32>) {
     if cur == 0 { (x, x_alt) } else { (x_alt, x) }
+}
+
+/// Where part `which` (0 q, 1 k, 2 v) of `t` rows starts in `Bufs::qkv`.
+fn qkv_offset(which: usize, t: usize, qd: usize, kvd: usize) -> usize {
+    [0, t * qd, t * (qd + kvd)][which]
+}
+
+/// q, k, v as [`memra_codegen::plan::stack_runs`] groups them (neighbours of one type and row
+/// length), each part tagged 0 / 1 / 2; a part whose bytes would start a run's buffer off a
+/// 16-byte boundary (the kernels' alignment) starts a run of its own.
+fn qkv_runs<'f>(parts: &[TensorInfo<'f>; 3]) -> Vec<Vec<(usize, TensorInfo<'f>)>> {
+    let keys: Vec<_> = parts.iter().map(|t| (t.ggml_type, t.row_len())).collect();
+    let mut out: Vec<Vec<(usize, TensorInfo<'f>)>> = Vec::new();
+    for run in memra_codegen::plan::stack_runs(&keys) {
+        let mut cur: Vec<(usize, TensorInfo<'f>)> = Vec::new();
+        let mut offset = 0u64;
+        for i in run {
+            if !cur.is_empty() && !offset.is_multiple_of(16) {
+                out.push(std::mem::take(&mut cur));
+                offset = 0;
+            }
+            cur.push((i, parts[i]));
+            offset += parts[i].n_bytes;
+        }
+        out.push(cur);
+    }
+    out
+}
+
+/// The norm_matvec variant (plain or gated) for the matrix `w`.
+fn norm_variant(plan: &mut KernelPlan, w: &DeviceTensor, glu: norm_matvec::Glu) -> Result<&'static str> {
+    let q = gpu::qtype_token(norm_matvec::FAMILY, w.ty).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
+    let req = [("k", Param::Int(w.k as i64)), ("n", Param::Int(w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym(glu.token()))];
+    plan.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))
 }

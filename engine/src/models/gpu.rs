@@ -77,6 +77,35 @@ impl DeviceTensor {
         Ok(DeviceTensor { name: t.name.to_string(), ty: t.ggml_type, k: t.row_len() as usize, n: t.n_rows() as usize, data })
     }
 
+    /// Matrices with one row length and type, their rows stacked in order in one buffer: shape
+    /// `[k, Σ n]`, named `a+b+…`. Returns the tensor and each part's first byte.
+    pub fn upload_stacked<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, parts: &[TensorInfo<'_>]) -> Result<(DeviceTensor, Vec<usize>)> {
+        let name = parts.iter().map(|t| t.name).collect::<Vec<_>>().join("+");
+        let (ty, k) = (parts[0].ggml_type, parts[0].row_len());
+        if let Some(t) = parts.iter().find(|t| t.ggml_type != ty || t.row_len() != k) {
+            return Err(err(format!("tensor '{}': cannot stack with '{}' (type or row length differs)", t.name, parts[0].name)));
+        }
+        let mut offsets = Vec::with_capacity(parts.len());
+        let mut total = 0usize;
+        for t in parts {
+            let bytes = file.tensor_data(*t);
+            if bytes.len() as u64 != t.n_bytes {
+                return Err(err(format!("tensor '{}': {} data bytes in the file, {} expected (truncated?)", t.name, bytes.len(), t.n_bytes)));
+            }
+            offsets.push(total);
+            total += bytes.len();
+        }
+        let mut data = alloc::<u8>(gpu, total, &format!("tensors '{name}'"))?;
+        for (t, &off) in parts.iter().zip(&offsets) {
+            let bytes = file.tensor_data(*t);
+            gpu.stream()
+                .memcpy_htod(bytes, &mut data.slice_mut(off..off + bytes.len()))
+                .map_err(|e| err(format!("copying tensor '{}' to the GPU: {e:?}", t.name)))?;
+        }
+        let n = parts.iter().map(|t| t.n_rows() as usize).sum();
+        Ok((DeviceTensor { name, ty, k: k as usize, n, data }, offsets))
+    }
+
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
@@ -135,11 +164,17 @@ impl KernelPlan {
 
     /// A matvec (decode) and a matmul (prefill) variant for a weight matrix.
     pub fn linear(&mut self, w: DeviceTensor) -> Result<Linear> {
-        let qtype = Param::Sym(qtype_token(matvec::FAMILY, w.ty).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?);
-        let req = [("k", Param::Int(w.k as i64)), ("n", Param::Int(w.n as i64)), ("qtype", qtype)];
-        let matvec = self.want(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
-        let matmul = self.want(matmul::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
+        let (matvec, matmul) = self.projection(&w.name, w.ty, w.k, w.n)?;
         Ok(Linear { w, matvec, matmul })
+    }
+
+    /// The matvec and matmul variants for a `k`-long, `n`-row matrix `name` of type `ty`.
+    pub fn projection(&mut self, name: &str, ty: GgmlType, k: usize, n: usize) -> Result<(&'static str, &'static str)> {
+        let qtype = Param::Sym(qtype_token(matvec::FAMILY, ty).map_err(|e| err(format!("tensor '{name}': {e}")))?);
+        let req = [("k", Param::Int(k as i64)), ("n", Param::Int(n as i64)), ("qtype", qtype)];
+        let matvec = self.want(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
+        let matmul = self.want(matmul::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
+        Ok((matvec, matmul))
     }
 
     /// One line per generic fallback (grouped by reason) and a count.
@@ -190,15 +225,20 @@ pub struct Linear {
 impl Linear {
     /// `x`: `[t, k]` packed, `y`: `[t, n]` packed. One token runs the matvec, more the matmul.
     pub fn forward(&self, kernels: &Kernels, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f32>, t: usize) -> Result<()> {
-        let (k, n) = (self.w.k, self.w.n);
-        let w = self.w.data.slice(..);
-        let res = if t == 1 {
-            matvec::matvec(kernels.get(self.matvec)?, &w, x, y, k, n, 1, k, n)
-        } else {
-            matmul::matmul(kernels.get(self.matmul)?, &w, x, y, t, k, n, k, n)
-        };
-        res.map_err(|e| err(format!("tensor '{}': {e}", self.w.name)))
+        project(kernels, (self.matvec, self.matmul), &self.w.name, &self.w.data.slice(..), self.w.k, self.w.n, x, y, t)
     }
+}
+
+/// `y[t] = W · x[t]` for `W` (`n` rows of `k`, bytes `w`) with its (matvec, matmul) variants:
+/// one token runs the matvec, more the matmul.
+#[allow(clippy::too_many_arguments)]
+pub fn project(kernels: &Kernels, variants: (&str, &str), name: &str, w: &CudaView<'_, u8>, k: usize, n: usize, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f32>, t: usize) -> Result<()> {
+    let res = if t == 1 {
+        matvec::matvec(kernels.get(variants.0)?, w, x, y, k, n, 1, k, n)
+    } else {
+        matmul::matmul(kernels.get(variants.1)?, w, x, y, t, k, n, k, n)
+    };
+    res.map_err(|e| err(format!("tensor '{name}': {e}")))
 }
 
 /// A kernel by name (loaded by the plan).
