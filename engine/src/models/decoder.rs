@@ -9,6 +9,12 @@
 //! norms — and the gated FFN likewise. Logits of the last token through the LM head, argmax on
 //! the device. A decode step is captured as a CUDA graph and replayed (re-captured only when the
 //! attention split counts change, every few hundred positions).
+//!
+//! Decode steps fuse by default (`GpuOptions::fuse_norm`): each residual add + RMSNorm runs
+//! inside the projection after it (norm_matvec: q/k/v, the dense gated FFN, the LM head), the
+//! residual alternating between two buffers, and q/k/v go in one launch per run of equal-typed
+//! neighbours, their rows stacked in one buffer (`QkvRun`). Prefill and unfused steps run
+//! each part with its own matvec / matmul.
 
 use std::path::Path;
 use std::time::Instant;
