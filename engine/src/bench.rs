@@ -39,6 +39,9 @@
 //! - moe_matvec: only the selected experts' rows (`moe_matvec::selected_bytes` over the T·n_used
 //!   distinct ids; gate and up both in swiglu/geglu) + x + y + ids (+ routing weights in down
 //!   mode); FLOPs 2·K·N per selected expert (twice when paired).
+//! - norm_matvec (one token, as a decode step launches it: post-normed delta, new residual
+//!   written): W (twice when gate/up are paired) + x, delta, delta_w, norm_w and x_out (5 · 4K)
+//!   + y (4N); FLOPs 2·K·N (twice when paired).
 //!
 //! Shapes come from the registry: a specialized variant's baked params (k/n/qtype for matvec and
 //! matmul, n for the norms, n_ff, n_vocab, n_embd, heads and head sizes, k of the DSA top-k,
@@ -68,7 +71,7 @@ use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{
     add_rmsnorm, argmax, attn_decode, attn_prefill, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
-    mla_sparse_decode, moe_matvec, moe_router, rmsnorm, swiglu, topk,
+    mla_sparse_decode, moe_matvec, moe_router, norm_matvec, rmsnorm, swiglu, topk,
 };
 
 mod attn_moe;
@@ -256,6 +259,14 @@ pub enum Shape {
         n_used: usize,
         sigmoid: bool,
     },
+    /// A decode projection with the residual add + RMSNorm fused in, as a decode step launches it
+    /// (post-normed delta, the new residual written): `glu` none, or gate/up pairs + activation.
+    NormMatvec {
+        ty: GgmlType,
+        glu: norm_matvec::Glu,
+        k: usize,
+        n: usize,
+    },
     /// `t` tokens' products over `n_used` experts each of `n_expert` (all `t·n_used` distinct).
     MoeMatvec {
         ty: GgmlType,
@@ -300,6 +311,7 @@ impl Shape {
             Shape::MlaSparseDecode { .. } => mla_sparse_decode::FAMILY,
             Shape::MoeRouter { .. } => moe_router::FAMILY,
             Shape::MoeMatvec { .. } => moe_matvec::FAMILY,
+            Shape::NormMatvec { .. } => norm_matvec::FAMILY,
         }
     }
 
@@ -327,13 +339,14 @@ impl Shape {
                 format!("t{t}_e{n_expert}_k{n_used}_{}", if sigmoid { "sigmoid" } else { "softmax" })
             }
             Shape::MoeMatvec { mode, t, k, n, n_expert, n_used, .. } => format!("t{t}_k{k}_n{n}_e{n_expert}_u{n_used}_{}", mode.token()),
+            Shape::NormMatvec { glu, k, n, .. } => format!("k{k}_n{n}_{}", glu.token()),
         }
     }
 
     /// The weight type for matvec/matmul/embed, `f32` for the activation-only families.
     pub fn dtype(&self) -> String {
         match self {
-            Shape::Matvec { ty, .. } | Shape::Matmul { ty, .. } | Shape::Embed { ty, .. } | Shape::MoeMatvec { ty, .. } => {
+            Shape::Matvec { ty, .. } | Shape::Matmul { ty, .. } | Shape::Embed { ty, .. } | Shape::MoeMatvec { ty, .. } | Shape::NormMatvec { ty, .. } => {
                 ty.name().to_ascii_lowercase()
             }
             // The cache type of the attention / DSA families (the benched variants read bf16).
@@ -380,6 +393,10 @@ impl Shape {
                 let (x_rows, y_rows, wts) = if mode == moe_matvec::Mode::Down { (slots, t, slots) } else { (t, slots, 0) };
                 w + f * (x_rows * k + y_rows * n + slots + wts) as u64
             }
+            // W (and Wu), then x, delta, delta_w, norm_w read and the residual written: 5 rows of k.
+            Shape::NormMatvec { ty, glu, k, n } => {
+                weight_bytes(ty, k, n) * if glu == norm_matvec::Glu::None { 1 } else { 2 } + f * (5 * k + n) as u64
+            }
         }
     }
 
@@ -395,6 +412,7 @@ impl Shape {
             Shape::MlaSparseDecode { n_head, kv_lora, rope, k, .. } => Some(2 * (n_head * k) as u64 * (2 * kv_lora + rope) as u64),
             Shape::DsaIndexer { n_head, head_dim, ctx } => Some(2 * (n_head * head_dim) as u64 * ctx as u64),
             Shape::MoeMatvec { mode, t, k, n, n_used, .. } => Some(2 * (k * n * t * n_used) as u64 * if mode.is_paired() { 2 } else { 1 }),
+            Shape::NormMatvec { glu, k, n, .. } => Some(2 * (k * n) as u64 * if glu == norm_matvec::Glu::None { 1 } else { 2 }),
             _ => None,
         }
     }
@@ -699,6 +717,18 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 };
                 push(&mut cases, Shape::MoeMatvec { ty, mode, t, k, n, n_expert, n_used }, a, v, None, false);
             }
+            "norm_matvec" => {
+                let (Some(k), Some(n), Some(ty)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
+                    continue;
+                };
+                let glu = match v.param("glu") {
+                    Some(Param::Sym("none")) => norm_matvec::Glu::None,
+                    Some(Param::Sym("swiglu")) => norm_matvec::Glu::Swiglu,
+                    Some(Param::Sym("geglu")) => norm_matvec::Glu::Geglu,
+                    _ => continue,
+                };
+                push(&mut cases, Shape::NormMatvec { ty, glu, k, n }, a, v, None, false);
+            }
             // Not wired yet (module doc): qk_norm_rope.
             _ => {}
         }
@@ -805,6 +835,15 @@ enum Set {
         table: Arc<CudaSlice<u8>>,
         out: CudaSlice<f32>,
     },
+    /// norm_matvec: W (and Wu), the residual x and branch delta, the two norms' weights, the
+    /// new residual and y.
+    NormMatvec {
+        w: CudaSlice<u8>,
+        w_up: Option<CudaSlice<u8>>,
+        vecs: [CudaSlice<f32>; 4],
+        x_out: CudaSlice<f32>,
+        y: CudaSlice<f32>,
+    },
     /// Attention, DSA and MoE families (bench/attn_moe.rs).
     Extra(attn_moe::ExtraSet),
 }
@@ -853,6 +892,13 @@ impl Prepared {
                 Shape::Embed { t, n_embd, n_vocab, .. } => {
                     Set::Embed { tokens: fill.tokens(t, n_vocab)?, table: table.clone().expect("made above"), out: alloc(s, t * n_embd)? }
                 }
+                Shape::NormMatvec { ty, glu, k, n } => Set::NormMatvec {
+                    w: fill.weights(ty, k, n)?,
+                    w_up: if glu == norm_matvec::Glu::None { None } else { Some(fill.weights(ty, k, n)?) },
+                    vecs: [fill.f32s(k)?, fill.f32s(k)?, fill.f32s(k)?, fill.f32s(k)?],
+                    x_out: alloc(s, k)?,
+                    y: alloc(s, n)?,
+                },
                 _ => unreachable!("attn_moe::make_set builds the sets of the other shapes"),
             });
         }
@@ -908,6 +954,13 @@ impl Prepared {
             }
             (Shape::Embed { t, n_embd, n_vocab, .. }, Set::Embed { tokens, table, out }) => {
                 embed::embed(kernel, &tokens.slice(..), &table.slice(..), &mut out.slice_mut(..), t, n_embd, n_vocab, 1.0)
+            }
+            (Shape::NormMatvec { k, n, .. }, Set::NormMatvec { w, w_up, vecs: [x, delta, delta_w, norm_w], x_out, y }) => {
+                let (wv, uv) = (w.slice(..), w_up.as_ref().map(|u| u.slice(..)));
+                let (dv, dwv) = (delta.slice(..), delta_w.slice(..));
+                let weights = norm_matvec::NormMatvecWeights { w: &wv, w_up: uv.as_ref() };
+                let add = norm_matvec::Residual { delta: &dv, delta_w: Some(&dwv) };
+                norm_matvec::norm_matvec(kernel, &weights, &x.slice(..), Some(add), &norm_w.slice(..), Some(&mut x_out.slice_mut(..)), &mut y.slice_mut(..), k, n, 1e-6)
             }
             (shape, Set::Extra(set)) => attn_moe::launch(kernel, &shape, set, &mut self.shared, &mut self.work, self.sm_count),
             _ => unreachable!("Prepared::new builds the set that matches its shape"),
@@ -1681,6 +1734,24 @@ mod tests {
                 assert!(g.param(key).is_none() || g.param(key) == s.param(key), "{}: {key} differs from {}", g.name, s.name);
             }
         }
+    }
+
+    #[test]
+    fn gemma3_plan_times_the_fused_decode_projections() {
+        if !registry::SPECIALIZED_FOR.iter().any(|(a, _)| *a == "gemma3") {
+            eprintln!("built without model-gemma3: nothing to check");
+            return;
+        }
+        let cases = plan(Some("gemma3"), Some(norm_matvec::FAMILY));
+        for label in ["k640_n1536_none", "k640_n1280_none", "k640_n256_none", "k640_n2048_geglu", "k640_n262144_none"] {
+            let c = cases.iter().find(|c| c.shape.label() == label).unwrap_or_else(|| panic!("gemma3 plan lacks norm_matvec {label}"));
+            let g = c.generic.unwrap_or_else(|| panic!("{label}: no generic twin"));
+            assert_eq!(g.param("glu"), c.specialized.unwrap().param("glu"), "{label}");
+        }
+        let geglu = Shape::NormMatvec { ty: GgmlType::Q5_0, glu: norm_matvec::Glu::Geglu, k: 640, n: 2048 };
+        // Q5_0 rows of 640 = 20 blocks × 22 B; gate and up.
+        assert_eq!(geglu.bytes(), 2 * 20 * 22 * 2048 + 4 * (5 * 640 + 2048));
+        assert_eq!(geglu.flops(), Some(2 * 2 * 640 * 2048));
     }
 
     #[test]
