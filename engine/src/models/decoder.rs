@@ -829,7 +829,8 @@ impl Bufs {
             tokens: gpu::alloc(gpu, t, "token ids")?,
             pos: gpu::alloc(gpu, t, "positions")?,
             x: a(e, "residual")?,
-            x_alt: a(e, "residual")?,
+            // Decode steps only (one token).
+            x_alt: gpu::alloc(gpu, e, "activations (second residual buffer)")?,
             h: a(e, "normed")?,
             qkv: a(qd + 2 * kvd, "q, k, v")?,
             att: a(qd, "attention")?,
