@@ -98,11 +98,16 @@ def parse_shape(family, shape, dtype):
             raise ValueError(f"shape {shape!r} is not t<T>_k<K>_n<N>_e<E>_u<U>_<mode> for family {family}")
         t, k, n, e, u = (int(g) for g in m.groups()[:5])
         return dict(t=t, k=k, n=n, e=e, u=u, mode=m[6])
+    if family == "norm_matvec":
+        m = re.fullmatch(r"k(\d+)_n(\d+)_(none|swiglu|geglu)", shape)
+        if not m:
+            raise ValueError(f"shape {shape!r} is not k<K>_n<N>_<glu> for family {family}")
+        return dict(k=int(m[1]), n=int(m[2]), glu=m[3])
     raise ValueError(f"no torch peer for family {family!r}")
 
 
 def peer_dtype(family, dtype):
-    if family in ("matvec", "matmul", "embed", "moe_matvec"):
+    if family in ("matvec", "matmul", "embed", "moe_matvec", "norm_matvec"):
         return "bf16"  # quantized weights: the dequantized bf16 weight
     if family in ("attn_decode", "attn_prefill", "mla_decode", "mla_sparse_decode", "dsa_indexer", "dsa_index_key"):
         return "bf16"  # bf16 caches and bf16 q (memra's q is f32, its caches bf16)
@@ -157,6 +162,11 @@ def plan_bytes_flops(family, d):
         paired = 2 if mode in ("swiglu", "geglu") else 1
         x_rows, y_rows = (slots, t) if mode == "down" else (t, slots)
         return 2 * paired * slots * n * k + 2 * (x_rows * k + y_rows * n) + 8 * slots, 2 * paired * slots * n * k
+    if family == "norm_matvec":
+        k, n = d["k"], d["n"]
+        paired = 1 if d["glu"] == "none" else 2
+        # bf16 weights; x, delta and both norms' weights read, the residual written (f32), y.
+        return 2 * paired * n * k + 4 * 5 * k + 4 * n, 2 * paired * n * k
     raise ValueError(family)
 
 
@@ -326,6 +336,22 @@ def make_ops(torch, family, d):
                 return g
             return act(g.float()) * torch.bmm(w_up.index_select(0, ids), xs)[:, :, 0].float()
         return (w, w_up, ids, wt, x), {"torch_eager": fn}, fn
+    if family == "norm_matvec":
+        k, n, glu = d["k"], d["n"], d["glu"]
+        x, delta, dw, nw = randn(k), randn(k), randn(k), randn(k)
+        w = randn(n, k, dtype=bf16) * 0.02
+        w_up = randn(n, k, dtype=bf16) * 0.02 if glu != "none" else None
+        act = F.silu if glu == "swiglu" else (lambda g: F.gelu(g, approximate="tanh"))
+
+        def fn(x, delta, dw, nw, w, w_up):
+            # A decode step's sandwich-norm residual add, the next pre-norm, then the projection.
+            r = x + delta * torch.rsqrt(delta.pow(2).mean() + eps) * dw
+            h = (r * torch.rsqrt(r.pow(2).mean() + eps) * nw).to(bf16)
+            g = torch.matmul(w, h)
+            if w_up is None:
+                return r, g
+            return r, act(g.float()) * torch.matmul(w_up, h).float()
+        return (x, delta, dw, nw, w, w_up), {"torch_eager": fn}, fn
     raise ValueError(f"no torch peer for family {family!r}")
 
 

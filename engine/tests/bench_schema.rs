@@ -528,6 +528,12 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             n_expert: 64,
             n_used: 1,
         },
+        Shape::NormMatvec {
+            ty: GgmlType::Q5_0,
+            glu: memra_engine::kernels::norm_matvec::Glu::Geglu,
+            k: 640,
+            n: 2048,
+        },
     ];
     for s in &shapes {
         match s {
@@ -547,7 +553,8 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             | Shape::DsaTopk { .. }
             | Shape::MlaSparseDecode { .. }
             | Shape::MoeRouter { .. }
-            | Shape::MoeMatvec { .. } => {}
+            | Shape::MoeMatvec { .. }
+            | Shape::NormMatvec { .. } => {}
         }
     }
     shapes
