@@ -17,6 +17,8 @@ pub struct ModelRow {
     pub policy: &'static str,
     /// Decode steps with the residual add + RMSNorm fused into the next projection.
     pub fuse_norm: bool,
+    /// Decode steps with QK-norm + RoPE + the KV-cache write in the attention launch.
+    pub fuse_rope: bool,
     pub prefill_tokens: usize,
     pub prefill_tok_s: f64,
     pub decode_tokens: usize,
@@ -36,14 +38,14 @@ pub fn measure(
     path: &Path,
     device: usize,
     policy: Policy,
-    fuse_norm: bool,
+    fusion: Fusion,
     prompt_tokens: usize,
     decode_tokens: usize,
     reps: usize,
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: fusion.norm, fuse_rope: fusion.rope };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");
@@ -78,7 +80,8 @@ pub fn measure(
             Policy::GenericOnly => "generic",
             _ => "specialized",
         },
-        fuse_norm,
+        fuse_norm: fusion.norm,
+        fuse_rope: fusion.rope,
         prefill_tokens: prompt_tokens,
         prefill_tok_s: prompt_tokens as f64 / prefill_s,
         decode_tokens,
@@ -88,31 +91,60 @@ pub fn measure(
     })
 }
 
-/// Both policies, then the specialized kernels with each decode norm as its own launch (the
-/// fusion's A/B in the same run), printed as a table; returns the JSON entries
-/// (benches/results/SCHEMA.md `models`).
+/// Which decode-step fusions a row runs with.
+#[derive(Clone, Copy, Debug)]
+pub struct Fusion {
+    /// Residual add + RMSNorm inside the next projection (norm_matvec).
+    pub norm: bool,
+    /// QK-norm + RoPE + KV write inside the attention launch (attn_decode_rope).
+    pub rope: bool,
+}
+
+impl Fusion {
+    pub const ALL: Fusion = Fusion { norm: true, rope: true };
+
+    fn label(self) -> &'static str {
+        match (self.norm, self.rope) {
+            (true, true) => "norm+rope",
+            (true, false) => "norm",
+            (false, true) => "rope",
+            (false, false) => "none",
+        }
+    }
+}
+
+/// Both policies with every fusion, then the specialized kernels without the attention's RoPE
+/// fusion and without any (each fusion's A/B in the same run), printed as a table; returns the
+/// JSON entries (benches/results/SCHEMA.md `models`).
 pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, decode_tokens: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     let mut rows = Vec::new();
-    for (policy, fuse_norm) in [(Policy::Best, true), (Policy::GenericOnly, true), (Policy::Best, false)] {
-        eprintln!("memra bench: {} with {:?} kernels, decode norms {}", path.display(), policy, if fuse_norm { "fused" } else { "unfused" });
-        rows.push(measure(path, device, policy, fuse_norm, prompt_tokens, decode_tokens, 3)?);
+    let settings = [
+        (Policy::Best, Fusion::ALL),
+        (Policy::GenericOnly, Fusion::ALL),
+        (Policy::Best, Fusion { norm: true, rope: false }),
+        (Policy::Best, Fusion { norm: false, rope: false }),
+    ];
+    for (policy, fusion) in settings {
+        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}", path.display(), policy, fusion.label());
+        rows.push(measure(path, device, policy, fusion, prompt_tokens, decode_tokens, 3)?);
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");
-    println!("{:<12} {:<12} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode norms", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
+    println!("{:<12} {:<14} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
     for r in &rows {
         let floor_us = r.weight_bytes as f64 / (copy_gbps * 1e9) * 1e6;
         println!(
-            "{:<12} {:<12} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
+            "{:<12} {:<14} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
             r.policy,
-            if r.fuse_norm { "fused" } else { "add_rmsnorm" },
+            Fusion { norm: r.fuse_norm, rope: r.fuse_rope }.label(),
             r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
         );
         out.push(json!({
             "model": name,
             "kernels": r.policy,
             "fuse_norm": r.fuse_norm,
+            "fuse_rope": r.fuse_rope,
             "prefill_tokens": r.prefill_tokens,
             "prefill_tok_s": r.prefill_tok_s,
             "decode_tokens": r.decode_tokens,
@@ -122,11 +154,12 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "decode_floor_us": floor_us,
         }));
     }
-    if let [s, g, u] = &rows[..] {
+    if let [s, g, n, u] = &rows[..] {
         println!(
-            "specialized/generic: prefill {:.2}x, decode {:.2}x; fused/unfused decode norms: {:.2}x",
+            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode with every fusion / without the RoPE fusion: {:.2}x, / with none: {:.2}x",
             s.prefill_tok_s / g.prefill_tok_s,
             s.decode_tok_s / g.decode_tok_s,
+            s.decode_tok_s / n.decode_tok_s,
             s.decode_tok_s / u.decode_tok_s
         );
     }

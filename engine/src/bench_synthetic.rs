@@ -294,6 +294,7 @@ mod gpu {
             graphs: true,
             fuse_ffn: true,
             fuse_norm: true,
+            fuse_rope: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers (prefill)",
@@ -354,6 +355,7 @@ mod gpu {
             graphs: true,
             fuse_ffn: true,
             fuse_norm: true,
+            fuse_rope: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers",
@@ -393,6 +395,7 @@ mod gpu {
             graphs: true,
             fuse_ffn: true,
             fuse_norm: true,
+            fuse_rope: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers on {gpus} GPUs",

@@ -62,6 +62,10 @@ pub struct RunArgs {
     /// projection that follows it (q/k/v, the gated FFN, the LM head).
     #[arg(long)]
     pub no_fuse_norm: bool,
+    /// Run each decode step's QK-norm + RoPE + KV-cache write as its own launch instead of in
+    /// the attention launch's prologue.
+    #[arg(long)]
+    pub no_fuse_rope: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -170,7 +174,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
             (_, true) => Policy::GenericOnly,
             _ => Policy::Best,
         };
-        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm };
+        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope };
         let model = match args.gpus {
             1 => models::load_gpu(path, &arch, &opts)?,
             n => crate::parallel::sharded::load_file(path, &arch, n as usize, &opts)?,

@@ -1,4 +1,4 @@
-//! CPU-only: the attention families (attn_decode, mla_decode) compile with NVRTC for sm_90,
+//! CPU-only: the attention families (attn_decode, attn_decode_rope, mla_decode) compile with NVRTC for sm_90,
 //! specialized at real model dims and generic, with no spills and no stack frame; their Rust
 //! argument structs match the kernels' PTX parameter lists. Skips (one SKIP line) without NVRTC.
 
@@ -8,10 +8,11 @@ use dense_common::{V, assert_compile_sm90_without_spills, headers, variant};
 use memra_engine::cuda::{SmArch, library};
 use memra_engine::kernels::launch::check_params;
 use memra_engine::kernels::registry::KernelVariant;
-use memra_engine::kernels::{attn_decode, mla_decode};
+use memra_engine::kernels::{attn_decode, attn_decode_rope, mla_decode};
 
 /// gemma3-270M (4/1/256), Qwen3-8B (32/8/128), a group of 8 (64/8/128), MQA head_dim 64, each
-/// with bf16 and f32 caches; GLM-5 MLA (64 heads, 512 + 64); the generic variants.
+/// with bf16 and f32 caches; attn_decode_rope at gemma3's, Qwen3-8B's and OLMoE's dims and every
+/// generic RoPE × QK-norm choice; GLM-5 MLA (64 heads, 512 + 64); the generic variants.
 fn all_variants() -> Vec<&'static KernelVariant> {
     let mut v = Vec::new();
     for cache in ["bf16", "f32"] {
@@ -32,6 +33,16 @@ fn all_variants() -> Vec<&'static KernelVariant> {
             ));
         }
         v.push(variant("attn_decode", &[("cache_t", V::S(cache))]));
+        for (hd, nh, nkv, norm) in [(256i64, 4i64, 1i64, "per_head"), (128, 32, 8, "per_head"), (128, 16, 16, "full")] {
+            let dims = [("head_dim", V::I(hd)), ("n_head", V::I(nh)), ("n_kv", V::I(nkv)), ("n_rot", V::I(hd))];
+            let choices = [("rope_mode", V::S("neox")), ("qk_norm", V::S(norm)), ("cache_t", V::S(cache))];
+            v.push(variant("attn_decode_rope", &[&dims[..], &choices[..]].concat()));
+        }
+        for mode in ["none", "interleaved", "neox"] {
+            for norm in ["none", "per_head", "full"] {
+                v.push(variant("attn_decode_rope", &[("rope_mode", V::S(mode)), ("qk_norm", V::S(norm)), ("cache_t", V::S(cache))]));
+            }
+        }
         v.push(variant(
             "mla_decode",
             &[
@@ -79,6 +90,22 @@ fn attention_args_structs_match_kernel_parameters() {
     ));
     check(check_params::<attn_decode::AttnDecodeArgs<'static, f32>>(
         &[variant("attn_decode", &[("cache_t", V::S("f32"))])],
+        h,
+        sm,
+    ));
+    check(check_params::<attn_decode_rope::AttnDecodeRopeArgs<'static, u16>>(
+        &[
+            variant(
+                "attn_decode_rope",
+                &[("head_dim", V::I(256)), ("n_head", V::I(4)), ("n_kv", V::I(1)), ("n_rot", V::I(256)), ("rope_mode", V::S("neox")), ("qk_norm", V::S("per_head"))],
+            ),
+            variant("attn_decode_rope", &[("rope_mode", V::S("interleaved")), ("qk_norm", V::S("full"))]),
+        ],
+        h,
+        sm,
+    ));
+    check(check_params::<attn_decode_rope::AttnDecodeRopeArgs<'static, f32>>(
+        &[variant("attn_decode_rope", &[("rope_mode", V::S("none")), ("qk_norm", V::S("none")), ("cache_t", V::S("f32"))])],
         h,
         sm,
     ));

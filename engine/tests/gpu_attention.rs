@@ -1,4 +1,4 @@
-//! GPU tests of the attention families (attn_decode, mla_decode) against memra-reference:
+//! GPU tests of the attention families (attn_decode, attn_decode_rope, mla_decode) against memra-reference:
 //! specialized variants at real model shapes (gemma3-270M 4q/1kv/hd 256 with window 512,
 //! Qwen3-8B 32q/8kv/hd 128, GLM-5 MLA 64 heads × 512 + 64, scale 1/16) and generic twins, at
 //! awkward context lengths (1, 7, 2047, 2048, 2049, 40000) and several split counts (1, an odd
@@ -15,6 +15,11 @@
 //! inside the kernel): relative L2 ≤ 1e-2 (MLA_TC_TOL), ≈ 2e-3 expected. The GLM-5 MLA test also
 //! runs 131072 rows (a full 128k context).
 //!
+//! attn_decode_rope is checked against the composition it replaces: the reference QK-norm + RoPE
+//! of the raw q/k (f64 angles and sums), k and v rounded into the cache at the position, then the
+//! reference attention; the cache row at the position is NaN-poisoned before every launch (the
+//! kernel must attend to its own new row, never read it back), rows past it must stay poisoned.
+//!
 //! Run on a GPU machine: `cargo test -p memra-engine --test gpu_attention -- --ignored`.
 
 mod dense_common;
@@ -26,12 +31,14 @@ use dense_common::{V, bf16_to_f32, variant};
 use gpu_common::{down, gpu, load_all, nan_buf, shard, up};
 use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::attn_decode::{self, AttnDecodeParams};
+use memra_engine::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
 use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
 use memra_engine::kernels::qk_norm_rope::CacheElem;
 use mla_common::{Query, mla_reference};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::mla::{MlaAttnInputs, MlaDims, mla_attention_absorbed};
-use memra_reference::{Rng, rel_err};
+use memra_reference::rope::{Rope, RopeMode, rope_heads};
+use memra_reference::{Rng, norm, rel_err};
 
 const TOL: f64 = 1e-3;
 /// mla_decode over a bf16 cache runs on tensor cores with q·(scale·log2 e) and the softmax
@@ -54,6 +61,8 @@ fn to_bf16(f: f32) -> u16 {
 /// A cache element type on the host: device values and the f32 values they stand for.
 trait HostCache: CacheElem + ValidAsZeroBits + Clone + Default + Copy {
     fn encode(v: &[f32]) -> (Vec<Self>, Vec<f32>);
+    /// The f32 value one element stands for.
+    fn value(self) -> f32;
 }
 
 impl HostCache for u16 {
@@ -62,11 +71,17 @@ impl HostCache for u16 {
         let vals = bits.iter().map(|&b| bf16_to_f32(b)).collect();
         (bits, vals)
     }
+    fn value(self) -> f32 {
+        bf16_to_f32(self)
+    }
 }
 
 impl HostCache for f32 {
     fn encode(v: &[f32]) -> (Vec<f32>, Vec<f32>) {
         (v.to_vec(), v.to_vec())
+    }
+    fn value(self) -> f32 {
+        self
     }
 }
 
@@ -401,6 +416,222 @@ fn gpu_attn_decode_bad_position_gives_nan_and_bad_shapes_are_refused() {
     )
     .expect_err("a too small workspace must be refused");
     assert!(err.to_string().contains("work"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// attn_decode_rope.
+
+/// A fused case: the attention shape plus the QK-norm and RoPE of the variant.
+#[derive(Clone, Copy, Debug)]
+struct RopeCase {
+    g: Gqa,
+    n_rot: usize,
+    mode: &'static str,
+    norm: &'static str,
+    base: f32,
+}
+
+impl RopeCase {
+    fn spec(&self, cache_t: &'static str, specialized: bool) -> Vec<(&'static str, V)> {
+        let mut v = vec![("rope_mode", V::S(self.mode)), ("qk_norm", V::S(self.norm)), ("cache_t", V::S(cache_t))];
+        if specialized {
+            v.extend(gqa_dims(self.g));
+            v.push(("n_rot", V::I(self.n_rot as i64)));
+        }
+        v
+    }
+}
+
+/// q·k-normed and rotated as qk_norm_rope's reference does it, for one token of `n_heads` heads.
+fn norm_rope(c: &RopeCase, x: &[f32], w: &[f32], n_heads: usize, pos: usize) -> Vec<f32> {
+    let mut y = match c.norm {
+        "none" => x.to_vec(),
+        _ => norm::rms_norm(x, w, 1e-6),
+    };
+    let mode = match c.mode {
+        "neox" => Some(RopeMode::Neox),
+        "interleaved" => Some(RopeMode::Norm),
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        rope_heads(&mut y, n_heads, c.g.hd, pos, &Rope { mode, n_rot: c.n_rot, base: c.base, freq_scale: 1.0 });
+    }
+    y
+}
+
+/// Every kernel on `n_seq` sequences at `positions` (rows below each filled with random values,
+/// the row at the position and the rows after it NaN-poisoned), every split count, two launches
+/// each: the output against the reference, the new rows against the reference k and v.
+fn check_attn_rope<C: HostCache>(gpu: &Gpu, kernels: &[Kernel], c: &RopeCase, positions: &[usize], rng: &mut Rng) {
+    let s = gpu.stream();
+    let g = c.g;
+    let n_seq = positions.len();
+    let max_ctx = positions.iter().max().unwrap() + 3;
+    let (q_row, row) = (g.n_head * g.hd, g.n_kv * g.hd);
+    let q = rng.normal_vec(n_seq * q_row, 1.5);
+    let k = rng.normal_vec(n_seq * row, 1.5);
+    let v = rng.normal_vec(n_seq * row, 1.0);
+    let (wq_len, wk_len) = if c.norm == "full" { (q_row, row) } else { (g.hd, g.hd) };
+    let (qw, kw) = (rng.uniform_vec(wq_len, 0.5, 1.5), rng.uniform_vec(wk_len, 0.5, 1.5));
+    let (mut k_dev, mut k_vals) = C::encode(&rng.normal_vec(n_seq * max_ctx * row, 1.0));
+    let (mut v_dev, mut v_vals) = C::encode(&rng.normal_vec(n_seq * max_ctx * row, 1.0));
+    let poison = C::encode(&[f32::NAN]).0[0];
+    let scale = 1.0 / (g.hd as f32).sqrt();
+    let mut want = Vec::with_capacity(q.len());
+    let (mut want_k, mut want_v) = (Vec::new(), Vec::new());
+    for (b, &p) in positions.iter().enumerate() {
+        let qn = norm_rope(c, &q[b * q_row..][..q_row], &qw, g.n_head, p);
+        let kn = norm_rope(c, &k[b * row..][..row], &kw, g.n_kv, p);
+        let kv = C::encode(&kn).1;
+        let vv = C::encode(&v[b * row..][..row]).1;
+        let base = b * max_ctx * row;
+        // What the attention reads at the new row: the rounded new k and v.
+        k_vals[base + p * row..][..row].copy_from_slice(&kv);
+        v_vals[base + p * row..][..row].copy_from_slice(&vv);
+        want_k.extend(kv);
+        want_v.extend(vv);
+        // The device caches: NaN from the new row on.
+        for cache in [&mut k_dev, &mut v_dev] {
+            cache[base + p * row..base + max_ctx * row].fill(poison);
+        }
+        let mask = Mask { q_pos: &[p], window: g.window, allowed: None };
+        let shape = AttnShape { n_head: g.n_head, n_kv_head: g.n_kv, head_dim_k: g.hd, head_dim_v: g.hd };
+        want.extend(attention(&qn, &k_vals[base..][..(p + 1) * row], &v_vals[base..][..(p + 1) * row], p + 1, shape, &mask, scale));
+    }
+    let pos_i32: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let (dq, dk, dv, dpos, dqw, dkw) = (up(s, &q), up(s, &k), up(s, &v), up(s, &pos_i32), up(s, &qw), up(s, &kw));
+    let (qw_view, kw_view) = (dqw.as_view(), dkw.as_view());
+    let (q_view, k_view, v_view) = (dq.as_view(), dk.as_view(), dv.as_view());
+    let new = NewTokens { q: &q_view, k: &k_view, v: &v_view, norm_w: (c.norm != "none").then_some((&qw_view, &kw_view)) };
+    let longest = positions.iter().map(|&p| g.window.map_or(p + 1, |w| w.min(p + 1))).max().unwrap();
+    for kernel in kernels {
+        let auto = attn_decode::splits_for(longest, n_seq, g.n_head, g.n_kv, SMS, attn_decode::min_split_rows(kernel));
+        let splits = split_counts(auto);
+        let most = *splits.iter().max().unwrap();
+        let mut work = s.alloc_zeros::<f32>(attn_decode::work_floats(n_seq, g.n_head, g.hd, most)).expect("alloc");
+        let sweep = splits.iter().chain(splits.iter().rev().skip(1)).copied();
+        for n_split in sweep {
+            let attn = AttnDecodeParams { n_seq, head_dim: g.hd, n_head: g.n_head, n_kv: g.n_kv, max_ctx, window: g.window, n_split, scale };
+            let p = AttnDecodeRopeParams { attn, n_rot: c.n_rot, freq_base: c.base, freq_scale: 1.0, eps: 1e-6 };
+            for launch in 0..2 {
+                let (mut kc, mut vc) = (up(s, &k_dev), up(s, &v_dev));
+                let mut dout = nan_buf(s, q.len());
+                attn_decode_rope::attn_decode_rope(kernel, &new, &mut kc.as_view_mut(), &mut vc.as_view_mut(), &dpos.as_view(), &mut dout.as_view_mut(), &mut work.as_view_mut(), &p)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let what = format!("{} {c:?} positions={positions:?} n_split={n_split} launch={launch}", kernel.name());
+                assert_close(&format!("{what}: out"), &down(s, &dout), &want, rng);
+                let (kc, vc) = (down(s, &kc), down(s, &vc));
+                let (mut got_k, mut got_v) = (Vec::new(), Vec::new());
+                for (b, &pp) in positions.iter().enumerate() {
+                    let at = b * max_ctx * row + pp * row;
+                    got_k.extend(kc[at..at + row].iter().map(|&e| e.value()));
+                    got_v.extend(vc[at..at + row].iter().map(|&e| e.value()));
+                    let after_ok = |cache: &[C]| cache[at + row..(b + 1) * max_ctx * row].iter().all(|e| e.value().is_nan());
+                    assert!(after_ok(&kc) && after_ok(&vc), "{what}: a cache row after position {pp} was written");
+                }
+                assert_close(&format!("{what}: new k rows"), &got_k, &want_k, rng);
+                assert_close(&format!("{what}: new v rows"), &got_v, &want_v, rng);
+            }
+        }
+    }
+}
+
+fn rope_kernels(gpu: &Gpu, c: &RopeCase, cache_t: &'static str) -> Vec<Kernel> {
+    load_all(gpu, &[variant("attn_decode_rope", &c.spec(cache_t, true)), variant("attn_decode_rope", &c.spec(cache_t, false))])
+}
+
+const GEMMA3_ROPE: RopeCase = RopeCase { g: GEMMA3, n_rot: 256, mode: "neox", norm: "per_head", base: 10000.0 };
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attn_decode_rope_gemma3_qwen3_olmoe() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_attn_decode_rope_gemma3_qwen3_olmoe");
+    let kernels = rope_kernels(&gpu, &GEMMA3_ROPE, "bf16");
+    for len in LENGTHS {
+        check_attn_rope::<u16>(&gpu, &kernels, &GEMMA3_ROPE, &[len - 1], &mut rng);
+    }
+    let global = RopeCase { g: Gqa { window: None, ..GEMMA3 }, base: 1e6, ..GEMMA3_ROPE };
+    check_attn_rope::<u16>(&gpu, &kernels, &global, &[2048], &mut rng);
+    let qwen3 = RopeCase { g: QWEN3_8B, n_rot: 128, mode: "neox", norm: "per_head", base: 1e6 };
+    let kernels = rope_kernels(&gpu, &qwen3, "bf16");
+    for positions in [&[0usize][..], &[2048], &[0, 2048, 5]] {
+        check_attn_rope::<u16>(&gpu, &kernels, &qwen3, positions, &mut rng);
+    }
+    let olmoe = RopeCase { g: Gqa { n_head: 16, n_kv: 16, hd: 128, window: None }, n_rot: 128, mode: "neox", norm: "full", base: 1e4 };
+    let kernels = rope_kernels(&gpu, &olmoe, "bf16");
+    for positions in [&[6usize][..], &[2049, 30]] {
+        check_attn_rope::<u16>(&gpu, &kernels, &olmoe, positions, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attn_decode_rope_other_modes_groups_and_caches() {
+    let gpu = gpu();
+    let mut rng = Rng::from_env_or_time("gpu_attn_decode_rope_other_modes_groups_and_caches");
+    let cases = [
+        // Partial interleaved rotation, no norm, two head groups per kv head, f32 cache.
+        (RopeCase { g: Gqa { n_head: 16, n_kv: 2, hd: 128, window: None }, n_rot: 64, mode: "interleaved", norm: "none", base: 1e4 }, true),
+        // head_dim 64, per-head norm, a window, no rotation at all.
+        (RopeCase { g: Gqa { n_head: 6, n_kv: 2, hd: 64, window: Some(33) }, n_rot: 64, mode: "none", norm: "per_head", base: 1e4 }, false),
+        // Full norm with a group of 3 (padded to 4), partial NeoX.
+        (RopeCase { g: Gqa { n_head: 6, n_kv: 2, hd: 256, window: None }, n_rot: 128, mode: "neox", norm: "full", base: 5e5 }, false),
+    ];
+    for (c, f32_cache) in cases {
+        if f32_cache {
+            let kernels = load_all(&gpu, &[variant("attn_decode_rope", &c.spec("f32", false))]);
+            check_attn_rope::<f32>(&gpu, &kernels, &c, &[0], &mut rng);
+            check_attn_rope::<f32>(&gpu, &kernels, &c, &[700, 3], &mut rng);
+        } else {
+            let kernels = load_all(&gpu, &[variant("attn_decode_rope", &c.spec("bf16", false))]);
+            check_attn_rope::<u16>(&gpu, &kernels, &c, &[40, 1], &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attn_decode_rope_bad_position_and_bad_arguments() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let c = GEMMA3_ROPE;
+    let g = c.g;
+    let kernels = rope_kernels(&gpu, &c, "bf16");
+    let max_ctx = 16;
+    let (q_row, row) = (g.n_head * g.hd, g.n_kv * g.hd);
+    let (q, k, v) = (up(s, &vec![0.5f32; q_row]), up(s, &vec![0.25f32; row]), up(s, &vec![1.0f32; row]));
+    let w = up(s, &vec![1.0f32; g.hd]);
+    let (qv, kv, vv, wv) = (q.as_view(), k.as_view(), v.as_view(), w.as_view());
+    let new = NewTokens { q: &qv, k: &kv, v: &vv, norm_w: Some((&wv, &wv)) };
+    let pos = up(s, &[max_ctx as i32]);
+    let mut work = s.alloc_zeros::<f32>(1).expect("alloc");
+    let attn = AttnDecodeParams { n_seq: 1, head_dim: g.hd, n_head: g.n_head, n_kv: g.n_kv, max_ctx, window: None, n_split: 1, scale: 1.0 };
+    let p = AttnDecodeRopeParams { attn, n_rot: c.n_rot, freq_base: 1e4, freq_scale: 1.0, eps: 1e-6 };
+    for kernel in &kernels {
+        let mut cache = up(s, &vec![0x7fc1u16; max_ctx * row]);
+        let mut vcache = up(s, &vec![0x7fc1u16; max_ctx * row]);
+        let mut out = up(s, &vec![0.0f32; q_row]);
+        attn_decode_rope::attn_decode_rope(kernel, &new, &mut cache.as_view_mut(), &mut vcache.as_view_mut(), &pos.as_view(), &mut out.as_view_mut(), &mut work.as_view_mut(), &p)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(down(s, &out).iter().all(|x| x.is_nan()), "{}: position == max_ctx must give NaN", kernel.name());
+        assert!(down(s, &cache).iter().chain(&down(s, &vcache)).all(|&b| b == 0x7fc1), "{}: no cache write for a bad position", kernel.name());
+    }
+    let mut cache = up(s, &vec![0u16; max_ctx * row]);
+    let mut vcache = up(s, &vec![0u16; max_ctx * row]);
+    let mut out = nan_buf(s, q_row);
+    let mut launch = |kernel: &Kernel, new: &NewTokens<'_, '_>, p: &AttnDecodeRopeParams| {
+        attn_decode_rope::attn_decode_rope(kernel, new, &mut cache.as_view_mut(), &mut vcache.as_view_mut(), &pos.as_view(), &mut out.as_view_mut(), &mut work.as_view_mut(), p)
+    };
+    let err = launch(&kernels[1], &NewTokens { norm_w: None, ..new }, &p).expect_err("per_head without norm weights");
+    assert!(err.to_string().contains("norm weights"), "{err}");
+    let err = launch(&kernels[1], &new, &AttnDecodeRopeParams { n_rot: 7, ..p }).expect_err("odd n_rot");
+    assert!(err.to_string().contains("n_rot"), "{err}");
+    let err = launch(&kernels[0], &new, &AttnDecodeRopeParams { n_rot: 128, ..p }).expect_err("another n_rot than the baked one");
+    assert!(err.to_string().contains("specialized for n_rot=256"), "{err}");
+    let short = k.slice(..row - 1);
+    let err = launch(&kernels[1], &NewTokens { k: &short, ..new }, &p).expect_err("a short k");
+    assert!(err.to_string().contains(&format!("k holds {} elements", row - 1)), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -73,8 +73,22 @@ template <CacheType C> __device__ __forceinline__ float elem(const float4& raw, 
 // Weight of a partial with running max m in a merge whose max is M (M finite).
 __device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf() ? 0.0f : exp2f(m - M); }
 
-template <CacheType C, int HD, int HP, int THREADS>
-__device__ __forceinline__ void block(const float* __restrict__ q, const void* __restrict__ k_cache,
+// Where key row `s` comes from besides the cache: nowhere (attn_decode), or shared memory
+// (attn_decode_rope.cuh: the token's own k and v, written to the cache by this very launch, so
+// the block must not read them back through the read-only path). Raw CACHE_T chunks of one row.
+struct NoNewRow {
+    static constexpr bool ON = false;
+};
+struct SmemNewRow {
+    static constexpr bool ON = true;
+    const float4* k;
+    const float4* v;
+    int s;
+};
+
+// q: [n_seq, n_head, HD] (NR::ON: this block's heads only, [HP, HD]).
+template <CacheType C, int HD, int HP, int THREADS, class NR>
+__device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr, const void* __restrict__ k_cache,
                                       const void* __restrict__ v_cache, float* __restrict__ out, float* work_acc,
                                       float* work_ml, u32* counters, float* smem, int b, int h0, int nh, int n_head, int n_kv, int kvh, int max_ctx, int c0,
                                       int c1, int n_split, int sp, float scale_log2) {
@@ -99,7 +113,12 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
     float qr[HP][CPL][VEC];
 #pragma unroll
     for (int h = 0; h < HP; ++h) {
-        const float* qh = q + ((i64)b * n_head + h0 + h) * HD;
+        const float* qh;
+        if constexpr (NR::ON) {
+            qh = q + h * HD;
+        } else {
+            qh = q + ((i64)b * n_head + h0 + h) * HD;
+        }
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
 #pragma unroll
@@ -130,12 +149,27 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
         for (int u = 0; u < U; ++u) {
             const int s = base + u * STEP + warp * RPW + sub;
             ok[u] = s < c1;
+            bool mine = false;  // row s is the block's new row (NR::ON): from shared memory, not the cache
+            if constexpr (NR::ON) {
+                mine = ok[u] && s == nr.s;
+                ok[u] = ok[u] && !mine;
+            }
             const i64 off = seq_base + (i64)s * row_stride;
 #pragma unroll
             for (int j = 0; j < CPL; ++j) {
                 const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
                 kr[u][j] = ok[u] ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
                 vr[u][j] = ok[u] ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            if constexpr (NR::ON) {
+                if (mine) {
+#pragma unroll
+                    for (int j = 0; j < CPL; ++j) {
+                        kr[u][j] = nr.k[li + j * LPR];
+                        vr[u][j] = nr.v[li + j * LPR];
+                    }
+                    ok[u] = true;
+                }
             }
         }
         float sc[U][HP];
@@ -279,28 +313,49 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const void* _
     if (threadIdx.x == 0) counters[head_base] = 0u;
 }
 
-template <CacheType C, int HD, int HP_SPEC, int THREADS>
-__device__ __forceinline__ void dispatch_hp(const float* q, const void* kc, const void* vc, float* out, float* wa, float* wm,
-                                            u32* ctr, float* smem, int b,
-                                            int h0, int nh, int n_head, int n_kv, int kvh, int max_ctx, int c0, int c1,
-                                            int n_split, int sp, float sl2) {
+template <CacheType C, int HD, int HP_SPEC, int THREADS, class NR>
+__device__ __forceinline__ void dispatch_hp(const float* q, const NR& nr, const void* kc, const void* vc, float* out, float* wa,
+                                            float* wm, u32* ctr, float* smem, int b, int h0, int nh, int n_head, int n_kv, int kvh,
+                                            int max_ctx, int c0, int c1, int n_split, int sp, float sl2) {
     if constexpr (HP_SPEC != 0) {
-        block<C, HD, HP_SPEC, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+        block<C, HD, HP_SPEC, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
     } else if (nh <= 1) {
-        block<C, HD, 1, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+        block<C, HD, 1, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
     } else if (nh <= 2) {
-        block<C, HD, 2, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+        block<C, HD, 2, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
     } else {
-        block<C, HD, 4, THREADS>(q, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+        block<C, HD, 4, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
     }
 }
 
+// attn_decode's own prologue: none; q is read from global memory.
+struct NoPrologue {
+    static constexpr bool ON = false;
+};
+
+// What a block attends with, as a prologue sees it (attn_decode_rope.cuh): the sequence, the
+// q heads [h0, h0 + nh) of kv head kvh (head group hg), the position p, and whether the block's
+// key range [c0, c1) holds p.
+struct BlockAt {
+    int b, kvh, hg, h0, nh, p;
+    bool holds_p;
+};
+
+// What a prologue leaves: the block's q heads (head h at q + h·hd, shared memory) and the new row.
+struct Prepared {
+    const float* q;
+    SmemNewRow new_row;
+};
+
 }  // namespace attn_detail
 
-template <class Cfg>
+// The kernel body. `pre` (attn_decode_rope.cuh) runs after the block's keys are known and before
+// the attention: it leaves the block's q heads in shared memory and the new key row with them.
+template <class Cfg, class Pre = attn_detail::NoPrologue>
 __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_cache, const void* v_cache, const int* pos,
                                                  float* out, float* work, int n_seq, int head_dim_rt, int n_head_rt,
-                                                 int n_kv_rt, int max_ctx, int window, int n_split, float scale) {
+                                                 int n_kv_rt, int max_ctx, int window, int n_split, float scale,
+                                                 const Pre& pre = Pre{}) {
     constexpr CacheType C = Cfg::CACHE_T;
     constexpr bool G_FIXED = Cfg::N_HEAD != 0 && Cfg::N_KV != 0;
     static_assert(!G_FIXED || Cfg::N_HEAD % (Cfg::N_KV == 0 ? 1 : Cfg::N_KV) == 0, "N_HEAD must be a multiple of N_KV");
@@ -341,17 +396,27 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     static_assert(W * HP_MAX * (HD_MAX + 2) * 4 <= 40960, "shared merge buffer too large: lower THREADS");
     __shared__ float smem[W * HP_MAX * (HD_MAX + 2)];
 
-#define MEMRA_ATTN_HD(HDV) \
-    attn_detail::dispatch_hp<C, HDV, HP_SPEC, Cfg::THREADS>(q, k_cache, v_cache, out, work_acc, work_ml, counters, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2)
-    if constexpr (Cfg::HEAD_DIM != 0) {
-        MEMRA_ATTN_HD(Cfg::HEAD_DIM);
-    } else if (hd == 128) {
-        MEMRA_ATTN_HD(128);
-    } else if (hd == 256) {
-        MEMRA_ATTN_HD(256);
-    } else if (hd == 64) {
-        MEMRA_ATTN_HD(64);
+#define MEMRA_ATTN_HD(HDV, QP, NRV)                                                                                \
+    attn_detail::dispatch_hp<C, HDV, HP_SPEC, Cfg::THREADS>(QP, NRV, k_cache, v_cache, out, work_acc, work_ml, counters, \
+                                                            smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2)
+#define MEMRA_ATTN(QP, NRV)               \
+    if constexpr (Cfg::HEAD_DIM != 0) {        \
+        MEMRA_ATTN_HD(Cfg::HEAD_DIM, QP, NRV); \
+    } else if (hd == 128) {                    \
+        MEMRA_ATTN_HD(128, QP, NRV);      \
+    } else if (hd == 256) {                    \
+        MEMRA_ATTN_HD(256, QP, NRV);      \
+    } else if (hd == 64) {                     \
+        MEMRA_ATTN_HD(64, QP, NRV);       \
     }
+    if constexpr (Pre::ON) {
+        const attn_detail::BlockAt at{b, kvh, hg, h0, nh, p, c0 <= p && p < c1};
+        const attn_detail::Prepared r = pre.template run<HP_MAX, HD_MAX>(at, hd, n_head, n_kv, max_ctx);
+        MEMRA_ATTN(r.q, r.new_row)
+    } else {
+        MEMRA_ATTN(q, attn_detail::NoNewRow{})
+    }
+#undef MEMRA_ATTN
 #undef MEMRA_ATTN_HD
 }
 

@@ -30,6 +30,32 @@ namespace memra {
 
 constexpr int QK_ROPE_MAX_HEAD_DIM = 512;
 
+// (cos θ, sin θ) of θ = p · inv_freq, inv_freq = freq_scale · base^(−2i/n_rot) in f64 (shared with
+// attn_decode_rope.cuh): θ is reduced mod 2π in f64, then sin/cos in f32 (__sincosf on |r| ≤ π:
+// abs error ~4e-7, no slow-path stack frame), so large positions keep full accuracy.
+__device__ __forceinline__ float2 rope_cos_sin(int p, double inv_freq) {
+    const double theta = (double)p * inv_freq;
+    const double r = theta - rint(theta * 0.15915494309189535) * 6.283185307179586;
+    float s, c;
+    __sincosf((float)r, &s, &c);
+    return make_float2(c, s);
+}
+
+// QK_NORM == Full: 1/rms of a token's whole q (nq floats) and k (nk floats) into inv[0], inv[1]
+// (written by thread 0; the caller syncs before reading). Every thread of the block calls it.
+template <int THREADS>
+__device__ __forceinline__ void full_norm_inv(const float* qt, const float* kt, int nq, int nk, float eps, float* inv) {
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = threadIdx.x; i < nq; i += THREADS) sq = fmaf(qt[i], qt[i], sq);
+    for (int i = threadIdx.x; i < nk; i += THREADS) sk = fmaf(kt[i], kt[i], sk);
+    sq = block_sum<THREADS>(sq);
+    sk = block_sum<THREADS>(sk);
+    if (threadIdx.x == 0) {
+        inv[0] = rsqrtf(sq / (float)nq + eps);
+        inv[1] = rsqrtf(sk / (float)nk + eps);
+    }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void qk_norm_rope_impl(float* q, float* k, const float* v, const float* __restrict__ q_norm_w,
                                                   const float* __restrict__ k_norm_w, const int* __restrict__ pos,
@@ -77,27 +103,11 @@ __device__ __forceinline__ void qk_norm_rope_impl(float* q, float* k, const floa
         const int p = pos[t];
         __syncthreads();  // inv_freq written / previous token's cs and full_inv no longer read
         if constexpr (MODE != RopeMode::None) {
-            for (int i = threadIdx.x; i < half; i += THREADS) {
-                const double theta = (double)p * inv_freq[i];
-                const double r = theta - rint(theta * 0.15915494309189535) * 6.283185307179586;
-                float s, c;
-                __sincosf((float)r, &s, &c);  // |r| <= π: abs error ~4e-7, no slow-path stack frame
-                cs[i] = make_float2(c, s);
-            }
+            for (int i = threadIdx.x; i < half; i += THREADS) cs[i] = rope_cos_sin(p, inv_freq[i]);
         }
         float* qt = q + (i64)t * q_stride;
         float* kt = k + (i64)t * k_stride;
-        if constexpr (NORM == QkNorm::Full) {
-            float sq = 0.0f, sk = 0.0f;
-            for (int i = threadIdx.x; i < n_head * hd; i += THREADS) sq = fmaf(qt[i], qt[i], sq);
-            for (int i = threadIdx.x; i < n_kv * hd; i += THREADS) sk = fmaf(kt[i], kt[i], sk);
-            sq = block_sum<THREADS>(sq);
-            sk = block_sum<THREADS>(sk);
-            if (threadIdx.x == 0) {
-                full_inv[0] = rsqrtf(sq / (float)(n_head * hd) + eps);
-                full_inv[1] = rsqrtf(sk / (float)(n_kv * hd) + eps);
-            }
-        }
+        if constexpr (NORM == QkNorm::Full) full_norm_inv<THREADS>(qt, kt, n_head * hd, n_kv * hd, eps, full_inv);
         __syncthreads();
 
         const bool write_cache = k_cache != nullptr && p >= 0 && p < max_ctx;

@@ -32,6 +32,7 @@ pub use registry::{KernelVariant, Param, Policy, Selection, select, select_with}
 
 // Attention families (H-attn).
 pub mod attn_decode;
+pub mod attn_decode_rope;
 pub mod attn_prefill;
 pub mod mla_decode;
 pub mod dsa_indexer;

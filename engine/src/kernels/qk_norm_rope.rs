@@ -100,6 +100,31 @@ pub fn qk_norm(kernel: &Kernel) -> Result<&'static str, Error> {
     checks::required_sym(kernel, "qk_norm")
 }
 
+/// The (q, k) norm weights a launch passes, checked against the variant's `qk_norm`: `[hd]` each
+/// for `per_head`, `[q_row]` / `[kv_row]` for `full`, none for `none` (then `unused` stands in;
+/// the kernel does not read it).
+pub(crate) fn norm_weights<'a>(
+    kernel: &Kernel,
+    norm_w: Option<(&'a CudaView<'_, f32>, &'a CudaView<'_, f32>)>,
+    unused: &'a CudaView<'_, f32>,
+    hd: usize,
+    q_row: usize,
+    kv_row: usize,
+) -> Result<(CudaView<'a, f32>, CudaView<'a, f32>), Error> {
+    let bad = |detail: String| checks::invalid(kernel, detail);
+    match (qk_norm(kernel)?, norm_w) {
+        ("none", None) => Ok((unused.slice(..), unused.slice(..))),
+        ("none", Some(_)) => Err(bad("norm weights given but the variant has qk_norm = none".into())),
+        (norm, None) => Err(bad(format!("qk_norm = {norm} needs the q and k norm weights"))),
+        (norm, Some((qw, kw))) => {
+            let (need_q, need_k) = if norm == "full" { (q_row, kv_row) } else { (hd, hd) };
+            checks::check_len(kernel, "q_norm_w", qw.len(), need_q)?;
+            checks::check_len(kernel, "k_norm_w", kw.len(), need_k)?;
+            Ok((qw.slice(..), kw.slice(..)))
+        }
+    }
+}
+
 pub fn launch_config(threads: u32, full_norm: bool, p: &QkNormRopeParams) -> LaunchConfig {
     let units = p.n_head + 2 * p.n_kv;
     let warps = threads as usize / 32;
@@ -159,17 +184,7 @@ pub fn qk_norm_rope<C: CacheElem>(
     checks::check_len(kernel, "k_cache", k_cache.len(), cache_len)?;
     checks::check_len(kernel, "v_cache", v_cache.len(), cache_len)?;
     let norm = qk_norm(kernel)?;
-    let (q_norm_w, k_norm_w) = match (norm, norm_w) {
-        ("none", None) => (v.slice(..), v.slice(..)), // not read by the kernel
-        ("none", Some(_)) => return Err(bad("norm weights given but the variant has qk_norm = none".into())),
-        (_, None) => return Err(bad(format!("qk_norm = {norm} needs the q and k norm weights"))),
-        (norm, Some((qw, kw))) => {
-            let (need_q, need_k) = if norm == "full" { (q_row, kv_row) } else { (hd, hd) };
-            checks::check_len(kernel, "q_norm_w", qw.len(), need_q)?;
-            checks::check_len(kernel, "k_norm_w", kw.len(), need_k)?;
-            (qw.slice(..), kw.slice(..))
-        }
-    };
+    let (q_norm_w, k_norm_w) = norm_weights(kernel, norm_w, v, hd, q_row, kv_row)?;
     if p.n_tokens == 0 {
         return Ok(());
     }

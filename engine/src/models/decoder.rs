@@ -14,7 +14,9 @@
 //! inside the projection after it (norm_matvec: q/k/v, the dense gated FFN, the LM head), the
 //! residual alternating between two buffers, and q/k/v go in one launch per run of equal-typed
 //! neighbours, their rows stacked in one buffer (`QkvRun`). Prefill and unfused steps run
-//! each part with its own matvec / matmul.
+//! each part with its own matvec / matmul. A decode step's QK-norm + RoPE + KV-cache write runs
+//! in its attention launch's prologue (attn_decode_rope, `GpuOptions::fuse_rope`); prefill keeps
+//! qk_norm_rope before the tensor-core attention.
 
 use std::path::Path;
 use std::time::Instant;
@@ -27,6 +29,7 @@ use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::gpu::{self, DecoderStack, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StackState, StepGraph, err, upload_f32};
 use crate::cuda::{Gpu, Kernels};
 use crate::kernels::attn_decode::{self, AttnDecodeParams};
+use crate::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
 use crate::kernels::attn_prefill::{self, AttnPrefillParams};
 use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
 use crate::kernels::registry::Param;
@@ -259,6 +262,9 @@ struct Names {
     add_rmsnorm: &'static str,
     qk_norm_rope: &'static str,
     attn_decode: &'static str,
+    /// Decode steps' attention with QK-norm + RoPE + KV write in its prologue
+    /// (`GpuOptions::fuse_rope`); `None` runs qk_norm_rope then attn_decode.
+    attn_decode_rope: Option<&'static str>,
     attn_prefill: &'static str,
     glu: &'static str,
     argmax: &'static str,
@@ -439,23 +445,17 @@ impl Decoder {
         let int = |v: usize| Param::Int(v as i64);
         let sandwich = cfg.norm == NormPlacement::Sandwich;
         let attn_dims = [("head_dim", int(hd)), ("n_head", int(n_head)), ("n_kv", int(n_kv)), ("cache_t", Param::Sym("bf16"))];
+        let rope_dims = [("n_rot", int(cfg.n_rot)), ("rope_mode", Param::Sym(cfg.rope_mode)), ("qk_norm", Param::Sym(cfg.qk_norm))];
         let names = Names {
             embed: plan.want(embed::FAMILY, &[("n_embd", int(e)), ("qtype", Param::Sym(embd_qtype))])?,
             rmsnorm: plan.want(rmsnorm::FAMILY, &[("n", int(e))])?,
             add_rmsnorm: plan.want(add_rmsnorm::FAMILY, &[("n", int(e)), ("delta_norm", Param::Int(sandwich as i64))])?,
-            qk_norm_rope: plan.want(
-                qk_norm_rope::FAMILY,
-                &[
-                    ("head_dim", int(hd)),
-                    ("n_head", int(n_head)),
-                    ("n_kv", int(n_kv)),
-                    ("n_rot", int(cfg.n_rot)),
-                    ("rope_mode", Param::Sym(cfg.rope_mode)),
-                    ("qk_norm", Param::Sym(cfg.qk_norm)),
-                    ("cache_t", Param::Sym("bf16")),
-                ],
-            )?,
+            qk_norm_rope: plan.want(qk_norm_rope::FAMILY, &[attn_dims.as_slice(), rope_dims.as_slice()].concat())?,
             attn_decode: plan.want(attn_decode::FAMILY, &attn_dims)?,
+            attn_decode_rope: match opts.fuse_rope {
+                true => Some(plan.want(attn_decode_rope::FAMILY, &[attn_dims.as_slice(), rope_dims.as_slice()].concat())?),
+                false => None,
+            },
             attn_prefill: plan.want(attn_prefill::FAMILY, &attn_dims)?,
             glu: plan.want(cfg.glu.family(), &[("n_ff", int(cfg.n_ff))])?,
             argmax: plan.want(argmax::FAMILY, &[("n_vocab", int(n_vocab))])?,
@@ -680,6 +680,11 @@ impl Net {
         let (e, hd, eps) = (c.n_embd, c.head_dim, c.eps);
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
+        if let (1, Some(name)) = (t, self.names.attn_decode_rope) {
+            self.attend_step(k.get(name)?, state, bufs, l, il, n_split)?;
+            let Bufs { att, o, .. } = &mut *bufs;
+            return l.attn_output.forward(k, &att.slice(..qd), &mut o.slice_mut(..e), 1);
+        }
         let Bufs { pos, qkv, att, o, work, .. } = &mut *bufs;
         let (mut q, mut kv) = qkv.split_at_mut(t * qd);
         let (mut kb, v) = kv.split_at_mut(t * kvd);
@@ -751,6 +756,30 @@ impl Net {
         Ok(())
     }
 
+    /// A decode step's QK-norm + RoPE, KV-cache write and attention in one launch
+    /// (attn_decode_rope), from the raw q, k, v rows in `bufs.qkv` into `bufs.att`.
+    fn attend_step(&self, kernel: &crate::cuda::Kernel, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, n_split: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (hd, qd, kvd) = (c.head_dim, c.n_head * c.head_dim, c.n_kv * c.head_dim);
+        let Bufs { pos, qkv, att, work, .. } = &mut *bufs;
+        let (q, k, v) = (qkv.slice(..qd), qkv.slice(qd..qd + kvd), qkv.slice(qd + kvd..qd + 2 * kvd));
+        let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
+        let new = NewTokens { q: &q, k: &k, v: &v, norm_w: norm_w.as_ref().map(|(a, b)| (a, b)) };
+        let attn = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head: c.n_head, n_kv: c.n_kv, max_ctx: state.cache.max_ctx, window: l.window, n_split, scale: c.attn_scale };
+        let p = AttnDecodeRopeParams { attn, n_rot: c.n_rot, freq_base: l.rope_base, freq_scale: l.rope_scale, eps: c.eps };
+        let mut work = self.layer_work(work, il);
+        let cache = &mut state.cache;
+        attn_decode_rope::attn_decode_rope(kernel, &new, &mut cache.k[il].slice_mut(..), &mut cache.v[il].slice_mut(..), &pos.slice(..1), &mut att.slice_mut(..qd), &mut work, &p)?;
+        Ok(())
+    }
+
+    /// Layer `il`'s slice of the decode-attention workspace: layers split differently (window
+    /// vs global) and a split's counters must not meet another split count's partials.
+    fn layer_work<'a>(&self, work: &'a mut CudaSlice<f32>, il: usize) -> cudarc::driver::CudaViewMut<'a, f32> {
+        let per_layer = work.len() / self.layers.len();
+        work.slice_mut(il * per_layer..(il + 1) * per_layer)
+    }
+
     /// Attention of `t` query rows at positions `pos0..` over the layer's cache: the split-K
     /// decode kernel for one row, the tensor-core prefill kernel for more.
     #[allow(clippy::too_many_arguments)]
@@ -778,10 +807,7 @@ impl Net {
             return Ok(());
         }
         let p = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, window: l.window, n_split, scale };
-        // Each layer has its own workspace slice: layers split differently (window vs global)
-        // and a split's counters must not meet another split count's partials.
-        let per_layer = work.len() / self.layers.len();
-        let mut work = work.slice_mut(il * per_layer..(il + 1) * per_layer);
+        let mut work = self.layer_work(work, il);
         attn_decode::attn_decode(self.kernels.get(self.names.attn_decode)?, &q.slice(..qd), &kc, &vc, &pos.slice(..1), &mut att.slice_mut(..qd), &mut work, &p)?;
         Ok(())
     }

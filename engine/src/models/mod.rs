@@ -32,11 +32,14 @@ pub struct GpuOptions {
     /// Fuse each decode step's residual add + RMSNorm into the projection after it
     /// (norm_matvec: q/k/v, the dense gated FFN, the LM head) instead of add_rmsnorm launches.
     pub fuse_norm: bool,
+    /// Run a decode step's QK-norm + RoPE + KV-cache write inside its attention launch
+    /// (attn_decode_rope) instead of a qk_norm_rope launch before it.
+    pub fuse_rope: bool,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true }
+        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true, fuse_rope: true }
     }
 }
 

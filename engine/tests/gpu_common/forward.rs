@@ -112,6 +112,7 @@ pub fn load_ctx(
         fuse_ffn: graphs,
         // Fused launches go with graphs, so every setting list covers fused and unfused steps.
         fuse_norm: graphs,
+        fuse_rope: graphs,
         max_ctx: Some(max_ctx),
         ..GpuOptions::default()
     };
