@@ -52,7 +52,7 @@
 //! per head). Only bf16-cache attention variants are planned. matvec also runs each specialized
 //! shape in Q8_0, Q4_K and BF16: where the registry has no specialized variant of that type, one
 //! is rendered here with `matvec::render_source` (same tuning; `origin: "rendered"` in the JSON).
-//! Not measured: qk_norm_rope (no bench wiring yet), batch > 1 matvec, matmul in types other than
+//! Not measured: qk_norm_rope and attn_decode_rope (no bench wiring yet; `--model` times the decode steps that use them), batch > 1 matvec, matmul in types other than
 //! the baked one, sliding-window attention.
 
 use std::collections::HashMap;

@@ -64,6 +64,7 @@ inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f;
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline float4 __ldg(const float4* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return float2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
@@ -79,6 +80,7 @@ enum class CacheType : int { F32 = 0, BF16 = 1 };
 constexpr int WARP_SIZE = 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
+inline void prefetch_l2(const void*) {}
 }
 "#;
 

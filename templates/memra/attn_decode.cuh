@@ -73,6 +73,23 @@ template <CacheType C> __device__ __forceinline__ float elem(const float4& raw, 
 // Weight of a partial with running max m in a merge whose max is M (M finite).
 __device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf() ? 0.0f : exp2f(m - M); }
 
+// Up to PREFETCH_ROWS of the block's first key and value rows (element offset `first`, rows
+// `stride` elements apart) are asked into L2 before anything else: the key loop's first loads
+// then wait on L2 rather than DRAM, and q (and attn_decode_rope's prologue) load meanwhile.
+constexpr int PREFETCH_ROWS = 64;
+template <CacheType C, int THREADS>
+__device__ __forceinline__ void prefetch_rows(const void* k, const void* v, i64 first, i64 stride, int rows, int hd) {
+    constexpr int BYTES = CacheTraits<C>::BYTES;
+    const int lines = hd * BYTES / 128;  // hd ≥ 64: whole 128-byte lines
+    const char* kb = static_cast<const char*>(k);
+    const char* vb = static_cast<const char*>(v);
+    for (int i = threadIdx.x; i < rows * lines; i += THREADS) {
+        const i64 at = (first + (i / lines) * stride) * BYTES + (i % lines) * 128;
+        prefetch_l2(kb + at);
+        prefetch_l2(vb + at);
+    }
+}
+
 // Where key row `s` comes from besides the cache: nowhere (attn_decode), or shared memory
 // (attn_decode_rope.cuh: the token's own k and v, written to the cache by this very launch, so
 // the block must not read them back through the read-only path). Raw CACHE_T chunks of one row.
@@ -293,22 +310,30 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    const volatile float* vacc = work_acc;
-    const volatile float* vml = work_ml;
-    for (int idx = threadIdx.x; idx < nh * HD; idx += THREADS) {
-        const int h = idx / HD, d = idx % HD;
+    // The partials come from other blocks (each fenced before its counter add): read them at L2
+    // (ld.global.cg), never through a possibly stale L1 line. A thread takes 4 adjacent elements
+    // (float4 partials); plain loads let the unrolled loops keep many in flight.
+    const float2* ml = reinterpret_cast<const float2*>(work_ml);
+    for (int idx = threadIdx.x; idx < nh * HD / 4; idx += THREADS) {
+        const int h = idx / (HD / 4), d = idx % (HD / 4) * 4;
         const i64 part0 = (head_base + h) * n_split;
-        float M = neg_inf();
-        for (int s = 0; s < n_split; ++s) M = fmaxf(M, vml[(part0 + s) * 2]);
-        float L = 0.0f, A = 0.0f;
-        if (M != neg_inf()) {
-            for (int s = 0; s < n_split; ++s) {
-                const float wt = merge_w(vml[(part0 + s) * 2], M);
-                L = fmaf(vml[(part0 + s) * 2 + 1], wt, L);
-                A = fmaf(vacc[(part0 + s) * HD + d], wt, A);
-            }
+        float M = neg_inf(), L = 0.0f;
+        float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int s = 0; s < n_split; ++s) {  // one online pass: the loads do not wait on the merge
+            const float2 p = __ldcg(ml + part0 + s);
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(work_acc + (part0 + s) * HD + d));
+            const float Mn = fmaxf(M, p.x);
+            const float co = merge_w(M, Mn), cn = merge_w(p.x, Mn);  // 0 while both are −inf
+            L = fmaf(L, co, p.y * cn);
+            A = make_float4(fmaf(A.x, co, a.x * cn), fmaf(A.y, co, a.y * cn), fmaf(A.z, co, a.z * cn), fmaf(A.w, co, a.w * cn));
+            M = Mn;
         }
-        out[(head_base + h) * HD + d] = L > 0.0f ? A / L : 0.0f;
+        float* o = out + (head_base + h) * HD + d;
+        o[0] = L > 0.0f ? A.x / L : 0.0f;
+        o[1] = L > 0.0f ? A.y / L : 0.0f;
+        o[2] = L > 0.0f ? A.z / L : 0.0f;
+        o[3] = L > 0.0f ? A.w / L : 0.0f;
     }
     if (threadIdx.x == 0) counters[head_base] = 0u;
 }
@@ -384,6 +409,8 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int chunk = (len + n_split - 1) / n_split;
     const int c0 = lo + sp * chunk;
     const int c1 = min(c0 + chunk, p + 1);
+    attn_detail::prefetch_rows<C, Cfg::THREADS>(k_cache, v_cache, (((i64)b * max_ctx + c0) * n_kv + kvh) * hd, (i64)n_kv * hd,
+                                                min(c1 - c0, attn_detail::PREFETCH_ROWS), hd);
     const float sl2 = scale * attn_detail::LOG2E;
     const i64 n_part = (i64)n_seq * n_head * n_split;
     u32* counters = reinterpret_cast<u32*>(work);
@@ -422,8 +449,10 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
 
 }  // namespace memra
 
+// __launch_bounds__(THREADS, 1): with the thread count alone ptxas may hold the generic variants
+// (nine attention bodies) to 128 registers and spill.
 #define MEMRA_DEFINE_ATTN_DECODE(SYMBOL, CFG)                                                                   \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const float* q, const void* k_cache, const void* v_cache, const int* pos, float* out, float* work, \
                int n_seq, int head_dim, int n_head, int n_kv, int max_ctx, int window, int n_split, float scale) { \
         memra::pdl_entry();                                                                                       \

@@ -133,8 +133,7 @@ template <class Cfg> struct RopePrologue {
 }  // namespace attn_detail
 }  // namespace memra
 
-// __launch_bounds__(THREADS, 1): with the thread count alone ptxas held the generic variants (nine
-// attention bodies and the prologue) to 128 registers and spilled.
+// __launch_bounds__(THREADS, 1): as attn_decode's.
 #define MEMRA_DEFINE_ATTN_DECODE_ROPE(SYMBOL, CFG)                                                                    \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                                     \
         SYMBOL(const float* q, const float* k, const float* v, const float* q_norm_w, const float* k_norm_w,          \

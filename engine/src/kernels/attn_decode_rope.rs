@@ -6,14 +6,14 @@
 use cudarc::driver::{CudaView, CudaViewMut};
 
 use crate::cuda::{Error, Kernel};
-use crate::kernels::attn_decode::{self, AttnDecodeParams, LaunchBuffers, check_gqa, check_launch, launch_config};
+use crate::kernels::attn_decode::{AttnDecodeParams, LaunchBuffers, check_gqa, check_launch, launch_config};
 use crate::kernels::checks;
 use crate::kernels::launch::{KernelArgs, launch};
 use crate::kernels::qk_norm_rope::{CacheElem, norm_weights};
 
 pub const FAMILY: &str = "attn_decode_rope";
 /// templates/README.md default.
-pub const DEFAULT_THREADS: u32 = attn_decode::DEFAULT_THREADS;
+pub const DEFAULT_THREADS: u32 = 256;
 
 /// Kernel parameters in order (see the template's header comment).
 #[derive(KernelArgs)]
@@ -67,7 +67,7 @@ pub struct NewTokens<'a, 'b> {
 
 /// One decode step's attention for `n_seq` sequences from their raw projections: k and v go to
 /// the caches `[n_seq, max_ctx, n_kv, hd]` at row `pos[b]` (rows below must be filled), the
-/// attention output `[n_seq, n_head, hd]` to `out`. `work` as [`attn_decode::attn_decode`]'s.
+/// attention output `[n_seq, n_head, hd]` to `out`. `work` as [`crate::kernels::attn_decode::attn_decode`]'s.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_decode_rope<C: CacheElem>(
     kernel: &Kernel,
