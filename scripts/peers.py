@@ -67,7 +67,7 @@ def parse_shape(family, shape, dtype):
     if family == "embed":
         t, e, v = ints(r"t(\d+)_e(\d+)_v(\d+)")
         return dict(t=t, e=e, v=v)
-    if family in ("attn_decode", "mla_decode"):
+    if family in ("attn_decode", "attn_decode_rope", "mla_decode"):
         # q heads, kv heads, head dim (qk), value dim, context tokens; batch 1, one query token.
         # MLA decode is MQA over the latent: kv 1, d = kv_lora + rope, dv = kv_lora.
         h, kv, d, dv, c = ints(r"h(\d+)_kv(\d+)_d(\d+)_dv(\d+)_c(\d+)")
@@ -109,7 +109,7 @@ def parse_shape(family, shape, dtype):
 def peer_dtype(family, dtype):
     if family in ("matvec", "matmul", "embed", "moe_matvec", "norm_matvec"):
         return "bf16"  # quantized weights: the dequantized bf16 weight
-    if family in ("attn_decode", "attn_prefill", "mla_decode", "mla_sparse_decode", "dsa_indexer", "dsa_index_key"):
+    if family in ("attn_decode", "attn_decode_rope", "attn_prefill", "mla_decode", "mla_sparse_decode", "dsa_indexer", "dsa_index_key"):
         return "bf16"  # bf16 caches and bf16 q (memra's q is f32, its caches bf16)
     return "f32"
 
@@ -139,6 +139,10 @@ def plan_bytes_flops(family, d):
             return 2 * (c * dd + h * dd + h * dv), 2 * h * c * (dd + dv)
         byts = 2 * (c * kv * dd + c * kv * dv + h * dd + h * dv)
         return byts, 2 * h * c * (dd + dv)
+    if family == "attn_decode_rope":
+        h, kv, dd, c = d["h"], d["kv"], d["d"], d["c"]
+        # bf16 caches (the new row written), q/k/v in and out f32 as memra's.
+        return 2 * 2 * c * kv * dd + 4 * (2 * h + 2 * kv) * dd, 4 * h * c * dd
     if family == "mla_sparse_decode":
         h, dd, dv, k = d["h"], d["d"], d["dv"], d["k"]
         return 2 * (k * dd + h * dd + h * dv) + 8 * k, 2 * h * k * (dd + dv)
@@ -257,6 +261,28 @@ def make_ops(torch, family, d):
         gqa = h != kv
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         return (q, k, v), {"torch_eager": fn}, fn
+    if family == "attn_decode_rope":
+        h, kv, dd, c = d["h"], d["kv"], d["d"], d["c"]
+        q, k, v = randn(h, dd), randn(kv, dd), randn(kv, dd)
+        qw, kw = randn(dd), randn(dd)
+        kc, vc = randn(1, kv, c, dd, dtype=bf16), randn(1, kv, c, dd, dtype=bf16)
+        inv = 1.0e6 ** (-torch.arange(0, dd, 2, device=dev, dtype=f32) / dd)
+        ang = (c - 1) * inv
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        gqa = h != kv
+
+        def rope(x):  # per-head RMSNorm done by the caller; NeoX halves
+            a, b = x[:, : dd // 2], x[:, dd // 2 :]
+            return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+        def fn(q, k, v, qw, kw, kc, vc):
+            # A decode step's per-head QK-norm + RoPE, the cache write at the last row, attention.
+            qn = rope(q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * qw)
+            kn = rope(k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * kw)
+            kc[0, :, c - 1] = kn.to(bf16)
+            vc[0, :, c - 1] = v.to(bf16)
+            return F.scaled_dot_product_attention(qn.to(bf16)[None, :, None], kc, vc, enable_gqa=gqa)
+        return (q, k, v, qw, kw, kc, vc), {"torch_eager": fn}, fn
     if family == "mla_sparse_decode":
         h, dd, dv, kk, c = d["h"], d["d"], d["dv"], d["k"], d["c"]
         q = randn(1, h, 1, dd, dtype=bf16)

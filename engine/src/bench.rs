@@ -26,6 +26,10 @@
 //! - embed: gathered table rows (T · row bytes) + out (4·T·n_embd) + tokens (4T).
 //! - attn_decode (one token at position ctx − 1): K and V cache rows (2 · 2·ctx·n_kv·hd, bf16)
 //!   + q + out (2 · 4·H·hd) + pos; FLOPs 4·H·hd·ctx.
+//! - attn_decode_rope (one token at position ctx − 1, from its raw q/k/v): the K and V rows before
+//!   it (2 · 2·(ctx − 1)·n_kv·hd) + the new K and V row written (2 · 2·n_kv·hd) + q, k, v in and
+//!   out (4·(2·H + 2·n_kv)·hd) + pos (the QK-norm weights, ≤ 4·(H + n_kv)·hd, not counted); FLOPs
+//!   as attn_decode's.
 //! - attn_prefill (T tokens from position 0, causal): K, V (2 · 2·T·n_kv·hd) + q + out
 //!   (2 · 4·T·H·hd); FLOPs `attn_prefill::flops` (visible pairs only).
 //! - mla_decode: the latent rows (2·ctx·(kv_lora + rope)) + q (4·H·(kv_lora + rope)) + out
@@ -52,7 +56,7 @@
 //! per head). Only bf16-cache attention variants are planned. matvec also runs each specialized
 //! shape in Q8_0, Q4_K and BF16: where the registry has no specialized variant of that type, one
 //! is rendered here with `matvec::render_source` (same tuning; `origin: "rendered"` in the JSON).
-//! Not measured: qk_norm_rope and attn_decode_rope (no bench wiring yet; `--model` times the decode steps that use them), batch > 1 matvec, matmul in types other than
+//! Not measured: qk_norm_rope (no bench wiring yet; `--model` times the steps that use it), batch > 1 matvec, matmul in types other than
 //! the baked one, sliding-window attention.
 
 use std::collections::HashMap;
@@ -70,7 +74,7 @@ use crate::cuda::{Error, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{
-    add_rmsnorm, argmax, attn_decode, attn_prefill, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
+    add_rmsnorm, argmax, attn_decode, attn_decode_rope, attn_prefill, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
     mla_sparse_decode, moe_matvec, moe_router, norm_matvec, rmsnorm, swiglu, topk,
 };
 
@@ -213,6 +217,14 @@ pub enum Shape {
         head_dim: usize,
         ctx: usize,
     },
+    /// [`Shape::AttnDecode`] from the token's raw q/k/v: QK-norm + RoPE + the cache write first.
+    AttnDecodeRope {
+        n_head: usize,
+        n_kv: usize,
+        head_dim: usize,
+        n_rot: usize,
+        ctx: usize,
+    },
     /// Causal GQA prefill of `t` tokens from position 0, bf16 cache.
     AttnPrefill {
         t: usize,
@@ -303,6 +315,7 @@ impl Shape {
             Shape::Topk { .. } => topk::FAMILY,
             Shape::Embed { .. } => embed::FAMILY,
             Shape::AttnDecode { .. } => attn_decode::FAMILY,
+            Shape::AttnDecodeRope { .. } => attn_decode_rope::FAMILY,
             Shape::AttnPrefill { .. } => attn_prefill::FAMILY,
             Shape::MlaDecode { .. } => mla_decode::FAMILY,
             Shape::DsaIndexKey { .. } => dsa_index_key::FAMILY,
@@ -326,7 +339,9 @@ impl Shape {
             Shape::Topk { rows, n_vocab, k } => format!("{rows}x{n_vocab}_k{k}"),
             Shape::Embed { t, n_embd, n_vocab, .. } => format!("t{t}_e{n_embd}_v{n_vocab}"),
             // The attention labels are peers-attention.json's: q heads, kv heads, qk dim, v dim.
-            Shape::AttnDecode { n_head, n_kv, head_dim, ctx } => format!("h{n_head}_kv{n_kv}_d{head_dim}_dv{head_dim}_c{ctx}"),
+            Shape::AttnDecode { n_head, n_kv, head_dim, ctx } | Shape::AttnDecodeRope { n_head, n_kv, head_dim, ctx, .. } => {
+                format!("h{n_head}_kv{n_kv}_d{head_dim}_dv{head_dim}_c{ctx}")
+            }
             Shape::MlaDecode { n_head, kv_lora, rope, ctx } => format!("h{n_head}_kv1_d{}_dv{kv_lora}_c{ctx}", kv_lora + rope),
             Shape::MlaSparseDecode { n_head, kv_lora, rope, ctx, k } => {
                 format!("h{n_head}_kv1_d{}_dv{kv_lora}_k{k}_c{ctx}", kv_lora + rope)
@@ -351,6 +366,7 @@ impl Shape {
             }
             // The cache type of the attention / DSA families (the benched variants read bf16).
             Shape::AttnDecode { .. }
+            | Shape::AttnDecodeRope { .. }
             | Shape::AttnPrefill { .. }
             | Shape::MlaDecode { .. }
             | Shape::MlaSparseDecode { .. }
@@ -372,6 +388,10 @@ impl Shape {
             Shape::Argmax { rows, n_vocab } | Shape::Topk { rows, n_vocab, .. } => f * (rows * n_vocab) as u64,
             Shape::Embed { ty, t, n_embd, .. } => weight_bytes(ty, n_embd, t) + f * (t * n_embd + t) as u64,
             Shape::AttnDecode { n_head, n_kv, head_dim, ctx } => BF16 * (2 * ctx * n_kv * head_dim) as u64 + f * (2 * n_head * head_dim + 1) as u64,
+            // Rows before the new one read, the new row written: 2·ctx rows of K and V either way.
+            Shape::AttnDecodeRope { n_head, n_kv, head_dim, ctx, .. } => {
+                BF16 * (2 * ctx * n_kv * head_dim) as u64 + f * ((2 * n_head + 2 * n_kv) * head_dim + 1) as u64
+            }
             Shape::AttnPrefill { t, n_head, n_kv, head_dim } => BF16 * (2 * t * n_kv * head_dim) as u64 + f * (2 * t * n_head * head_dim) as u64,
             Shape::MlaDecode { n_head, kv_lora, rope, ctx } => {
                 BF16 * (ctx * (kv_lora + rope)) as u64 + f * (n_head * (2 * kv_lora + rope) + 1) as u64
@@ -406,7 +426,9 @@ impl Shape {
             Shape::Matvec { k, n, .. } => Some(2 * (k * n) as u64),
             Shape::Matmul { t, k, n, .. } => Some(2 * (t * k) as u64 * n as u64),
             // q·k and p·v per (head, visible key).
-            Shape::AttnDecode { n_head, head_dim, ctx, .. } => Some(4 * (n_head * head_dim * ctx) as u64),
+            Shape::AttnDecode { n_head, head_dim, ctx, .. } | Shape::AttnDecodeRope { n_head, head_dim, ctx, .. } => {
+                Some(4 * (n_head * head_dim * ctx) as u64)
+            }
             Shape::AttnPrefill { t, n_head, n_kv, head_dim } => Some(attn_prefill::flops(&prefill_params(t, n_head, n_kv, head_dim))),
             Shape::MlaDecode { n_head, kv_lora, rope, ctx } => Some(2 * (n_head * ctx) as u64 * (2 * kv_lora + rope) as u64),
             Shape::MlaSparseDecode { n_head, kv_lora, rope, k, .. } => Some(2 * (n_head * k) as u64 * (2 * kv_lora + rope) as u64),
@@ -633,6 +655,14 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 };
                 for ctx in ATTN_DECODE_CTX {
                     push(&mut cases, Shape::AttnDecode { n_head, n_kv, head_dim, ctx }, a, v, None, false);
+                }
+            }
+            "attn_decode_rope" => {
+                let (Some(n_head), Some(n_kv), Some(head_dim), Some(n_rot)) = (int(v, "n_head"), int(v, "n_kv"), int(v, "head_dim"), int(v, "n_rot")) else {
+                    continue;
+                };
+                for ctx in ATTN_DECODE_CTX {
+                    push(&mut cases, Shape::AttnDecodeRope { n_head, n_kv, head_dim, n_rot, ctx }, a, v, None, false);
                 }
             }
             "attn_prefill" => {

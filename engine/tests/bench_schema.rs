@@ -471,6 +471,13 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             head_dim: 128,
             ctx: 4096,
         },
+        Shape::AttnDecodeRope {
+            n_head: 4,
+            n_kv: 1,
+            head_dim: 256,
+            n_rot: 256,
+            ctx: 4096,
+        },
         Shape::AttnPrefill {
             t: 4096,
             n_head: 32,
@@ -546,6 +553,7 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             | Shape::Topk { .. }
             | Shape::Embed { .. }
             | Shape::AttnDecode { .. }
+            | Shape::AttnDecodeRope { .. }
             | Shape::AttnPrefill { .. }
             | Shape::MlaDecode { .. }
             | Shape::DsaIndexKey { .. }

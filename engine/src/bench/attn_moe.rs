@@ -19,7 +19,8 @@ use crate::kernels::dsa_indexer::{self, DsaIndexerParams};
 use crate::kernels::dsa_topk::{self, DsaTopkParams};
 use crate::kernels::mla_decode::{self, MlaDecodeParams};
 use crate::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
-use crate::kernels::{attn_decode, attn_prefill, mla_sparse_decode, moe_router};
+use crate::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
+use crate::kernels::{attn_decode, attn_prefill, checks, mla_sparse_decode, moe_router};
 
 /// RoPE base of the index keys (GLM-5: 1e6); the speed does not depend on it.
 const FREQ_BASE: f32 = 1.0e6;
@@ -37,6 +38,8 @@ pub(super) struct Shared {
 /// One buffer set of an attention / DSA / MoE case.
 pub(super) enum ExtraSet {
     Attn { q: CudaSlice<f32>, k: CudaSlice<u16>, v: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
+    /// attn_decode_rope: the raw q/k/v rows and QK-norm weights (sized for `full`), the caches.
+    AttnRope { q: CudaSlice<f32>, k: CudaSlice<f32>, v: CudaSlice<f32>, w: CudaSlice<f32>, kc: CudaSlice<u16>, vc: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
     Mla { q: CudaSlice<f32>, cache: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
     IndexKey { k: CudaSlice<f32>, pos: CudaSlice<i32> },
     Indexer { q: CudaSlice<f32>, w: CudaSlice<f32>, keys: CudaSlice<u16>, pos: CudaSlice<i32>, scores: CudaSlice<f32> },
@@ -96,6 +99,16 @@ pub(super) fn make_set(fill: &mut Filler, shape: &Shape) -> Result<Option<ExtraS
             q: fill.f32s(n_head * head_dim)?,
             k: fill.bf16s(ctx * n_kv * head_dim)?,
             v: fill.bf16s(ctx * n_kv * head_dim)?,
+            pos: upload(fill, &[(ctx - 1) as i32])?,
+            out: alloc(&s, n_head * head_dim)?,
+        },
+        Shape::AttnDecodeRope { n_head, n_kv, head_dim, ctx, .. } => ExtraSet::AttnRope {
+            q: fill.f32s(n_head * head_dim)?,
+            k: fill.f32s(n_kv * head_dim)?,
+            v: fill.f32s(n_kv * head_dim)?,
+            w: fill.f32s(n_head * head_dim)?,
+            kc: fill.bf16s(ctx * n_kv * head_dim)?,
+            vc: fill.bf16s(ctx * n_kv * head_dim)?,
             pos: upload(fill, &[(ctx - 1) as i32])?,
             out: alloc(&s, n_head * head_dim)?,
         },
@@ -206,6 +219,16 @@ pub(super) fn launch(
                 &mut w.slice_mut(..),
                 &p,
             )
+        }
+        (Shape::AttnDecodeRope { n_head, n_kv, head_dim, n_rot, ctx }, ExtraSet::AttnRope { q, k, v, w, kc, vc, pos, out }) => {
+            let n_split = attn_decode::splits_for(ctx, 1, n_head, n_kv, sms, attn_decode::min_split_rows(kernel));
+            let attn = attn_decode::AttnDecodeParams { n_seq: 1, head_dim, n_head, n_kv, max_ctx: ctx, window: None, n_split, scale: 1.0 / (head_dim as f32).sqrt() };
+            let p = AttnDecodeRopeParams { attn, n_rot, freq_base: FREQ_BASE, freq_scale: 1.0, eps: 1e-6 };
+            let ws = workspace(work, kernel, attn_decode::work_floats(1, n_head, head_dim, n_split))?;
+            let (qv, kv, vv, wv) = (q.slice(..), k.slice(..), v.slice(..), w.slice(..));
+            let norm_w = (checks::baked_sym(kernel.variant(), "qk_norm") != Some("none")).then_some((&wv, &wv));
+            let new = NewTokens { q: &qv, k: &kv, v: &vv, norm_w };
+            attn_decode_rope::attn_decode_rope(kernel, &new, &mut kc.slice_mut(..), &mut vc.slice_mut(..), &pos.slice(..), &mut out.slice_mut(..), &mut ws.slice_mut(..), &p)
         }
         (Shape::AttnPrefill { t, n_head, n_kv, head_dim }, ExtraSet::Attn { q, k, v, out, .. }) => {
             let p = super::prefill_params(t, n_head, n_kv, head_dim);
