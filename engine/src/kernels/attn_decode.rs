@@ -12,7 +12,7 @@ use crate::kernels::qk_norm_rope::CacheElem;
 pub const FAMILY: &str = "attn_decode";
 /// templates/README.md defaults.
 pub const DEFAULT_THREADS: u32 = 128;
-pub const DEFAULT_MIN_SPLIT_ROWS: usize = 256;
+pub const DEFAULT_MIN_SPLIT_ROWS: usize = 32;
 /// Most q heads one block carries (`HP_CAP` in the template).
 pub const HEADS_PER_BLOCK: usize = 4;
 /// Head sizes the template implements.

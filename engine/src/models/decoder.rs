@@ -38,12 +38,6 @@ use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use crate::kernels::norm_matvec::{self, NormMatvecWeights, Residual};
 use crate::kernels::{add_rmsnorm, argmax, embed, geglu, moe_router, rmsnorm, swiglu};
 
-/// Fewest keys per decode-attention split. With few kv heads (gemma3: one) a split is a single
-/// block, and at a few hundred positions a block's serial passes over its keys set the launch's
-/// latency: 32 keys (16 KiB of bf16 K+V at head_dim 256) per split measured fastest on the H200
-/// (gemma3 at 562 positions: 11.7 µs per attention launch vs 12.3 with 64 and 12.8 with 16).
-const DECODE_MIN_SPLIT_ROWS: usize = 32;
-
 /// Where the norms sit (spec capability `norm`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormPlacement {
@@ -284,6 +278,8 @@ struct Net {
     kernels: Kernels,
     names: Names,
     sm_count: usize,
+    /// Fewest keys per decode-attention split: the decode attention variant's `min_split_rows`.
+    min_split_rows: usize,
     /// One expert id 0: the fused dense FFN runs the expert kernel on a single "expert".
     zero_id: CudaSlice<i32>,
     /// The LM head's norm_matvec variant when decode steps fuse the norms.
@@ -483,12 +479,13 @@ impl Decoder {
         let cache = KvCache::new(&gpu, layers.len(), max_ctx, n_kv, hd)?;
         report.push(format!("KV cache: {max_ctx} positions, bf16, {}", gpu::mib(cache.bytes())));
 
-        let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, DECODE_MIN_SPLIT_ROWS).max(2);
+        let min_split_rows = attn_decode::min_split_rows(kernels.get(names.attn_decode_rope.unwrap_or(names.attn_decode))?);
+        let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, min_split_rows).max(2);
         let step = Bufs::new(&gpu, &cfg, 1, layers.len(), max_split)?;
         let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
         let n_ctx_train = cfg.n_ctx_train;
-        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, zero_id, lm_head_norm };
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, min_split_rows, zero_id, lm_head_norm };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         let state = State { gpu, cache, out, len: 0, max_ctx, n_ctx_train, n_vocab, weight_bytes: bytes, report };
         Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs) })
@@ -514,7 +511,7 @@ impl Net {
                 // Split for the next power of two of the visible keys: the count then changes
                 // (and a captured decode graph is re-captured) only log2(context) times.
                 let visible = l.window.map_or(len, |w| w.min(len)).max(1).next_power_of_two();
-                attn_decode::splits_for(visible, 1, c.n_head, c.n_kv, self.sm_count, DECODE_MIN_SPLIT_ROWS)
+                attn_decode::splits_for(visible, 1, c.n_head, c.n_kv, self.sm_count, self.min_split_rows)
             })
             .collect())
     }
