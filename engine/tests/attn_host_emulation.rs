@@ -1,4 +1,4 @@
-//! CPU emulation of the attention kernels (attn_decode, mla_decode): the templates are compiled
+//! CPU emulation of the attention kernels (attn_decode, attn_decode_rope, mla_decode): the templates are compiled
 //! as host C++ with stand-ins for the CUDA features they use (one std::thread per CUDA thread,
 //! std::barrier for __syncthreads and for the warp exchange behind __shfl_xor_sync, synchronous
 //! copies for cp.async, blocks run one after another) and compared with memra-reference on fresh
@@ -8,7 +8,10 @@
 //! split counters must be back at zero and nothing past the wrapper's size written: the harness
 //! exits 3 otherwise). It checks indexing, masking, the online softmax and the split combine without a
 //! GPU; it says nothing about speed or memory ordering. Tolerance: relative L2 ≤ 1e-5 (f32
-//! arithmetic on the values the reference reads). Skips (one SKIP line) without a C++20 compiler.
+//! arithmetic on the values the reference reads). attn_decode_rope starts from the raw q/k/v and
+//! is checked against the reference QK-norm + RoPE, the rounded new cache row (written at the
+//! position, nothing after it) and attention, at 1e-4 (`TOL_ROPE`). Skips (one SKIP line)
+//! without a C++20 compiler.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,10 +22,15 @@ mod mma_host;
 
 use memra_engine::kernels::{attn_decode, mla_decode};
 use memra_reference::attention::{AttnShape, Mask, attention};
-use memra_reference::{Rng, rel_err};
+use memra_reference::rope::{Rope, RopeMode, rope_heads};
+use memra_reference::{Rng, norm, rel_err};
 use mla_common::{Query, mla_reference};
 
 const TOL: f64 = 1e-5;
+/// attn_decode_rope: RoPE in f32 (the reference rotates in f64) before the bf16 rounding of the
+/// new key, so a few of its elements may land one bf16 step apart; the scores move by ~1e-3 of
+/// a step at most. Checked at 1e-4 relative L2 of the output.
+const TOL_ROPE: f64 = 1e-4;
 /// mla_decode over a bf16 cache runs on tensor cores: q·(scale·log2 e) and the softmax weights P
 /// are rounded to bf16 (relative rounding error uniform in ±2^-9, std 2^-8/√12 ≈ 1.1e-3). With
 /// N(0, 1) q and cache rows of 576 and scale 1/16, a score's error is ≈ 1.1e-3 · √576 · 1.44/16
@@ -81,7 +89,26 @@ constexpr int WARP_SIZE = 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
 inline void prefetch_l2(const void*) {}
+// attn_decode_rope.cuh and the qk_norm_rope.cuh helpers it shares.
+enum class RopeMode : int { None = 0, Interleaved = 1, Neox = 2 };
+enum class QkNorm : int { None = 0, PerHead = 1, Full = 2 };
+inline u16 f32_to_bf16(float f) { unsigned b = __float_as_uint(f); return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16); }
+template <CacheType C> inline void store_as(void* base, i64 i, float v) {
+    if constexpr (C == CacheType::F32) static_cast<float*>(base)[i] = v; else static_cast<u16*>(base)[i] = f32_to_bf16(v); }
+inline double exp2_f64(double x) { return std::exp2(x); }
+inline float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o); return v; }
+template <int THREADS> inline float block_sum(float v) {
+    static float partial[THREADS / WARP_SIZE];
+    v = warp_sum(v);
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < THREADS / WARP_SIZE ? partial[lane] : 0.0f); }
 }
+inline void __sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __ldg(const float* p) { return *p; }
 "#;
 
 const MAIN: &str = r#"
@@ -192,8 +219,46 @@ template <class K> void mla_batch(int nh, int kvl, int rope, int max_ctx, int n_
     for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     FILE* fo = fopen(f[3], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
+template <int HD, int NH, int NKV, int NR, RopeMode M, QkNorm N, CacheType C> struct RCfg {
+    static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV, N_ROT = NR;
+    static constexpr RopeMode ROPE_MODE = M; static constexpr QkNorm QK_NORM = N; static constexpr CacheType CACHE_T = C;
+    static constexpr int THREADS = 256, MIN_SPLIT_ROWS = 32; };
+// rope: kind=3 cfg n_seq hd nh nkv n_rot window n_split max_ctx work_floats scale base eps
+//       q k v qw kw kc vc pos out; out = the attention output, then both caches as f32 values.
+template <class K> void rope(int n_seq, int hd, int nh, int nkv, int n_rot, int window, int n_split, int max_ctx, int work_floats,
+                             float scale, float base, float eps, char** f) {
+    auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]), qw = slurp(f[3]), kw = slurp(f[4]), kc = slurp(f[5]), vc = slurp(f[6]), pos = slurp(f[7]);
+    std::vector<float> out(n_seq * nh * hd, NAN), work((size_t)work_floats + 16, 0.0f);
+    int G = nh / nkv, nhg = (G + 3) / 4;
+    run_grid({(unsigned)(nkv * nhg), (unsigned)n_split, (unsigned)n_seq}, K::THREADS, 0, [&] {
+        const attn_detail::RopePrologue<K> pre{(const float*)q.data(), (const float*)k.data(), (const float*)v.data(), (const float*)qw.data(),
+                                               (const float*)kw.data(), kc.data(), vc.data(), n_rot, base, 1.0f, eps};
+        attn_decode_impl<K>(nullptr, kc.data(), vc.data(), (const int*)pos.data(), out.data(), work.data(), n_seq, hd, nh, nkv, max_ctx, window,
+                            n_split, scale, pre); });
+    FILE* fo = fopen(f[8], "wb"); fwrite(out.data(), 4, out.size(), fo);
+    const size_t n = (size_t)n_seq * max_ctx * nkv * hd;
+    for (auto* c : {&kc, &vc}) for (size_t i = 0; i < n; ++i) {
+        float x;
+        if constexpr (K::CACHE_T == CacheType::F32) memcpy(&x, c->data() + 4 * i, 4);
+        else { u16 b; memcpy(&b, c->data() + 2 * i, 2); x = __uint_as_float((unsigned)b << 16); }
+        fwrite(&x, 4, 1, fo); }
+    fclose(fo);
+}
 int main(int argc, char** argv) {
     using B = CacheType;
+    if (atoi(argv[1]) == 3) {
+        int cfg = atoi(argv[2]), a[9]; for (int i = 0; i < 9; ++i) a[i] = atoi(argv[3 + i]);
+        float scale = (float)atof(argv[12]), base = (float)atof(argv[13]), eps = (float)atof(argv[14]);
+        char** f = argv + 15;
+        using RM = RopeMode; using QN = QkNorm;
+        switch (cfg) {
+        case 0: rope<RCfg<256, 4, 1, 256, RM::Neox, QN::PerHead, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
+        case 1: rope<RCfg<0, 0, 0, 0, RM::Neox, QN::Full, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
+        case 2: rope<RCfg<0, 0, 0, 0, RM::Interleaved, QN::None, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
+        default: return 4;
+        }
+        return 0;
+    }
     int kind = atoi(argv[1]), cfg = atoi(argv[2]);
     if (kind == 0) {
         int a[9]; for (int i = 0; i < 9; ++i) a[i] = atoi(argv[3 + i]);
@@ -261,6 +326,11 @@ fn emulator_source() -> String {
             .replace("#include \"memra/common.cuh\"", "")
     };
     let attn = strip(template("attn_decode.cuh"));
+    let qk = template("qk_norm_rope.cuh");
+    let from = qk.find("__device__ __forceinline__ float2 rope_cos_sin(").expect("qk_norm_rope.cuh: no rope_cos_sin");
+    let to = qk.find("template <class Cfg>\n__device__ __forceinline__ void qk_norm_rope_impl(").expect("qk_norm_rope.cuh: no qk_norm_rope_impl");
+    let helpers = format!("namespace memra {{\n{}\n}}\n", &qk[from..to]);
+    let rope = template("attn_decode_rope.cuh").replace("#pragma once", "").replace("#include \"memra/attn_decode.cuh\"", "").replace("#include \"memra/qk_norm_rope.cuh\"", "");
     let mut mla = strip(template("mla_decode.cuh"));
     mla = splice(
         &mla,
@@ -273,7 +343,7 @@ fn emulator_source() -> String {
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
     let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
-    format!("{PRELUDE}\n{attn}\n{mla}\n{MAIN}")
+    format!("{PRELUDE}\n{attn}\n{helpers}\n{rope}\n{mla}\n{MAIN}")
 }
 
 fn compiler() -> Option<String> {
@@ -457,6 +527,106 @@ fn attn_case(
     );
 }
 
+/// An attn_decode_rope case: the rotation and QK-norm of the emulated variant (cfg).
+struct RopeCase {
+    cfg: usize,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    n_rot: usize,
+    mode: Option<RopeMode>,
+    /// None, per head (`[hd]` weights) or full (`[nh·hd]`, `[nkv·hd]`).
+    norm: &'static str,
+    f32_cache: bool,
+}
+
+/// attn_decode_rope on the host threads against the composition it replaces: the reference
+/// QK-norm + RoPE of the raw q/k, k and v rounded into the cache at each position, attention over
+/// the rounded cache. The cache rows from the position on start NaN; afterwards the position's
+/// row holds the new k / v and the rows after it are still NaN.
+fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: usize, positions: &[usize]) {
+    let (hd, nh, nkv) = (c.hd, c.nh, c.nkv);
+    let n_seq = positions.len();
+    let max_ctx = positions.iter().max().unwrap() + 3;
+    let (q_row, row) = (nh * hd, nkv * hd);
+    let q = rng.normal_vec(n_seq * q_row, 1.5);
+    let k = rng.normal_vec(n_seq * row, 1.5);
+    let v = rng.normal_vec(n_seq * row, 1.0);
+    let (wq_len, wk_len) = if c.norm == "full" { (q_row, row) } else { (hd, hd) };
+    let (qw, kw) = (rng.uniform_vec(wq_len, 0.5, 1.5), rng.uniform_vec(wk_len, 0.5, 1.5));
+    let round = |x: f32| if c.f32_cache { x } else { f32::from_bits((to_bf16(x) as u32) << 16) };
+    let (mut kb, mut kvals) = cache(rng, n_seq * max_ctx * row, c.f32_cache);
+    let (mut vb, mut vvals) = cache(rng, n_seq * max_ctx * row, c.f32_cache);
+    let eb = if c.f32_cache { 4 } else { 2 };
+    let nan: Vec<u8> = if c.f32_cache { f32::NAN.to_le_bytes().to_vec() } else { to_bf16(f32::NAN).to_le_bytes().to_vec() };
+    let (base, eps) = (1.0e4f32, 1e-6f32);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (mut want, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
+    for (b, &p) in positions.iter().enumerate() {
+        let normed = |x: &[f32], w: &[f32], heads: usize| {
+            let mut y = if c.norm == "none" { x.to_vec() } else { norm::rms_norm(x, w, eps) };
+            if let Some(mode) = c.mode {
+                rope_heads(&mut y, heads, hd, p, &Rope { mode, n_rot: c.n_rot, base, freq_scale: 1.0 });
+            }
+            y
+        };
+        let qn = normed(&q[b * q_row..][..q_row], &qw, nh);
+        let kn: Vec<f32> = normed(&k[b * row..][..row], &kw, nkv).into_iter().map(round).collect();
+        let vn: Vec<f32> = v[b * row..][..row].iter().map(|&x| round(x)).collect();
+        let at = b * max_ctx * row;
+        kvals[at + p * row..][..row].copy_from_slice(&kn);
+        vvals[at + p * row..][..row].copy_from_slice(&vn);
+        for cache in [&mut kb, &mut vb] {
+            for e in (at + p * row)..(b + 1) * max_ctx * row {
+                cache[e * eb..(e + 1) * eb].copy_from_slice(&nan);
+            }
+        }
+        let mask = Mask { q_pos: &[p], window: (window > 0).then_some(window), allowed: None };
+        let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim_k: hd, head_dim_v: hd };
+        want.extend(attention(&qn, &kvals[at..][..(p + 1) * row], &vvals[at..][..(p + 1) * row], p + 1, shape, &mask, scale));
+        want_k.extend(kn);
+        want_v.extend(vn);
+    }
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let work = attn_decode::work_floats(n_seq, nh, hd, n_split);
+    let args: Vec<String> = [3, c.cfg, n_seq, hd, nh, nkv, c.n_rot, window, n_split, max_ctx, work]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([format!("{scale:e}"), format!("{base:e}"), format!("{eps:e}")])
+        .collect();
+    let tag = format!("rope-{}-{hd}-{nh}-{nkv}-{window}-{n_split}-{n_seq}", c.cfg);
+    let files = [
+        ("q.bin", bytes(&q)),
+        ("k.bin", bytes(&k)),
+        ("v.bin", bytes(&v)),
+        ("qw.bin", bytes(&qw)),
+        ("kw.bin", bytes(&kw)),
+        ("kc.bin", kb),
+        ("vc.bin", vb),
+        ("pos.bin", bytes(&pos)),
+    ];
+    let cache_n = n_seq * max_ctx * row;
+    let got = run(bin, &tag, &args, &files, q.len() + 2 * cache_n);
+    let (out, caches) = got.split_at(q.len());
+    let (kc, vc) = caches.split_at(cache_n);
+    let what = format!("attn_decode_rope emulation {tag} positions={positions:?} (MEMRA_SEED={})", rng.seed());
+    let err = rel_err(out, &want);
+    assert!(err <= TOL_ROPE, "{what}: output relative L2 {err:e} > {TOL_ROPE:e}");
+    let (mut got_k, mut got_v) = (Vec::new(), Vec::new());
+    for (b, &p) in positions.iter().enumerate() {
+        let at = b * max_ctx * row + p * row;
+        got_k.extend_from_slice(&kc[at..at + row]);
+        got_v.extend_from_slice(&vc[at..at + row]);
+        let after = at + row..(b + 1) * max_ctx * row;
+        assert!(kc[after.clone()].iter().chain(&vc[after]).all(|x| x.is_nan()), "{what}: a row after position {p} was written");
+    }
+    // One bf16 step of the new k where the emulation's f32 rotation and the f64 reference round
+    // differently; v is copied and rounded alike.
+    let err_k = rel_err(&got_k, &want_k);
+    assert!(err_k <= 4e-3, "{what}: new k rows relative L2 {err_k:e}");
+    assert_eq!(got_v, want_v, "{what}: new v rows");
+}
+
 #[allow(clippy::too_many_arguments)]
 fn mla_case(
     bin: &Path,
@@ -619,6 +789,27 @@ fn attn_decode_emulated_on_host_threads_matches_reference() {
     attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 2, 3, &[37, 11], false); // a batch
     attn_case(bin, &mut rng, 1, 128, 16, 2, 0, 3, 6, &[50], false); // two head groups
     attn_case(bin, &mut rng, 3, 64, 2, 1, 0, 2, 4, &[33], true);
+}
+
+#[test]
+fn attn_decode_rope_emulated_on_host_threads_matches_reference() {
+    let Some(bin) = emulator() else {
+        eprintln!("SKIP attn_decode_rope_emulated_on_host_threads_matches_reference: no C++20 compiler");
+        return;
+    };
+    let mut rng = Rng::from_env_or_time("attn_decode_rope_emulated_on_host_threads_matches_reference");
+    // cfg 0: gemma3 4/1/256 NeoX, per-head norm, bf16; 1: generic NeoX, full norm, bf16;
+    // 2: generic interleaved, no norm, f32 cache.
+    let gemma = RopeCase { cfg: 0, hd: 256, nh: 4, nkv: 1, n_rot: 256, mode: Some(RopeMode::Neox), norm: "per_head", f32_cache: false };
+    rope_case(bin, &mut rng, &gemma, 16, 3, &[49]); // window; the new row in the last split
+    rope_case(bin, &mut rng, &gemma, 0, 3, &[0]); // the new row is the only key; empty splits
+    rope_case(bin, &mut rng, &gemma, 0, 1, &[21, 5]); // a batch, one split
+    let full = RopeCase { cfg: 1, hd: 128, nh: 16, nkv: 2, n_rot: 64, mode: Some(RopeMode::Neox), norm: "full", f32_cache: false };
+    rope_case(bin, &mut rng, &full, 0, 2, &[30]); // two head groups: group 0 writes the row
+    let full_small = RopeCase { cfg: 1, hd: 64, nh: 6, nkv: 2, n_rot: 64, ..full };
+    rope_case(bin, &mut rng, &full_small, 7, 2, &[12, 40]); // group of 3, a window
+    let plain = RopeCase { cfg: 2, hd: 128, nh: 8, nkv: 8, n_rot: 32, mode: Some(RopeMode::Norm), norm: "none", f32_cache: true };
+    rope_case(bin, &mut rng, &plain, 0, 2, &[17]);
 }
 
 #[test]
