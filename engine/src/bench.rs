@@ -751,11 +751,11 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 let (Some(k), Some(n), Some(ty)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
                     continue;
                 };
-                let glu = match v.param("glu") {
-                    Some(Param::Sym("none")) => norm_matvec::Glu::None,
-                    Some(Param::Sym("swiglu")) => norm_matvec::Glu::Swiglu,
-                    Some(Param::Sym("geglu")) => norm_matvec::Glu::Geglu,
-                    _ => continue,
+                let Some(glu) = v.param("glu").and_then(|g| match g {
+                    Param::Sym(t) => norm_matvec::Glu::from_token(t),
+                    _ => None,
+                }) else {
+                    continue;
                 };
                 push(&mut cases, Shape::NormMatvec { ty, glu, k, n }, a, v, None, false);
             }

@@ -75,9 +75,16 @@ pub fn check_len(kernel: &Kernel, what: &str, have: usize, need: usize) -> Resul
     Ok(())
 }
 
+/// The device address a buffer starts at (for alignment and overlap checks, and pointer
+/// parameters that may be null).
+pub fn device_addr<T, B: DevicePtr<T>>(kernel: &Kernel, buf: &B) -> u64 {
+    let (ptr, _sync) = buf.device_ptr(kernel.stream());
+    ptr
+}
+
 /// float4 paths need 16-byte aligned starts.
 pub fn check_aligned16<T, B: DevicePtr<T>>(kernel: &Kernel, what: &str, buf: &B) -> Result<(), Error> {
-    let (ptr, _sync) = buf.device_ptr(kernel.stream());
+    let ptr = device_addr(kernel, buf);
     if ptr % 16 != 0 {
         return Err(invalid(kernel, format!("{what} starts at 0x{ptr:x}, not 16-byte aligned")));
     }

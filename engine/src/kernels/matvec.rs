@@ -317,6 +317,29 @@ pub(crate) fn check_xq8(kernel: &Kernel, ty: GgmlType, tune: &MatvecTuning) -> R
 }
 
 /// Checks shared by matvec and matmul: the weight type, K's multiple, and the weight's byte size.
+/// The second weight of a paired launch (moe_matvec's swiglu/geglu modes, norm_matvec's GLUs):
+/// `w_up` checked like `w` (`n` rows of `k`) when `paired`, refused when not (`mode` names the
+/// choice in the errors: "glu swiglu"); unpaired launches pass `w` in the unread slot.
+pub(crate) fn paired_weight<'a>(
+    kernel: &Kernel,
+    ty: GgmlType,
+    w: &'a CudaView<'_, u8>,
+    w_up: Option<&'a CudaView<'_, u8>>,
+    (k, n): (usize, usize),
+    (paired, mode): (bool, &str),
+) -> Result<CudaView<'a, u8>, Error> {
+    match (paired, w_up) {
+        (true, Some(u)) => {
+            check_weight(kernel, ty, u.len(), k, n)?;
+            checks::check_aligned16(kernel, "w_up", u)?;
+            Ok(u.slice(..))
+        }
+        (true, None) => Err(checks::invalid(kernel, format!("{mode} needs w_up"))),
+        (false, Some(_)) => Err(checks::invalid(kernel, "w_up is only read with swiglu or geglu")),
+        (false, None) => Ok(w.slice(..)),
+    }
+}
+
 pub(crate) fn check_weight(
     kernel: &Kernel,
     ty: GgmlType,

@@ -194,27 +194,7 @@ pub fn moe_matvec_with(
     let n_total = n_expert.checked_mul(n).ok_or_else(overflow)?;
     matvec::check_weight(kernel, ty, inp.w.len(), k, n_total)?;
     checks::check_aligned16(kernel, "w", inp.w)?;
-    let w_up = match (mode.is_paired(), inp.w_up) {
-        (true, Some(u)) => {
-            matvec::check_weight(kernel, ty, u.len(), k, n_total)?;
-            checks::check_aligned16(kernel, "w_up", u)?;
-            u.slice(..)
-        }
-        (true, None) => {
-            return Err(checks::invalid(
-                kernel,
-                format!("mode {} needs w_up", mode.token()),
-            ));
-        }
-        (false, Some(_)) => {
-            return Err(checks::invalid(
-                kernel,
-                "w_up is only read in modes swiglu and geglu",
-            ));
-        }
-        // Not read by the kernel; any valid pointer fills the slot.
-        (_, None) => inp.w.slice(..),
-    };
+    let w_up = matvec::paired_weight(kernel, ty, inp.w, inp.w_up, (k, n_total), (mode.is_paired(), &format!("mode {}", mode.token())))?;
     let slots = n_tokens.checked_mul(n_used).ok_or_else(overflow)?;
     checks::check_len(kernel, "ids", inp.ids.len(), slots)?;
     let weights = match (mode, inp.weights) {

@@ -1,7 +1,7 @@
 //! moe_router: router logits `[T, n_expert]` → top-k expert ids and routing weights per token
 //! (templates/memra/moe_router.cuh; memra-reference `moe::route`).
 
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks;
@@ -107,8 +107,7 @@ pub fn moe_router(
     let bias_ptr = match bias {
         Some(b) => {
             checks::check_len(kernel, "bias", b.len(), n_expert)?;
-            let (ptr, _sync) = b.device_ptr(kernel.stream());
-            ptr
+            checks::device_addr(kernel, b)
         }
         None => 0,
     };

@@ -5,7 +5,7 @@
 //! the row itself while its first weight chunks load: no add_rmsnorm launch between two decode
 //! matvecs. matvec's streaming core, units and geometry.
 
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtrMut};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks;
@@ -57,18 +57,19 @@ impl Glu {
         }
     }
 
+    /// From the variant's `glu` token.
+    pub fn from_token(token: &str) -> Option<Glu> {
+        [Glu::None, Glu::Swiglu, Glu::Geglu].into_iter().find(|g| g.token() == token)
+    }
+
     fn is_paired(self) -> bool {
         self != Glu::None
     }
 }
 
 pub fn glu(kernel: &Kernel) -> Result<Glu, Error> {
-    match checks::required_sym(kernel, "glu")? {
-        "none" => Ok(Glu::None),
-        "swiglu" => Ok(Glu::Swiglu),
-        "geglu" => Ok(Glu::Geglu),
-        g => Err(checks::invalid(kernel, format!("glu `{g}` is not none, swiglu or geglu"))),
-    }
+    let g = checks::required_sym(kernel, "glu")?;
+    Glu::from_token(g).ok_or_else(|| checks::invalid(kernel, format!("glu `{g}` is not none, swiglu or geglu")))
 }
 
 /// The variant's tuning: matvec's fields with BATCH 1 and the f32 path.
@@ -125,17 +126,7 @@ pub fn norm_matvec(
     }
     matvec::check_weight(kernel, ty, weights.w.len(), k, n)?;
     checks::check_aligned16(kernel, "w", weights.w)?;
-    let w_up = match (glu.is_paired(), weights.w_up) {
-        (true, Some(u)) => {
-            matvec::check_weight(kernel, ty, u.len(), k, n)?;
-            checks::check_aligned16(kernel, "w_up", u)?;
-            u.slice(..)
-        }
-        (true, None) => return Err(checks::invalid(kernel, format!("glu {} needs w_up", glu.token()))),
-        (false, Some(_)) => return Err(checks::invalid(kernel, "w_up is only read with glu swiglu or geglu")),
-        // Not read by the kernel; any valid pointer fills the slot.
-        (false, None) => weights.w.slice(..),
-    };
+    let w_up = matvec::paired_weight(kernel, ty, weights.w, weights.w_up, (k, n), (glu.is_paired(), &format!("glu {}", glu.token())))?;
     checks::check_len(kernel, "x", x.len(), k)?;
     checks::check_len(kernel, "norm_w", norm_w.len(), k)?;
     checks::check_len(kernel, "y", y.len(), n)?;
@@ -160,9 +151,9 @@ pub fn norm_matvec(
         Some(o) => {
             checks::check_len(kernel, "x_out", o.len(), k)?;
             let bytes = 4 * k as u64;
-            let out = start(kernel, o);
+            let out = checks::device_addr(kernel, o);
             let overlaps = |b: u64| out < b + bytes && b < out + bytes;
-            if overlaps(start(kernel, x)) || (flags & ADD != 0 && overlaps(start(kernel, &delta))) {
+            if overlaps(checks::device_addr(kernel, x)) || (flags & ADD != 0 && overlaps(checks::device_addr(kernel, &delta))) {
                 return Err(checks::invalid(kernel, "x_out must be a buffer of its own (other blocks still read x and delta)"));
             }
             flags |= WRITE_X;
@@ -203,10 +194,4 @@ pub fn norm_matvec(
     // delta (checked); any grid of 1..=tiles blocks covers the tile rows and the dynamic shared
     // memory is matvec's with BATCH 1 plus the normalized row (the kernel traps if smaller).
     unsafe { launch(kernel, config, &mut args) }
-}
-
-/// The device address a buffer starts at.
-fn start<T, B: DevicePtr<T>>(kernel: &Kernel, buf: &B) -> u64 {
-    let (ptr, _sync) = buf.device_ptr(kernel.stream());
-    ptr
 }
