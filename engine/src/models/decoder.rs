@@ -394,12 +394,12 @@ impl Decoder {
                     let variants = plan.projection(t.name, t.ggml_type, k, n)?;
                     parts.push(QkvPart { which, name: t.name.to_string(), n, offset, bytes: t.n_bytes as usize, variants });
                 }
-                let norm = if opts.fuse_norm { Some(norm_variant(&mut plan, &w, norm_matvec::Glu::None)?) } else { None };
+                let norm = if opts.fuse_norm { Some(plan.norm_matvec(&w, norm_matvec::Glu::None)?) } else { None };
                 qkv.push(QkvRun { w, parts, norm });
             }
             let norm_fused = if opts.fuse_norm {
                 let ffn = match &ffn {
-                    Ffn::Dense { gate, up, .. } if gate.w.ty == up.w.ty => Some(norm_variant(&mut plan, &gate.w, cfg.glu.norm_matvec())?),
+                    Ffn::Dense { gate, up, .. } if gate.w.ty == up.w.ty => Some(plan.norm_matvec(&gate.w, cfg.glu.norm_matvec())?),
                     _ => None,
                 };
                 Some(NormFused { ffn })
@@ -437,7 +437,7 @@ impl Decoder {
         }
         let output_norm = f32s(&spec.output_norm)?;
         let bytes = bytes + stacked;
-        let lm_head_norm = if opts.fuse_norm { Some(norm_variant(&mut plan, &lm_head.w, norm_matvec::Glu::None)?) } else { None };
+        let lm_head_norm = if opts.fuse_norm { Some(plan.norm_matvec(&lm_head.w, norm_matvec::Glu::None)?) } else { None };
 
         let int = |v: usize| Param::Int(v as i64);
         let sandwich = cfg.norm == NormPlacement::Sandwich;
@@ -904,11 +904,4 @@ fn qkv_runs<'f>(parts: &[TensorInfo<'f>; 3]) -> Vec<Vec<(usize, TensorInfo<'f>)>
         out.push(cur);
     }
     out
-}
-
-/// The norm_matvec variant (plain or gated) for the matrix `w`.
-fn norm_variant(plan: &mut KernelPlan, w: &DeviceTensor, glu: norm_matvec::Glu) -> Result<&'static str> {
-    let q = gpu::qtype_token(norm_matvec::FAMILY, w.ty).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
-    let req = [("k", Param::Int(w.k as i64)), ("n", Param::Int(w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym(glu.token()))];
-    plan.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))
 }

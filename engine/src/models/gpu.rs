@@ -12,7 +12,7 @@ use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
 use crate::cuda::graph::Graph;
 use crate::cuda::{Error as CudaError, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param, Policy, Selection};
-use crate::kernels::{argmax, matmul, matvec};
+use crate::kernels::{argmax, matmul, matvec, norm_matvec};
 use super::GpuModel;
 
 /// Why a model cannot be loaded or run on the GPU. Messages name the file, tensor, kernel or
@@ -68,10 +68,7 @@ pub struct DeviceTensor {
 
 impl DeviceTensor {
     pub fn upload<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, t: &TensorInfo<'_>) -> Result<DeviceTensor> {
-        let bytes = file.tensor_data(*t);
-        if bytes.len() as u64 != t.n_bytes {
-            return Err(err(format!("tensor '{}': {} data bytes in the file, {} expected (truncated?)", t.name, bytes.len(), t.n_bytes)));
-        }
+        let bytes = tensor_bytes(file, t)?;
         let mut data = alloc::<u8>(gpu, bytes.len(), &format!("tensor '{}'", t.name))?;
         gpu.stream().memcpy_htod(bytes, &mut data).map_err(|e| err(format!("copying tensor '{}' to the GPU: {e:?}", t.name)))?;
         Ok(DeviceTensor { name: t.name.to_string(), ty: t.ggml_type, k: t.row_len() as usize, n: t.n_rows() as usize, data })
@@ -85,19 +82,15 @@ impl DeviceTensor {
         if let Some(t) = parts.iter().find(|t| t.ggml_type != ty || t.row_len() != k) {
             return Err(err(format!("tensor '{}': cannot stack with '{}' (type or row length differs)", t.name, parts[0].name)));
         }
+        let datas = parts.iter().map(|t| tensor_bytes(file, t)).collect::<Result<Vec<&[u8]>>>()?;
         let mut offsets = Vec::with_capacity(parts.len());
         let mut total = 0usize;
-        for t in parts {
-            let bytes = file.tensor_data(*t);
-            if bytes.len() as u64 != t.n_bytes {
-                return Err(err(format!("tensor '{}': {} data bytes in the file, {} expected (truncated?)", t.name, bytes.len(), t.n_bytes)));
-            }
+        for bytes in &datas {
             offsets.push(total);
             total += bytes.len();
         }
         let mut data = alloc::<u8>(gpu, total, &format!("tensors '{name}'"))?;
-        for (t, &off) in parts.iter().zip(&offsets) {
-            let bytes = file.tensor_data(*t);
+        for ((t, &off), bytes) in parts.iter().zip(&offsets).zip(datas) {
             gpu.stream()
                 .memcpy_htod(bytes, &mut data.slice_mut(off..off + bytes.len()))
                 .map_err(|e| err(format!("copying tensor '{}' to the GPU: {e:?}", t.name)))?;
@@ -109,6 +102,15 @@ impl DeviceTensor {
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
+}
+
+/// A tensor's data in the file, all `n_bytes` of it (a truncated file is an error naming it).
+fn tensor_bytes<'f, B: AsRef<[u8]>>(file: &'f Gguf<B>, t: &TensorInfo<'_>) -> Result<&'f [u8]> {
+    let bytes = file.tensor_data(*t);
+    if bytes.len() as u64 != t.n_bytes {
+        return Err(err(format!("tensor '{}': {} data bytes in the file, {} expected (truncated?)", t.name, bytes.len(), t.n_bytes)));
+    }
+    Ok(bytes)
 }
 
 /// A small f32 tensor (norm weights) dequantized on the host and uploaded.
@@ -175,6 +177,14 @@ impl KernelPlan {
         let matvec = self.want(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
         let matmul = self.want(matmul::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
         Ok((matvec, matmul))
+    }
+
+    /// The norm_matvec variant over `w` (a decode projection with the residual add + RMSNorm in
+    /// front), plain or as the gate of a `glu` pair.
+    pub fn norm_matvec(&mut self, w: &DeviceTensor, glu: norm_matvec::Glu) -> Result<&'static str> {
+        let q = qtype_token(norm_matvec::FAMILY, w.ty).map_err(|e| err(format!("tensor '{}': {e}", w.name)))?;
+        let req = [("k", Param::Int(w.k as i64)), ("n", Param::Int(w.n as i64)), ("qtype", Param::Sym(q)), ("glu", Param::Sym(glu.token()))];
+        self.want(norm_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", w.name)))
     }
 
     /// One line per generic fallback (grouped by reason) and a count.
