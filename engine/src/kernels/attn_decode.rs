@@ -2,7 +2,7 @@
 //! `[n_seq, max_ctx, n_kv, head_dim]`, causal with an optional sliding window, split over the keys
 //! (flash-decoding) with a last-block combine (templates/memra/attn_decode.cuh).
 
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DeviceSlice, LaunchConfig};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks::{self, GRID_Y_MAX};
@@ -122,8 +122,7 @@ pub fn attn_decode<C: CacheElem>(
 ) -> Result<(), Error> {
     let threads = checks::threads(kernel, DEFAULT_THREADS)?;
     check_gqa::<C>(kernel, p.head_dim, p.n_head, p.n_kv, p.window)?;
-    let shapes = LaunchBuffers { out: out.len(), k_cache: (k_cache.len(), k_cache), v_cache: (v_cache.len(), v_cache), pos: pos.len(), work: work.len() };
-    check_launch(kernel, p, &shapes)?;
+    check_launch(kernel, p, &LaunchBuffers { out: out.len(), k_cache, v_cache, pos: pos.len(), work: work.len() })?;
     checks::check_len(kernel, "q", q.len(), p.n_seq * p.n_head * p.head_dim)?;
     if p.n_seq == 0 {
         return Ok(());
@@ -151,18 +150,18 @@ pub fn attn_decode<C: CacheElem>(
     unsafe { launch(kernel, launch_config(threads, p), &mut args) }
 }
 
-/// Lengths (and, for the caches, the buffers, for their alignment) of a decode launch's buffers.
+/// A decode launch's caches (their lengths and alignment are checked) and its other buffers' lengths.
 pub(crate) struct LaunchBuffers<'a, K, V> {
     pub out: usize,
-    pub k_cache: (usize, &'a K),
-    pub v_cache: (usize, &'a V),
+    pub k_cache: &'a K,
+    pub v_cache: &'a V,
     pub pos: usize,
     pub work: usize,
 }
 
 /// What attn_decode and attn_decode_rope check alike: the grid's split and sequence counts, the
 /// baked dims, the lengths of out, the caches, pos and (split) the workspace, aligned caches.
-pub(crate) fn check_launch<C: CacheElem, K: DevicePtr<C>, V: DevicePtr<C>>(kernel: &Kernel, p: &AttnDecodeParams, b: &LaunchBuffers<'_, K, V>) -> Result<(), Error> {
+pub(crate) fn check_launch<C: CacheElem, K: DevicePtr<C> + DeviceSlice<C>, V: DevicePtr<C> + DeviceSlice<C>>(kernel: &Kernel, p: &AttnDecodeParams, b: &LaunchBuffers<'_, K, V>) -> Result<(), Error> {
     if p.n_split == 0 || p.n_split > GRID_Y_MAX as usize || p.n_seq > GRID_Y_MAX as usize {
         return Err(checks::invalid(kernel, format!("n_split={} / n_seq={} outside 1..={GRID_Y_MAX}", p.n_split, p.n_seq)));
     }
@@ -178,14 +177,14 @@ pub(crate) fn check_launch<C: CacheElem, K: DevicePtr<C>, V: DevicePtr<C>>(kerne
         .and_then(|v| v.checked_mul(p.n_kv * p.head_dim))
         .ok_or_else(|| checks::invalid(kernel, "cache size overflows"))?;
     checks::check_len(kernel, "out", b.out, p.n_seq * p.n_head * p.head_dim)?;
-    checks::check_len(kernel, "k_cache", b.k_cache.0, cache_n)?;
-    checks::check_len(kernel, "v_cache", b.v_cache.0, cache_n)?;
+    checks::check_len(kernel, "k_cache", b.k_cache.len(), cache_n)?;
+    checks::check_len(kernel, "v_cache", b.v_cache.len(), cache_n)?;
     checks::check_len(kernel, "pos", b.pos, p.n_seq)?;
     if p.n_split > 1 {
         checks::check_len(kernel, "work", b.work, work_floats(p.n_seq, p.n_head, p.head_dim, p.n_split))?;
     }
-    checks::check_aligned16(kernel, "k_cache", b.k_cache.1)?;
-    checks::check_aligned16(kernel, "v_cache", b.v_cache.1)
+    checks::check_aligned16(kernel, "k_cache", b.k_cache)?;
+    checks::check_aligned16(kernel, "v_cache", b.v_cache)
 }
 
 /// The checks GQA attention launches share (decode and prefill): the cache buffers match the

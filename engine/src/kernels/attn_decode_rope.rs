@@ -9,7 +9,7 @@ use crate::cuda::{Error, Kernel};
 use crate::kernels::attn_decode::{AttnDecodeParams, LaunchBuffers, check_gqa, check_launch, launch_config};
 use crate::kernels::checks;
 use crate::kernels::launch::{KernelArgs, launch};
-use crate::kernels::qk_norm_rope::{CacheElem, norm_weights};
+use crate::kernels::qk_norm_rope::{CacheElem, check_n_rot, norm_weights};
 
 pub const FAMILY: &str = "attn_decode_rope";
 /// templates/README.md default.
@@ -83,13 +83,9 @@ pub fn attn_decode_rope<C: CacheElem>(
     let a = &p.attn;
     let hd = a.head_dim;
     check_gqa::<C>(kernel, hd, a.n_head, a.n_kv, a.window)?;
-    let rope_mode = checks::required_sym(kernel, "rope_mode")?;
-    if rope_mode != "none" && (!p.n_rot.is_multiple_of(2) || p.n_rot > hd) {
-        return Err(checks::invalid(kernel, format!("n_rot={} must be even and <= head_dim={hd}", p.n_rot)));
-    }
+    check_n_rot(kernel, p.n_rot, hd)?;
     checks::check_dim(kernel, "n_rot", p.n_rot)?;
-    let bufs = LaunchBuffers { out: out.len(), k_cache: (k_cache.len(), &*k_cache), v_cache: (v_cache.len(), &*v_cache), pos: pos.len(), work: work.len() };
-    check_launch(kernel, a, &bufs)?;
+    check_launch(kernel, a, &LaunchBuffers { out: out.len(), k_cache: &*k_cache, v_cache: &*v_cache, pos: pos.len(), work: work.len() })?;
     let (q_row, kv_row) = (a.n_head * hd, a.n_kv * hd);
     checks::check_len(kernel, "q", new.q.len(), a.n_seq * q_row)?;
     checks::check_len(kernel, "k", new.k.len(), a.n_seq * kv_row)?;

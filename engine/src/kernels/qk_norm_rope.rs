@@ -100,6 +100,15 @@ pub fn qk_norm(kernel: &Kernel) -> Result<&'static str, Error> {
     checks::required_sym(kernel, "qk_norm")
 }
 
+/// With the variant's RoPE on, `n_rot` must be even and at most `head_dim` (qk_norm_rope and
+/// attn_decode_rope alike).
+pub(crate) fn check_n_rot(kernel: &Kernel, n_rot: usize, hd: usize) -> Result<(), Error> {
+    if checks::required_sym(kernel, "rope_mode")? != "none" && (!n_rot.is_multiple_of(2) || n_rot > hd) {
+        return Err(checks::invalid(kernel, format!("n_rot={n_rot} must be even and <= head_dim={hd}")));
+    }
+    Ok(())
+}
+
 /// The (q, k) norm weights a launch passes, checked against the variant's `qk_norm`: `[hd]` each
 /// for `per_head`, `[q_row]` / `[kv_row]` for `full`, none for `none` (then `unused` stands in;
 /// the kernel does not read it).
@@ -153,10 +162,7 @@ pub fn qk_norm_rope<C: CacheElem>(
     if hd == 0 || hd % 2 != 0 || hd > MAX_HEAD_DIM {
         return Err(bad(format!("head_dim={hd} must be even and in 2..={MAX_HEAD_DIM}")));
     }
-    let rope_mode = checks::required_sym(kernel, "rope_mode")?;
-    if rope_mode != "none" && (p.n_rot % 2 != 0 || p.n_rot > hd) {
-        return Err(bad(format!("n_rot={} must be even and <= head_dim={hd}", p.n_rot)));
-    }
+    check_n_rot(kernel, p.n_rot, hd)?;
     if p.n_head == 0 || p.n_kv == 0 {
         return Err(bad(format!("n_head={} and n_kv={} must be positive", p.n_head, p.n_kv)));
     }

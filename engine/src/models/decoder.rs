@@ -21,13 +21,13 @@
 use std::path::Path;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use memra_gguf::{Gguf, TensorInfo};
 
 use super::GpuOptions;
 use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::gpu::{self, DecoderStack, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StackState, StepGraph, err, upload_f32};
-use crate::cuda::{Gpu, Kernels};
+use crate::cuda::{Gpu, Kernel, Kernels};
 use crate::kernels::attn_decode::{self, AttnDecodeParams};
 use crate::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
 use crate::kernels::attn_prefill::{self, AttnPrefillParams};
@@ -442,15 +442,16 @@ impl Decoder {
         let int = |v: usize| Param::Int(v as i64);
         let sandwich = cfg.norm == NormPlacement::Sandwich;
         let attn_dims = [("head_dim", int(hd)), ("n_head", int(n_head)), ("n_kv", int(n_kv)), ("cache_t", Param::Sym("bf16"))];
-        let rope_dims = [("n_rot", int(cfg.n_rot)), ("rope_mode", Param::Sym(cfg.rope_mode)), ("qk_norm", Param::Sym(cfg.qk_norm))];
+        // qk_norm_rope's and attn_decode_rope's request: the attention's dims and the RoPE / QK-norm.
+        let rope_req = [attn_dims.as_slice(), &[("n_rot", int(cfg.n_rot)), ("rope_mode", Param::Sym(cfg.rope_mode)), ("qk_norm", Param::Sym(cfg.qk_norm))]].concat();
         let names = Names {
             embed: plan.want(embed::FAMILY, &[("n_embd", int(e)), ("qtype", Param::Sym(embd_qtype))])?,
             rmsnorm: plan.want(rmsnorm::FAMILY, &[("n", int(e))])?,
             add_rmsnorm: plan.want(add_rmsnorm::FAMILY, &[("n", int(e)), ("delta_norm", Param::Int(sandwich as i64))])?,
-            qk_norm_rope: plan.want(qk_norm_rope::FAMILY, &[attn_dims.as_slice(), rope_dims.as_slice()].concat())?,
+            qk_norm_rope: plan.want(qk_norm_rope::FAMILY, &rope_req)?,
             attn_decode: plan.want(attn_decode::FAMILY, &attn_dims)?,
             attn_decode_rope: match opts.fuse_rope {
-                true => Some(plan.want(attn_decode_rope::FAMILY, &[attn_dims.as_slice(), rope_dims.as_slice()].concat())?),
+                true => Some(plan.want(attn_decode_rope::FAMILY, &rope_req)?),
                 false => None,
             },
             attn_prefill: plan.want(attn_prefill::FAMILY, &attn_dims)?,
@@ -756,7 +757,7 @@ impl Net {
 
     /// A decode step's QK-norm + RoPE, KV-cache write and attention in one launch
     /// (attn_decode_rope), from the raw q, k, v rows in `bufs.qkv` into `bufs.att`.
-    fn attend_step(&self, kernel: &crate::cuda::Kernel, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, n_split: usize) -> Result<()> {
+    fn attend_step(&self, kernel: &Kernel, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, n_split: usize) -> Result<()> {
         let c = &self.cfg;
         let (hd, qd, kvd) = (c.head_dim, c.n_head * c.head_dim, c.n_kv * c.head_dim);
         let Bufs { pos, qkv, att, work, .. } = &mut *bufs;
@@ -773,7 +774,7 @@ impl Net {
 
     /// Layer `il`'s slice of the decode-attention workspace: layers split differently (window
     /// vs global) and a split's counters must not meet another split count's partials.
-    fn layer_work<'a>(&self, work: &'a mut CudaSlice<f32>, il: usize) -> cudarc::driver::CudaViewMut<'a, f32> {
+    fn layer_work<'a>(&self, work: &'a mut CudaSlice<f32>, il: usize) -> CudaViewMut<'a, f32> {
         let per_layer = work.len() / self.layers.len();
         work.slice_mut(il * per_layer..(il + 1) * per_layer)
     }
