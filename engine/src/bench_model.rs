@@ -19,6 +19,8 @@ pub struct ModelRow {
     pub fuse_norm: bool,
     /// Decode steps with QK-norm + RoPE + the KV-cache write in the attention launch.
     pub fuse_rope: bool,
+    /// Decode steps' kernels linked by programmatic dependent launch.
+    pub pdl: bool,
     pub prefill_tokens: usize,
     pub prefill_tok_s: f64,
     pub decode_tokens: usize,
@@ -45,7 +47,7 @@ pub fn measure(
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: fusion.norm, fuse_rope: fusion.rope };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: fusion.norm, fuse_rope: fusion.rope, pdl: fusion.pdl };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");
@@ -82,6 +84,7 @@ pub fn measure(
         },
         fuse_norm: fusion.norm,
         fuse_rope: fusion.rope,
+        pdl: fusion.pdl,
         prefill_tokens: prompt_tokens,
         prefill_tok_s: prompt_tokens as f64 / prefill_s,
         decode_tokens,
@@ -91,17 +94,19 @@ pub fn measure(
     })
 }
 
-/// Which decode-step fusions a row runs with.
+/// Which decode-step fusions a row runs with, and whether its kernels overlap (PDL).
 #[derive(Clone, Copy, Debug)]
 pub struct Fusion {
     /// Residual add + RMSNorm inside the next projection (norm_matvec).
     pub norm: bool,
     /// QK-norm + RoPE + KV write inside the attention launch (attn_decode_rope).
     pub rope: bool,
+    /// Programmatic dependent launch between the step's kernels (GpuOptions::pdl).
+    pub pdl: bool,
 }
 
 impl Fusion {
-    pub const ALL: Fusion = Fusion { norm: true, rope: true };
+    pub const ALL: Fusion = Fusion { norm: true, rope: true, pdl: true };
 
     fn label(self) -> &'static str {
         match (self.norm, self.rope) {
@@ -113,31 +118,33 @@ impl Fusion {
     }
 }
 
-/// Both policies with every fusion, then the specialized kernels without the attention's RoPE
-/// fusion and without any (each fusion's A/B in the same run), printed as a table; returns the
-/// JSON entries (benches/results/SCHEMA.md `models`).
+/// Both policies with every fusion and PDL, then the specialized kernels without PDL, without
+/// the attention's RoPE fusion too, and without any fusion (each step's A/B in the same run),
+/// printed as a table; returns the JSON entries (benches/results/SCHEMA.md `models`).
 pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, decode_tokens: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     let mut rows = Vec::new();
     let settings = [
         (Policy::Best, Fusion::ALL),
         (Policy::GenericOnly, Fusion::ALL),
-        (Policy::Best, Fusion { norm: true, rope: false }),
-        (Policy::Best, Fusion { norm: false, rope: false }),
+        (Policy::Best, Fusion { pdl: false, ..Fusion::ALL }),
+        (Policy::Best, Fusion { norm: true, rope: false, pdl: false }),
+        (Policy::Best, Fusion { norm: false, rope: false, pdl: false }),
     ];
     for (policy, fusion) in settings {
-        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}", path.display(), policy, fusion.label());
+        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}", path.display(), policy, fusion.label(), on_off(fusion.pdl));
         rows.push(measure(path, device, policy, fusion, prompt_tokens, decode_tokens, 3)?);
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");
-    println!("{:<12} {:<14} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
+    println!("{:<12} {:<14} {:<4} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "pdl", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
     for r in &rows {
         let floor_us = r.weight_bytes as f64 / (copy_gbps * 1e9) * 1e6;
         println!(
-            "{:<12} {:<14} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
+            "{:<12} {:<14} {:<4} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
             r.policy,
-            Fusion { norm: r.fuse_norm, rope: r.fuse_rope }.label(),
+            Fusion { norm: r.fuse_norm, rope: r.fuse_rope, pdl: r.pdl }.label(),
+            on_off(r.pdl),
             r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
         );
         out.push(json!({
@@ -145,6 +152,7 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "kernels": r.policy,
             "fuse_norm": r.fuse_norm,
             "fuse_rope": r.fuse_rope,
+            "pdl": r.pdl,
             "prefill_tokens": r.prefill_tokens,
             "prefill_tok_s": r.prefill_tok_s,
             "decode_tokens": r.decode_tokens,
@@ -154,14 +162,19 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "decode_floor_us": floor_us,
         }));
     }
-    if let [s, g, n, u] = &rows[..] {
+    if let [s, g, p, n, u] = &rows[..] {
         println!(
-            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode with every fusion / without the RoPE fusion: {:.2}x, / with none: {:.2}x",
+            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode with PDL / without: {:.2}x; without PDL, every fusion / without the RoPE fusion: {:.2}x, / with none: {:.2}x",
             s.prefill_tok_s / g.prefill_tok_s,
             s.decode_tok_s / g.decode_tok_s,
-            s.decode_tok_s / n.decode_tok_s,
-            s.decode_tok_s / u.decode_tok_s
+            s.decode_tok_s / p.decode_tok_s,
+            p.decode_tok_s / n.decode_tok_s,
+            p.decode_tok_s / u.decode_tok_s
         );
     }
     Ok(out)
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
 }

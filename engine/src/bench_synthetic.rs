@@ -295,6 +295,7 @@ mod gpu {
             fuse_ffn: true,
             fuse_norm: true,
             fuse_rope: true,
+            pdl: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers (prefill)",
@@ -356,6 +357,7 @@ mod gpu {
             fuse_ffn: true,
             fuse_norm: true,
             fuse_rope: true,
+            pdl: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers",
@@ -396,6 +398,7 @@ mod gpu {
             fuse_ffn: true,
             fuse_norm: true,
             fuse_rope: true,
+            pdl: true,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers on {gpus} GPUs",

@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// the attention launch's prologue.
     #[arg(long)]
     pub no_fuse_rope: bool,
+    /// Launch a captured decode step's kernels one after another instead of linking them by
+    /// programmatic dependent launch (sm_90+: each kernel starts while the previous one
+    /// finishes and loads its weights meanwhile).
+    #[arg(long)]
+    pub no_pdl: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -174,7 +179,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
             (_, true) => Policy::GenericOnly,
             _ => Policy::Best,
         };
-        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope };
+        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope, pdl: !args.no_pdl };
         let model = match args.gpus {
             1 => models::load_gpu(path, &arch, &opts)?,
             n => crate::parallel::sharded::load_file(path, &arch, n as usize, &opts)?,

@@ -356,6 +356,7 @@ __device__ __forceinline__ void dispatch_hp(const float* q, const NR& nr, const 
 // attn_decode's own prologue: none; q is read from global memory.
 struct NoPrologue {
     static constexpr bool ON = false;
+    __device__ __forceinline__ void before_wait(int) const {}
 };
 
 // What a block attends with, as a prologue sees it (attn_decode_rope.cuh): the sequence, the
@@ -393,12 +394,18 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int n_hg = (G + HP_CAP - 1) / HP_CAP;
     const int b = blockIdx.z, sp = blockIdx.y;
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
-    if (b >= n_seq || kvh >= n_kv) return;
+    // Until pdl_entry() the block reads only the host-written positions and puts its first cache
+    // rows into L2 (with the prologue's own constant work) while the previous kernel finishes.
+    if (b >= n_seq || kvh >= n_kv) {
+        pdl_entry();
+        return;
+    }
     const int h0 = kvh * G + hg * HP_CAP;
     const int nh = min(HP_CAP, G - hg * HP_CAP);
 
     const int p = pos[b];
     if (p < 0 || p >= max_ctx) {
+        pdl_entry();
         if (sp == 0) {
             for (int i = threadIdx.x; i < nh * hd; i += Cfg::THREADS) out[((i64)b * n_head + h0) * hd + i] = __int_as_float(0x7fc00000);
         }
@@ -411,6 +418,8 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int c1 = min(c0 + chunk, p + 1);
     attn_detail::prefetch_rows<C, Cfg::THREADS>(k_cache, v_cache, (((i64)b * max_ctx + c0) * n_kv + kvh) * hd, (i64)n_kv * hd,
                                                 min(c1 - c0, attn_detail::PREFETCH_ROWS), hd);
+    pre.before_wait(p);
+    pdl_entry();
     const float sl2 = scale * attn_detail::LOG2E;
     const i64 n_part = (i64)n_seq * n_head * n_split;
     u32* counters = reinterpret_cast<u32*>(work);
@@ -455,7 +464,6 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const float* q, const void* k_cache, const void* v_cache, const int* pos, float* out, float* work, \
                int n_seq, int head_dim, int n_head, int n_kv, int max_ctx, int window, int n_split, float scale) { \
-        memra::pdl_entry();                                                                                       \
         memra::attn_decode_impl<CFG>(q, k_cache, v_cache, pos, out, work, n_seq, head_dim, n_head, n_kv, max_ctx, \
                                      window, n_split, scale);                                                  \
     }

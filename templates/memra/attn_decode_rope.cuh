@@ -71,29 +71,44 @@ template <class Cfg> struct RopePrologue {
     int n_rot_rt;
     float freq_base, freq_scale, eps;
 
+    static constexpr int HALF_CAP = Cfg::N_ROT != 0 ? (Cfg::N_ROT / 2 > 0 ? Cfg::N_ROT / 2 : 1)
+                                                    : (Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256) / 2;
+    static_assert(Cfg::N_ROT % 2 == 0 && (Cfg::HEAD_DIM == 0 || Cfg::N_ROT <= Cfg::HEAD_DIM), "N_ROT even, <= HEAD_DIM");
+    // (cos θ_i, sin θ_i) of the token, one block-wide table (a function-scope __shared__ is static).
+    __device__ __forceinline__ static float2* angles() {
+        __shared__ float2 cs[HALF_CAP];
+        return cs;
+    }
+
+    // The rotation angles depend on p and constants only: computed before the wait for the
+    // previous kernel (the f64 exp2 is the prologue's longest dependent chain).
+    __device__ __forceinline__ void before_wait(int p) const {
+        constexpr RopeMode MODE = Cfg::ROPE_MODE;
+        if constexpr (MODE != RopeMode::None) {
+            const int n_rot = dim_or<Cfg::N_ROT>(n_rot_rt), half = n_rot / 2;
+            float2* cs = angles();
+            const double log2_base = log2((double)freq_base);
+            for (int i = threadIdx.x; i < half; i += Cfg::THREADS) {
+                const double inv_freq = (double)freq_scale * exp2_f64(-(double)(2 * i) / (double)n_rot * log2_base);  // as qk_norm_rope
+                cs[i] = rope_cos_sin(p, inv_freq);
+            }
+        }
+    }
+
     template <int HP_MAX, int HD_MAX>
     __device__ __forceinline__ Prepared run(const BlockAt& at, int hd, int n_head, int n_kv, int max_ctx) const {
         constexpr int THREADS = Cfg::THREADS, W = THREADS / WARP_SIZE;
         constexpr RopeMode MODE = Cfg::ROPE_MODE;
         constexpr QkNorm NORM = Cfg::QK_NORM;
         constexpr CacheType CT = Cfg::CACHE_T;
-        constexpr int HALF_CAP = Cfg::N_ROT != 0 ? (Cfg::N_ROT / 2 > 0 ? Cfg::N_ROT / 2 : 1) : HD_MAX / 2;
-        static_assert(Cfg::N_ROT % 2 == 0 && (Cfg::HEAD_DIM == 0 || Cfg::N_ROT <= Cfg::HEAD_DIM), "N_ROT even, <= HEAD_DIM");
-        __shared__ float2 cs[HALF_CAP];
+        static_assert(HD_MAX == (Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256), "angles() is sized for HD_MAX");
+        const float2* cs = angles();
         __shared__ float s_q[HP_MAX * HD_MAX];
         __shared__ float s_k[HD_MAX];
         __shared__ float4 s_row[2][HD_MAX * (CT == CacheType::F32 ? 4 : 2) / 16];  // new k, v as CACHE_T
         __shared__ float full_inv[2];
 
         const int n_rot = MODE == RopeMode::None ? 0 : dim_or<Cfg::N_ROT>(n_rot_rt);
-        const int half = n_rot / 2;
-        if constexpr (MODE != RopeMode::None) {
-            const double log2_base = log2((double)freq_base);
-            for (int i = threadIdx.x; i < half; i += THREADS) {
-                const double inv_freq = (double)freq_scale * exp2_f64(-(double)(2 * i) / (double)n_rot * log2_base);  // as qk_norm_rope
-                cs[i] = rope_cos_sin(at.p, inv_freq);
-            }
-        }
         const float* qt = q + (i64)at.b * n_head * hd;
         const float* kt = k + (i64)at.b * n_kv * hd;
         if constexpr (NORM == QkNorm::Full) full_norm_inv<THREADS>(qt, kt, n_head * hd, n_kv * hd, eps, full_inv);
@@ -140,7 +155,6 @@ template <class Cfg> struct RopePrologue {
                void* k_cache, void* v_cache, const int* pos, float* out, float* work, int n_seq, int head_dim,        \
                int n_head, int n_kv, int n_rot, int max_ctx, int window, int n_split, float scale, float freq_base,   \
                float freq_scale, float eps) {                                                                         \
-        memra::pdl_entry();                                                                                           \
         const memra::attn_detail::RopePrologue<CFG> pre{q, k, v, q_norm_w, k_norm_w, k_cache, v_cache, n_rot,         \
                                                          freq_base, freq_scale, eps};                                 \
         memra::attn_decode_impl<CFG>(nullptr, k_cache, v_cache, pos, out, work, n_seq, head_dim, n_head, n_kv,        \

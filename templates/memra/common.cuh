@@ -29,12 +29,18 @@ enum class Gating : int { Softmax = 1, Sigmoid = 2 };
 
 constexpr int WARP_SIZE = 32;
 
-// First statement of every kernel entry (the MEMRA_DEFINE_* macros). Waits until the grids this
-// one depends on have completed and their writes are visible (so a programmatic edge,
-// engine/src/cuda/graph.rs, orders memory like a normal one), then lets the next kernel of the
-// graph launch. Waiting first keeps at most one kernel ahead; triggering first would let each
-// launched kernel launch its successor at once, a cascade of waiting grids on the SMs (that order
-// measured slower than no PDL on the H200). Without PDL both are no-ops.
+// Programmatic dependent launch (engine/src/cuda/graph.rs). pdl_entry() waits until the grids
+// this one depends on have completed and their writes are visible (so a programmatic edge orders
+// memory like a normal one), then lets the next kernel of the graph launch. Waiting first keeps
+// at most one kernel ahead; triggering first would let each launched kernel launch its successor
+// at once, a cascade of waiting grids on the SMs (that order measured slower than no PDL on the
+// H200). Without PDL both are no-ops.
+//
+// Most kernels call it as their first statement (the MEMRA_DEFINE_* macros). A few do useful
+// work before it, while the previous kernel still runs: they may only read what no kernel of the
+// step writes (weights, norm weights, the host-written positions) and only touch other memory
+// as L2 prefetch hints; everything else waits. Every block calls it exactly once, before it
+// writes global memory or returns, so the grid completes only after its predecessors did.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");

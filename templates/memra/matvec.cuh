@@ -658,6 +658,14 @@ template <class Cfg> struct CfgXq8<Cfg, void_t<decltype(Cfg::XQ8)>> { static con
 template <class Src, class = void> struct SrcXInSmem { static constexpr bool value = false; };
 template <class Src> struct SrcXInSmem<Src, void_t<decltype(Src::X_IN_SMEM)>> { static constexpr bool value = Src::X_IN_SMEM; };
 
+// Src::EARLY_WEIGHTS, false when a row source does not declare it: true for sources whose weight
+// rows depend on nothing an earlier kernel writes (the dense matrices, not MoE's routed experts).
+// run() then issues the block's first weight chunks and calls the source's before_wait() (L2
+// hints for its own constants) before pdl_entry(), so they load while the previous kernel of the
+// graph finishes; the kernel entry must not call pdl_entry() itself.
+template <class Src, class = void> struct SrcEarlyWeights { static constexpr bool value = false; };
+template <class Src> struct SrcEarlyWeights<Src, void_t<decltype(Src::EARLY_WEIGHTS)>> { static constexpr bool value = Src::EARLY_WEIGHTS; };
+
 // Geometry shared by the kernel and (mirrored) the Rust launcher.
 template <class Cfg> struct MatvecGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
@@ -717,7 +725,7 @@ namespace matvec_detail {
 //
 // The plain matvec: one matrix, one segment, y rows of ldy.
 template <class Cfg> struct DenseRows {
-    static constexpr bool SEGMENTED = false, WEIGHTED = false;
+    static constexpr bool SEGMENTED = false, WEIGHTED = false, EARLY_WEIGHTS = true;
     static constexpr int LANES = Cfg::LANES;
     const u8* w;
     const float* x;
@@ -731,6 +739,7 @@ template <class Cfg> struct DenseRows {
     }
     __device__ __forceinline__ const float* xrow(int, int b) const { return x + (i64)b * ldx; }
     __device__ __forceinline__ float weight(int) const { return 1.0f; }
+    __device__ __forceinline__ void before_wait() const {}
     template <int RPG, int NB>
     __device__ __forceinline__ void store(int lane, int first_row, const float (&sums)[RPG][NB], int batch) const {
 #pragma unroll
@@ -846,9 +855,9 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         }
     };
 
-    // Chunk c -> stage slot. Each lane group copies its own rows (per-row values computed once,
-    // lanes take consecutive 16-byte pieces); the x chunk is copied by the whole block.
-    auto issue = [&](int slot) {
+    // The next step's weight chunk -> stage slot; returns its chunk index. Each lane group
+    // copies its own rows (per-row values computed once, lanes take consecutive 16-byte pieces).
+    auto issue_w = [&](int slot) -> int {
         const int c = ichunk;
         int seg, ci;
         split(c, seg, ci);
@@ -873,6 +882,17 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 }
             }
         }
+        if (++ichunk == n_chunks) {
+            ichunk = 0;
+            irow0 += stride * G::ROWS;
+        }
+        return c;
+    };
+    // Chunk c's x -> stage slot, copied by the whole block.
+    auto issue_x = [&](int slot, int c) {
+        int seg, ci;
+        split(c, seg, ci);
+        u8* ws = matvec_smem + slot * G::STAGE;
         if constexpr (SrcXInSmem<Src>::value) {
             // x is the source's own row in shared memory, built in its prologue.
         } else if constexpr (G::XQ8_FUSED) {
@@ -906,10 +926,6 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 if (!WHOLE_CHUNKS && kk >= K) continue;
                 async::cp16(xs + b * (G::XS_ROW / 4) + (e / UE) * G::XS_UNIT + e % UE, src.xrow(seg, b) + kk, 16);
             }
-        }
-        if (++ichunk == n_chunks) {
-            ichunk = 0;
-            irow0 += stride * G::ROWS;
         }
     };
 
@@ -1070,11 +1086,25 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     };
 
     // STAGES-deep pipeline over the block's steps: step s (chunk s % n_chunks of its tile)
-    // lives in slot s % STAGES; cp.async group g = step g.
+    // lives in slot s % STAGES; cp.async group g = step g (with early weights, group 0 also
+    // holds the weights of the other first steps: they were issued before the wait).
+    if constexpr (SrcEarlyWeights<Src>::value) {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < steps) issue(s);
-        async::commit();
+        for (int s = 0; s < STAGES - 1; ++s)
+            if (s < steps) issue_w(s);
+        src.before_wait();
+        pdl_entry();
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < steps) issue_x(s, s % n_chunks);
+            async::commit();
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < steps) issue_x(s, issue_w(s));
+            async::commit();
+        }
     }
     if constexpr (SrcXInSmem<Src>::value) {
         // The source builds its x row (batch 1, f32) in shared memory while the first chunks
@@ -1120,7 +1150,10 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     for (int s = 0; s < steps; ++s) {
         async::wait<STAGES - 2>();
         __syncthreads();  // step s visible to all; everyone is done with step s − 1's slot
-        if (s + STAGES - 1 < steps) issue((s + STAGES - 1) % STAGES);
+        if (s + STAGES - 1 < steps) {
+            const int slot = (s + STAGES - 1) % STAGES;
+            issue_x(slot, issue_w(slot));
+        }
         async::commit();
         compute(c, s % STAGES);
         if (++c == n_chunks) {
@@ -1188,6 +1221,5 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, memra::MatvecGeometry<CFG>::MIN_BLOCKS)           \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int k, \
                int n, int batch, int ldx, int ldy) {                                                            \
-        memra::pdl_entry();                                                                                     \
         memra::matvec_impl<CFG>(w, x, y, k, n, batch, ldx, ldy);                                                \
     }

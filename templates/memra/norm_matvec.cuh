@@ -60,7 +60,7 @@ namespace norm_matvec_detail {
 template <Glu A> constexpr MoeMode PAIR_MODE = A == Glu::Geglu ? MoeMode::Geglu : MoeMode::Swiglu;
 
 template <class Cfg> struct NormRows {
-    static constexpr bool SEGMENTED = false, WEIGHTED = false, X_IN_SMEM = true;
+    static constexpr bool SEGMENTED = false, WEIGHTED = false, X_IN_SMEM = true, EARLY_WEIGHTS = true;
     static constexpr bool PAIRED = Cfg::GLU != Glu::None;
     static constexpr int LANES = Cfg::LANES, THREADS = Cfg::THREADS;
     const u8* w;
@@ -75,6 +75,7 @@ template <class Cfg> struct NormRows {
     float* x_out;
     int flags;
     float eps;
+    int k_len;
 
     __device__ __forceinline__ int segments() const { return 1; }
     __device__ __forceinline__ i64 row(int, int r, const u8*& base) const {
@@ -88,6 +89,17 @@ template <class Cfg> struct NormRows {
     }
     __device__ __forceinline__ const float* xrow(int, int) const { return x; }  // unread: X_IN_SMEM
     __device__ __forceinline__ float weight(int) const { return 1.0f; }
+
+    // Before the wait for the previous kernel: the norm weights (constants) into L2.
+    __device__ __forceinline__ void before_wait() const {
+        // Addresses 128 bytes apart, the last one K − 1: every line of the K floats, none past them.
+        const bool delta_norm = (flags & NormFlags::ADD) && (flags & NormFlags::DELTA_NORM);
+        for (int i = threadIdx.x; i <= k_len / 32; i += THREADS) {
+            const int e = min(32 * i, k_len - 1);
+            prefetch_l2(norm_w + e);
+            if (delta_norm) prefetch_l2(delta_w + e);
+        }
+    }
 
     // h into the padded unit layout (element i at unit i / UE, slot i % UE). Every operand is
     // loaded before the first reduction, so the prologue costs one memory latency (which the
@@ -191,7 +203,7 @@ __device__ __forceinline__ void norm_matvec_impl(const unsigned char* __restrict
     // Other blocks read x and delta while block 0 writes x_out.
     if ((flags & NormFlags::WRITE_X) && (x_out == x || ((flags & NormFlags::ADD) && x_out == delta))) __trap();
     const i64 w_total = (i64)N * ((i64)(K / U::BLOCK) * U::BYTES);
-    const norm_matvec_detail::NormRows<Cfg> src{w, w_up, y, w_total, N, x, delta, delta_w, norm_w, x_out, flags, eps};
+    const norm_matvec_detail::NormRows<Cfg> src{w, w_up, y, w_total, N, x, delta, delta_w, norm_w, x_out, flags, eps, K};
     matvec_detail::run<GC, 1>(1, src, k, Cfg::GLU != Glu::None ? 2 * N : N, gridDim.x);
 }
 
@@ -203,6 +215,5 @@ __device__ __forceinline__ void norm_matvec_impl(const unsigned char* __restrict
         SYMBOL(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w_up, const float* x,             \
                const float* delta, const float* __restrict__ delta_w, const float* __restrict__ norm_w, float* x_out,   \
                float* __restrict__ y, int k, int n, int flags, float eps) {                                             \
-        memra::pdl_entry();                                                                                             \
         memra::norm_matvec_impl<CFG>(w, w_up, x, delta, delta_w, norm_w, x_out, y, k, n, flags, eps);                   \
     }

@@ -23,7 +23,6 @@ const ENVIRONMENT: &str = "Environment:
   MEMRA_NVRTC_PATH, MEMRA_LIBCUDA_PATH, MEMRA_NCCL_PATH
                              where to look first for libnvrtc, libcuda, libnccl
   MEMRA_SEED=N               replay the random inputs of a test or `memra bench --synthetic`
-  MEMRA_PDL=1                link decode kernels by programmatic dependent launch (sm_90; one GPU)
   MEMRA_SHARDED_GRAPHS=1     CUDA-graph decode steps on several GPUs (they hung at GLM-5 dims)
   MEMRA_RANK_TIMEOUT_S=S     several GPUs: a step's limit before the model reports the silent
                              ranks and refuses further work (default 900)

@@ -1,17 +1,17 @@
 //! A stream capture turned into a replayable CUDA graph, optionally with programmatic
 //! dependent launch (PDL, sm_90+) between consecutive kernels.
 //!
-//! A decode step is a chain of ~200 small kernels, each a few microseconds long; the gap
+//! A decode step is a chain of ~100 small kernels, each a few microseconds long; the gap
 //! between one kernel's end and the next one's start is a large share of the step. With a
 //! programmatic edge the next kernel is launched while the previous one still runs: its blocks
 //! start, then wait in `griddepcontrol.wait` until the previous grid has completed and its
-//! writes are visible. Every memra kernel entry begins with that wait (`memra::pdl_entry` in
-//! templates/memra/common.cuh), so a programmatic edge orders memory exactly like a normal one;
-//! only the launch latency overlaps. Edges touching anything other than two kernel nodes
-//! (memset, memcpy) are left as they are.
-//!
-//! Measured on the H200 it made the Gemma 3 270M decode step slower (818 against 963 tok/s), so
-//! the decoders use it only on request (`MEMRA_PDL=1`, models::gpu::StepGraph).
+//! writes are visible. Every memra kernel calls that wait (`memra::pdl_entry` in
+//! templates/memra/common.cuh) before it reads anything an earlier kernel writes, so a
+//! programmatic edge orders memory exactly like a normal one; what overlaps is the launch and
+//! the work before the wait (the projections' first weight chunks, the attention's first cache
+//! rows and RoPE angles). Edges touching anything other than two kernel nodes (memset, memcpy)
+//! are left as they are. The decoders use it unless `GpuOptions::pdl` is off
+//! (models::gpu::StepGraph; `memra run --no-pdl`).
 
 use std::sync::Arc;
 

@@ -489,7 +489,7 @@ impl Decoder {
         let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, min_split_rows, zero_id, lm_head_norm };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         let state = State { gpu, cache, out, len: 0, max_ctx, n_ctx_train, n_vocab, weight_bytes: bytes, report };
-        Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs) })
+        Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs, opts.pdl) })
     }
 }
 

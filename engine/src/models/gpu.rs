@@ -291,15 +291,17 @@ impl KvCache {
 /// A decode step captured as a CUDA graph and replayed while its `key` (whatever the captured
 /// launches baked besides device buffers: split counts, sparse or dense attention) is unchanged;
 /// or, when not `enabled` (`GpuOptions::graphs` off), launched directly every time.
-/// `MEMRA_PDL=1` links consecutive kernels by programmatic dependent launch (cuda::graph, sm_90+).
+/// With `pdl`, consecutive kernels are linked by programmatic dependent launch (cuda::graph,
+/// sm_90+; elsewhere ignored).
 pub struct StepGraph<K> {
     enabled: bool,
+    pdl: bool,
     graph: Option<(Graph, K)>,
 }
 
 impl<K: PartialEq> StepGraph<K> {
-    pub fn new(enabled: bool) -> StepGraph<K> {
-        StepGraph { enabled, graph: None }
+    pub fn new(enabled: bool, pdl: bool) -> StepGraph<K> {
+        StepGraph { enabled, pdl, graph: None }
     }
 
     /// Replays the graph captured for `key`, capturing `enqueue`'s launches first when there is
@@ -311,7 +313,8 @@ impl<K: PartialEq> StepGraph<K> {
         }
         if self.graph.as_ref().is_none_or(|(_, k)| *k != key) {
             self.graph = None;
-            let graph = Graph::capture(stream, pdl_enabled(stream), enqueue)?;
+            let pdl = self.pdl && stream.context().compute_capability().is_ok_and(|(major, _)| major >= 9);
+            let graph = Graph::capture(stream, pdl, enqueue)?;
             self.graph = Some((graph, key));
         }
         let (graph, _) = self.graph.as_ref().expect("captured above");
@@ -319,20 +322,9 @@ impl<K: PartialEq> StepGraph<K> {
     }
 }
 
-/// Programmatic dependent launch is opt-in (`MEMRA_PDL=1`, sm_90+ only: the kernels'
-/// `griddepcontrol` is compiled only there). Measured slower on the H200 both ways round
-/// (benches/results/h200-2026-11-30-s3-pdl.txt): Gemma 3 270M decode 818 against 963 tok/s with
-/// the trigger before the wait; a synthetic GLM-5 step 1773 against 1727 µs with it after.
-fn pdl_enabled(stream: &CudaStream) -> bool {
-    if !std::env::var("MEMRA_PDL").is_ok_and(|v| v == "1") {
-        return false;
-    }
-    stream.context().compute_capability().is_ok_and(|(major, _)| major >= 9)
-}
-
 impl<K: PartialEq> Default for StepGraph<K> {
     fn default() -> Self {
-        StepGraph::new(true)
+        StepGraph::new(true, true)
     }
 }
 

@@ -751,7 +751,7 @@ impl MlaDecoder {
             net,
             state,
             step,
-            graph: StepGraph::new(opts.graphs),
+            graph: StepGraph::new(opts.graphs, opts.pdl),
         })
     }
 }

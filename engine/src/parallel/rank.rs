@@ -63,11 +63,6 @@ impl RankSpec {
                 self.comm.device()
             )));
         }
-        if std::env::var("MEMRA_PDL").is_ok_and(|v| v == "1") {
-            return Err(err(
-                "MEMRA_PDL=1 with several GPUs: NCCL's kernels do not wait on programmatic graph edges; unset it",
-            ));
-        }
         let localize = match self.experts {
             Some(_) => gpu
                 .load_functions("memra_ep_localize.cu", LOCALIZE, &["ep_localize"])?

@@ -281,8 +281,10 @@ impl ShardedMla {
         // MEMRA_SHARDED_GRAPHS=1 asks for them (then with the step gate, `StepGate`).
         let graphs_asked = opts.graphs;
         let graphs = graphs_asked && std::env::var("MEMRA_SHARDED_GRAPHS").is_ok_and(|v| v == "1");
+        // NCCL's kernels do not wait on programmatic graph edges: no PDL across ranks.
         let opts = &GpuOptions {
             graphs,
+            pdl: false,
             ..opts.clone()
         };
         // Refuse counts that do not split before any GPU or NCCL work.
