@@ -356,7 +356,7 @@ __device__ __forceinline__ void dispatch_hp(const float* q, const NR& nr, const 
 // attn_decode's own prologue: none; q is read from global memory.
 struct NoPrologue {
     static constexpr bool ON = false;
-    __device__ __forceinline__ void before_wait(int) const {}
+    __device__ __forceinline__ void before_wait(int, int, int, int) const {}
 };
 
 // What a block attends with, as a prologue sees it (attn_decode_rope.cuh): the sequence, the
@@ -418,7 +418,7 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int c1 = min(c0 + chunk, p + 1);
     attn_detail::prefetch_rows<C, Cfg::THREADS>(k_cache, v_cache, (((i64)b * max_ctx + c0) * n_kv + kvh) * hd, (i64)n_kv * hd,
                                                 min(c1 - c0, attn_detail::PREFETCH_ROWS), hd);
-    pre.before_wait(p);
+    pre.before_wait(p, hd, n_head, n_kv);
     pdl_entry();
     const float sl2 = scale * attn_detail::LOG2E;
     const i64 n_part = (i64)n_seq * n_head * n_split;

@@ -29,20 +29,29 @@ namespace attn_detail {
 
 // One head of hd floats from `src`, RMS-normed per QK_NORM (weights `nw`; Full: `inv` is the
 // token's 1/rms, PerHead: the head's own, computed here with `eps`) and rotated by `cs`, into
-// `dst` (shared memory), in qk_norm_rope's order of operations. One warp.
-template <RopeMode MODE, QkNorm NORM>
+// `dst` (shared memory), in qk_norm_rope's order of operations. One warp; hd ≤ HD_MAX. The
+// weights load with the head, not after its reduction (one memory latency, not two).
+template <RopeMode MODE, QkNorm NORM, int HD_MAX>
 __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, const float* __restrict__ nw, float inv,
                                                float eps, const float2* cs, int hd, int n_rot, float* dst) {
+    constexpr int PER = HD_MAX / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    float ss = 0.0f;
-    for (int i = lane; i < hd; i += WARP_SIZE) {
-        const float e = src[i];
-        dst[i] = e;
+    float ss = 0.0f, w[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = lane + j * WARP_SIZE;
+        const float e = i < hd ? src[i] : 0.0f;
+        w[j] = NORM != QkNorm::None && i < hd ? __ldg(nw + i) : 0.0f;
+        if (i < hd) dst[i] = e;
         ss = fmaf(e, e, ss);
     }
     if constexpr (NORM != QkNorm::None) {
         if constexpr (NORM == QkNorm::PerHead) inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
-        for (int i = lane; i < hd; i += WARP_SIZE) dst[i] = dst[i] * inv * __ldg(nw + i);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = lane + j * WARP_SIZE;
+            if (i < hd) dst[i] = dst[i] * inv * w[j];
+        }
     }
     if constexpr (MODE != RopeMode::None) {
         __syncwarp();
@@ -80,9 +89,18 @@ template <class Cfg> struct RopePrologue {
         return cs;
     }
 
-    // The rotation angles depend on p and constants only: computed before the wait for the
-    // previous kernel (the f64 exp2 is the prologue's longest dependent chain).
-    __device__ __forceinline__ void before_wait(int p) const {
+    // Before the wait for the previous kernel, what depends on p and constants only: the
+    // rotation angles (the f64 exp2 is the prologue's longest dependent chain) and the norm
+    // weights.
+    __device__ __forceinline__ void before_wait(int p, int hd, int n_head, int n_kv) const {
+        // The norm weights into L2 (addresses 128 bytes apart, the last one the final element):
+        // the prologue's loads of them then hit.
+        if constexpr (Cfg::QK_NORM != QkNorm::None) {
+            const int nq = Cfg::QK_NORM == QkNorm::Full ? n_head * hd : hd;
+            const int nk = Cfg::QK_NORM == QkNorm::Full ? n_kv * hd : hd;
+            for (int i = threadIdx.x; i <= nq / 32; i += Cfg::THREADS) prefetch_l2(q_norm_w + min(32 * i, nq - 1));
+            for (int i = threadIdx.x; i <= nk / 32; i += Cfg::THREADS) prefetch_l2(k_norm_w + min(32 * i, nk - 1));
+        }
         constexpr RopeMode MODE = Cfg::ROPE_MODE;
         if constexpr (MODE != RopeMode::None) {
             const int n_rot = dim_or<Cfg::N_ROT>(n_rot_rt), half = n_rot / 2;
@@ -123,10 +141,10 @@ template <class Cfg> struct RopePrologue {
             if (u < at.nh) {
                 const int h = at.h0 + u;
                 const float* nw = NORM == QkNorm::Full ? q_norm_w + (i64)h * hd : q_norm_w;
-                warp_norm_rope<MODE, NORM>(qt + (i64)h * hd, nw, NORM == QkNorm::Full ? full_inv[0] : 0.0f, eps, cs, hd, n_rot, s_q + u * hd);
+                warp_norm_rope<MODE, NORM, HD_MAX>(qt + (i64)h * hd, nw, NORM == QkNorm::Full ? full_inv[0] : 0.0f, eps, cs, hd, n_rot, s_q + u * hd);
             } else if (u == at.nh) {
                 const float* nw = NORM == QkNorm::Full ? k_norm_w + (i64)at.kvh * hd : k_norm_w;
-                warp_norm_rope<MODE, NORM>(kt + (i64)at.kvh * hd, nw, NORM == QkNorm::Full ? full_inv[1] : 0.0f, eps, cs, hd, n_rot, s_k);
+                warp_norm_rope<MODE, NORM, HD_MAX>(kt + (i64)at.kvh * hd, nw, NORM == QkNorm::Full ? full_inv[1] : 0.0f, eps, cs, hd, n_rot, s_k);
                 for (int i = lane; i < hd; i += WARP_SIZE) {
                     store_as<CT>(s_row[0], i, s_k[i]);
                     if (write) store_as<CT>(k_cache, cache_row + i, s_k[i]);

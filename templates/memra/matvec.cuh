@@ -660,11 +660,20 @@ template <class Src> struct SrcXInSmem<Src, void_t<decltype(Src::X_IN_SMEM)>> { 
 
 // Src::EARLY_WEIGHTS, false when a row source does not declare it: true for sources whose weight
 // rows depend on nothing an earlier kernel writes (the dense matrices, not MoE's routed experts).
-// run() then issues the block's first weight chunks and calls the source's before_wait() (L2
-// hints for its own constants) before pdl_entry(), so they load while the previous kernel of the
-// graph finishes; the kernel entry must not call pdl_entry() itself.
+// run() then issues the block's first weight chunks and calls the source's before_wait() (loads
+// of its own constants, handed back as a Preload for its prologue) before pdl_entry(), so they
+// load while the previous kernel of the graph finishes; the kernel entry must not call
+// pdl_entry() itself.
 template <class Src, class = void> struct SrcEarlyWeights { static constexpr bool value = false; };
 template <class Src> struct SrcEarlyWeights<Src, void_t<decltype(Src::EARLY_WEIGHTS)>> { static constexpr bool value = Src::EARLY_WEIGHTS; };
+struct NoPreload {};
+template <class Src> __device__ __forceinline__ auto early_preload(const Src& src) {
+    if constexpr (SrcEarlyWeights<Src>::value) {
+        return src.before_wait();
+    } else {
+        return NoPreload{};
+    }
+}
 
 // Geometry shared by the kernel and (mirrored) the Rust launcher.
 template <class Cfg> struct MatvecGeometry {
@@ -739,7 +748,8 @@ template <class Cfg> struct DenseRows {
     }
     __device__ __forceinline__ const float* xrow(int, int b) const { return x + (i64)b * ldx; }
     __device__ __forceinline__ float weight(int) const { return 1.0f; }
-    __device__ __forceinline__ void before_wait() const {}
+    struct Preload {};
+    __device__ __forceinline__ Preload before_wait() const { return {}; }
     template <int RPG, int NB>
     __device__ __forceinline__ void store(int lane, int first_row, const float (&sums)[RPG][NB], int batch) const {
 #pragma unroll
@@ -1092,7 +1102,10 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s)
             if (s < steps) issue_w(s);
-        src.before_wait();
+    }
+    const auto pre = early_preload(src);
+    (void)pre;  // read by X_IN_SMEM sources' prologue only
+    if constexpr (SrcEarlyWeights<Src>::value) {
         pdl_entry();
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
@@ -1110,7 +1123,7 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         // The source builds its x row (batch 1, f32) in shared memory while the first chunks
         // load; the loop's first barrier publishes it.
         static_assert(!G::XQ8 && !Src::SEGMENTED && NB == 1, "an x row in shared memory is one f32 row");
-        src.template prologue<G>(reinterpret_cast<float*>(matvec_smem + G::SMEM), K);
+        src.template prologue<G>(pre, reinterpret_cast<float*>(matvec_smem + G::SMEM), K);
     }
     if constexpr (G::XQ8_FUSED && !Src::SEGMENTED) {
         // XQ8 = 2: quantize the whole x (segment 0's rows) into shared memory while the first

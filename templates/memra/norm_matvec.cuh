@@ -90,38 +90,54 @@ template <class Cfg> struct NormRows {
     __device__ __forceinline__ const float* xrow(int, int) const { return x; }  // unread: X_IN_SMEM
     __device__ __forceinline__ float weight(int) const { return 1.0f; }
 
-    // Before the wait for the previous kernel: the norm weights (constants) into L2.
-    __device__ __forceinline__ void before_wait() const {
-        // Addresses 128 bytes apart, the last one K − 1: every line of the K floats, none past them.
+    // Elements of the row per thread in the prologue's one-pass form (K ≤ PER · THREADS).
+    static constexpr int PER = Cfg::K != 0 ? (Cfg::K + THREADS - 1) / THREADS : 8;
+    // The norm weights of this thread's elements, loaded before the wait for the previous kernel
+    // (they are constants): the prologue then waits only on x and delta.
+    struct Preload {
+        float nw[PER], dw[PER];
+    };
+    __device__ __forceinline__ Preload before_wait() const {
+        Preload pre;
         const bool delta_norm = (flags & NormFlags::ADD) && (flags & NormFlags::DELTA_NORM);
-        for (int i = threadIdx.x; i <= k_len / 32; i += THREADS) {
-            const int e = min(32 * i, k_len - 1);
-            prefetch_l2(norm_w + e);
-            if (delta_norm) prefetch_l2(delta_w + e);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = threadIdx.x + j * THREADS;
+            pre.nw[j] = i < k_len ? __ldg(norm_w + i) : 0.0f;
+            pre.dw[j] = i < k_len && delta_norm ? __ldg(delta_w + i) : 0.0f;
         }
+        if (PER > 8 || k_len > PER * THREADS) {
+            // The three-pass form: the weights into L2 instead (addresses 128 bytes apart, the
+            // last one K − 1: every line of the K floats, none past them).
+            for (int i = threadIdx.x; i <= k_len / 32; i += THREADS) {
+                const int e = min(32 * i, k_len - 1);
+                prefetch_l2(norm_w + e);
+                if (delta_norm) prefetch_l2(delta_w + e);
+            }
+        }
+        return pre;
     }
 
     // h into the padded unit layout (element i at unit i / UE, slot i % UE). Every operand is
     // loaded before the first reduction, so the prologue costs one memory latency (which the
     // weight chunks issued before it share) and two block sums; rows longer than PER elements
     // per thread take three passes (each element re-read only by the thread that wrote it).
-    template <class G> __device__ __forceinline__ void prologue(float* h, int K) const {
-        constexpr int PER = Cfg::K != 0 ? (Cfg::K + THREADS - 1) / THREADS : 8;
+    template <class G> __device__ __forceinline__ void prologue(const Preload& pre, float* h, int K) const {
         constexpr int UE = G::U::UE;
         const int tid = threadIdx.x;
         const bool add = (flags & NormFlags::ADD) != 0, delta_norm = add && (flags & NormFlags::DELTA_NORM) != 0;
         const bool write_x = (flags & NormFlags::WRITE_X) != 0 && blockIdx.x == 0;
         auto slot = [&](int i) -> float& { return h[(i / UE) * G::XS_UNIT + i % UE]; };
         if (PER <= 8 && K <= PER * THREADS) {
-            float r[PER], d[PER], dw[PER], nw[PER];
+            float r[PER], d[PER];
+            const float(&dw)[PER] = pre.dw;
+            const float(&nw)[PER] = pre.nw;
 #pragma unroll
             for (int j = 0; j < PER; ++j) {
                 const int i = tid + j * THREADS;
                 const bool in = i < K;
                 r[j] = in ? x[i] : 0.0f;
                 d[j] = in && add ? delta[i] : 0.0f;
-                dw[j] = in && delta_norm ? __ldg(delta_w + i) : 0.0f;
-                nw[j] = in ? __ldg(norm_w + i) : 0.0f;
             }
             if (add) {
                 float inv_d = 1.0f;
