@@ -138,6 +138,16 @@ pub fn render_registry(
         );
         let _ = writeln!(out, "    }},");
     }
+    out.push_str("];\n\n");
+    // Variants a spec entry tuned away from the README defaults: the selection rule's tie-break
+    // between otherwise equal generic variants prefers the default tuning.
+    out.push_str("/// Variants whose tuning differs from the family's README defaults.\npub static TUNED: &[&str] = &[\n");
+    for v in variants {
+        let tuned = v.params.iter().any(|p| p.kind == FieldKind::Tune && p.default.as_ref().is_some_and(|d| *d != p.value));
+        if tuned {
+            let _ = writeln!(out, "    {:?},", v.name());
+        }
+    }
     out.push_str("];\n");
     out
 }

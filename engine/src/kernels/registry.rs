@@ -173,7 +173,13 @@ pub fn select_in(
         // Most specific first: the one that bakes the most of the requested keys.
         let score = |v: &KernelVariant| v.params.iter().filter(|(k, _)| requested(k).is_some()).count();
         let Some(best) = candidates.iter().map(|v| score(v)).max() else { return Ok(None) };
-        let top: Vec<&'static KernelVariant> = candidates.into_iter().filter(|v| score(v) == best).collect();
+        let mut top: Vec<&'static KernelVariant> = candidates.into_iter().filter(|v| score(v) == best).collect();
+        // Equal fits that differ in tuning alone (a spec entry tuned its own shapes): the
+        // family's default tuning, when exactly one has it.
+        let untuned: Vec<&'static KernelVariant> = top.iter().copied().filter(|v| !TUNED.contains(&v.name)).collect();
+        if top.len() > 1 && untuned.len() == 1 {
+            top = untuned;
+        }
         if top.len() > 1 {
             let names: Vec<&str> = top.iter().map(|v| v.name).collect();
             let mut differing: Vec<&str> = top
@@ -290,6 +296,19 @@ mod tests {
         // A dim left out never matches a variant that bakes it.
         let s = select_in(FIXTURE, "rmsnorm", &[], false).unwrap();
         assert_eq!(s.variant.name, "rmsnorm__generic");
+    }
+
+    #[test]
+    fn a_tuned_generic_twin_loses_the_tie_to_the_default_tuning() {
+        // The build's own variants: every generic variant a spec entry tuned has a default-tuned
+        // sibling with the same choices, and a model of other dims gets that one, not an error.
+        for v in VARIANTS.iter().filter(|v| v.is_generic() && TUNED.contains(&v.name)) {
+            let request: Vec<(&str, Param)> = v.params.iter().filter(|(_, p)| matches!(p, Param::Sym(_))).copied().collect();
+            let mut request = request;
+            request.extend([("k", Param::Int(256)), ("n", Param::Int(96))]);
+            let s = select_in(VARIANTS, v.family, &request, false).unwrap_or_else(|e| panic!("{}: {e}", v.name));
+            assert!(!s.specialized && !TUNED.contains(&s.variant.name), "{} picked {}", v.name, s.variant.name);
+        }
     }
 
     #[test]
