@@ -89,6 +89,7 @@ constexpr int WARP_SIZE = 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
 inline void prefetch_l2(const void*) {}
+inline void pdl_entry() {}  // programmatic dependent launch: nothing to wait for on the host
 // attn_decode_rope.cuh and the qk_norm_rope.cuh helpers it shares.
 enum class RopeMode : int { None = 0, Interleaved = 1, Neox = 2 };
 enum class QkNorm : int { None = 0, PerHead = 1, Full = 2 };

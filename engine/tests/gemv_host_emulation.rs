@@ -65,6 +65,8 @@ typedef unsigned char u8; typedef signed char i8; typedef unsigned short u16; ty
 enum class QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30 };
 constexpr unsigned FULL_MASK = 0xffffffffu;
 template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
+inline void pdl_entry() {}  // programmatic dependent launch: nothing to wait for on the host
+inline void prefetch_l2(const void*) {}
 inline float4 load_f4(const float* p) { float4 r; memcpy(&r, p, 16); return r; }
 inline float f16_to_f32(u16 h) { unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023; float v;
   if (e == 0) v = std::ldexp((float)m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = std::ldexp((float)(m | 1024), (int)e - 25);

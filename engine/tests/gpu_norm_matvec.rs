@@ -1,7 +1,8 @@
 //! GPU tests of norm_matvec (a decode projection with the residual add + RMSNorm fused in)
 //! against memra-reference: specialized variants at real model shapes (Gemma 3 270M's q/k/v,
 //! gate/up + GeGLU and tied LM head; a Qwen3-8B gate/up + SwiGLU) and their generic twins, plus
-//! awkward sizes; each launch with no add, `x + delta` and `x + rmsnorm(delta)·delta_w`, x_out
+//! awkward sizes, on the f32 path and on the integer path (`xq8`: h quantized in shared memory,
+//! the oracle multiplying by h's q8 round trip); each launch with no add, `x + delta` and `x + rmsnorm(delta)·delta_w`, x_out
 //! written or not. Fresh random weights and inputs (seed printed, replay with
 //! `MEMRA_SEED=<seed>`), y and x_out NaN-poisoned (with padding past their ends) before every
 //! launch. y: matvec's tolerance (1e-4 relative L2, or 1e-6 of Σ|w·h| where outputs cancel);
@@ -18,13 +19,13 @@ use memra_engine::cuda::Gpu;
 use memra_engine::kernels::norm_matvec::{self, NormMatvecWeights, Residual};
 use memra_engine::kernels::registry::KernelVariant;
 use memra_gguf::GgmlType;
-use memra_reference::{Rng, act, linear, norm, rel_err};
+use memra_reference::{Rng, act, linear, norm, q8, rel_err};
 
 const TOL: f64 = 1e-4;
 const EPS: f32 = 1e-6;
 
-fn nm_variant(ty: GgmlType, glu: &'static str, dims: Option<(usize, usize)>) -> &'static KernelVariant {
-    let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty))), ("glu", V::S(glu))];
+fn nm_variant(ty: GgmlType, glu: &'static str, dims: Option<(usize, usize)>, xq8: bool) -> &'static KernelVariant {
+    let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty))), ("glu", V::S(glu)), ("xq8", V::I(xq8 as i64))];
     if let Some((k, n)) = dims {
         p.push(("k", V::I(k as i64)));
         p.push(("n", V::I(n as i64)));
@@ -32,8 +33,9 @@ fn nm_variant(ty: GgmlType, glu: &'static str, dims: Option<(usize, usize)>) -> 
     variant("norm_matvec", &p)
 }
 
-/// Every residual form × x_out on/off for the specialized (k × n) and generic variants.
-fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, rng: &mut Rng) {
+/// Every residual form × x_out on/off for the specialized (k × n) and generic variants. With
+/// `xq8` the oracle multiplies by h's q8 round trip (memra_reference::q8, the kernel's numerics).
+fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, xq8: bool, rng: &mut Rng) {
     let s = gpu.stream();
     let paired = glu != "none";
     let wg = random_weight(ty, k, n, rng);
@@ -45,7 +47,7 @@ fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, rng: &m
     let norm_w: Vec<f32> = (0..k).map(|_| rng.uniform_in(0.5, 1.5)).collect();
     let (dx, dd, ddw, dnw) = (up(s, &x), up(s, &delta), up(s, &delta_w), up(s, &norm_w));
     for dims in [Some((k, n)), None] {
-        let kernel = load(gpu, nm_variant(ty, glu, dims));
+        let kernel = load(gpu, nm_variant(ty, glu, dims, xq8));
         for form in 0..3 {
             for write_x in [false, true] {
                 if !shard::mine() {
@@ -57,6 +59,7 @@ fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, rng: &m
                     _ => x.iter().zip(norm::rms_norm(&delta, &delta_w, EPS)).map(|(a, d)| a + d).collect(),
                 };
                 let h = norm::rms_norm(&r, &norm_w, EPS);
+                let h = if xq8 { q8::quantize_q8_blocks(&h).dequantize() } else { h };
                 let g = linear::matvec_gguf(ty, &wg, k, n, &h).unwrap_or_else(|e| panic!("{e}"));
                 let (want, terms) = if paired {
                     let u = linear::matvec_gguf(ty, &wu, k, n, &h).unwrap_or_else(|e| panic!("{e}"));
@@ -109,16 +112,17 @@ fn gpu_norm_matvec_real_shapes() {
     let gpu = gpu();
     let mut rng = Rng::from_env_or_time("gpu_norm_matvec_real_shapes");
     use GgmlType::*;
-    for (ty, glu, k, n) in [
-        (Q5_0, "none", 640, 1024),    // gemma3-270M attn_q
-        (Q5_0, "none", 640, 256),     // gemma3-270M attn_k / attn_v
-        (Q8_0, "none", 640, 256),     // gemma3-270M attn_v (use_more_bits layers)
-        (Q5_0, "geglu", 640, 2048),   // gemma3-270M ffn_gate + ffn_up + GELU-tanh
-        (Q8_0, "none", 640, 262144),  // gemma3-270M tied LM head
-        (Q4_K, "swiglu", 4096, 12288), // Qwen3-8B ffn_gate + ffn_up + SwiGLU
-        (Q4_K, "none", 4096, 4096),   // Qwen3-8B attn_q
+    for (ty, glu, k, n, xq8) in [
+        (Q5_0, "none", 640, 1024, false),    // gemma3-270M attn_q
+        (Q5_0, "none", 640, 256, false),     // gemma3-270M attn_k / attn_v
+        (Q8_0, "none", 640, 256, false),     // gemma3-270M attn_v (use_more_bits layers)
+        (Q5_0, "geglu", 640, 2048, false),   // gemma3-270M ffn_gate + ffn_up + GELU-tanh
+        (Q8_0, "none", 640, 262144, false),  // gemma3-270M tied LM head, f32 h
+        (Q8_0, "none", 640, 262144, true),   // the same on the integer path (the spec's choice)
+        (Q4_K, "swiglu", 4096, 12288, false), // Qwen3-8B ffn_gate + ffn_up + SwiGLU
+        (Q4_K, "none", 4096, 4096, false),   // Qwen3-8B attn_q
     ] {
-        check(&gpu, ty, glu, k, n, &mut rng);
+        check(&gpu, ty, glu, k, n, xq8, &mut rng);
     }
 }
 
@@ -129,15 +133,21 @@ fn gpu_norm_matvec_awkward_sizes() {
     let mut rng = Rng::from_env_or_time("gpu_norm_matvec_awkward_sizes");
     use GgmlType::*;
     // K an odd number of blocks (rows start misaligned), N of 1, 7, 33, 4097 rows.
-    for (ty, glu, k, n) in [
-        (Q6_K, "none", 3 * 256, 33),
-        (Q4_0, "geglu", 33 * 32, 7),
-        (BF16, "swiglu", 296, 4097),
-        (F32, "none", 8, 1),
-        (IQ4_XS, "none", 9 * 256, 40),
-        (Q5_K, "swiglu", 256, 100),
+    // The integer path: K past one block per thread (the three-pass prologue in the generic
+    // variant), paired rows, Q4_K's mins.
+    for (ty, glu, k, n, xq8) in [
+        (Q6_K, "none", 3 * 256, 33, false),
+        (Q4_0, "geglu", 33 * 32, 7, false),
+        (BF16, "swiglu", 296, 4097, false),
+        (F32, "none", 8, 1, false),
+        (IQ4_XS, "none", 9 * 256, 40, false),
+        (Q5_K, "swiglu", 256, 100, false),
+        (Q6_K, "none", 3 * 256, 33, true),
+        (Q4_0, "geglu", 33 * 32, 7, true),
+        (Q4_K, "swiglu", 9 * 256, 45, true),
+        (Q8_0, "none", 97 * 32, 130, true),
     ] {
-        check(&gpu, ty, glu, k, n, &mut rng);
+        check(&gpu, ty, glu, k, n, xq8, &mut rng);
     }
 }
 
@@ -154,8 +164,8 @@ fn gpu_norm_matvec_refuses_bad_arguments() {
     let w = up(s, &random_weight(GgmlType::Q8_0, k, n, &mut rng));
     let (x, delta, norm_w) = (up(s, &rng.normal_vec(k, 1.0)), up(s, &rng.normal_vec(k, 1.0)), up(s, &vec![1.0f32; k]));
     let mut y = up(s, &vec![0.0f32; n]);
-    let plain = load(&gpu, nm_variant(GgmlType::Q8_0, "none", None));
-    let paired = load(&gpu, nm_variant(GgmlType::Q8_0, "geglu", None));
+    let plain = load(&gpu, nm_variant(GgmlType::Q8_0, "none", None, false));
+    let paired = load(&gpu, nm_variant(GgmlType::Q8_0, "geglu", None, false));
     let (wv, xv, dv, nv) = (w.slice(..), x.slice(..), delta.slice(..), norm_w.slice(..));
     let add = Some(Residual { delta: &dv, delta_w: None });
     let one = NormMatvecWeights { w: &wv, w_up: None };

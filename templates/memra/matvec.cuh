@@ -1119,11 +1119,15 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
             async::commit();
         }
     }
+    // With XQ8 = 2 a source's own x row (f32, unpadded) sits after the q8 row it becomes.
+    float* const x_own = reinterpret_cast<float*>(matvec_smem + G::SMEM + (G::XQ8_FUSED ? G::xf_row(K) : 0));
     if constexpr (SrcXInSmem<Src>::value) {
         // The source builds its x row (batch 1, f32) in shared memory while the first chunks
-        // load; the loop's first barrier publishes it.
-        static_assert(!G::XQ8 && !Src::SEGMENTED && NB == 1, "an x row in shared memory is one f32 row");
-        src.template prologue<G>(pre, reinterpret_cast<float*>(matvec_smem + G::SMEM), K);
+        // load; the loop's first barrier publishes it (XQ8 = 2: the barrier below, before the
+        // row is quantized).
+        static_assert((!G::XQ8 || G::XQ8_FUSED) && !Src::SEGMENTED && NB == 1, "an x row in shared memory is one f32 row");
+        src.template prologue<G>(pre, x_own, K);
+        if constexpr (G::XQ8_FUSED) __syncthreads();
     }
     if constexpr (G::XQ8_FUSED && !Src::SEGMENTED) {
         // XQ8 = 2: quantize the whole x (segment 0's rows) into shared memory while the first
@@ -1140,7 +1144,8 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
 #pragma unroll
                 for (int i = 0; i < DEPTH; ++i) {
                     const int it = it0 + i * NW, b = it / nblk, blk = it - b * nblk;
-                    v[i] = it < items ? src.xrow(0, b)[32 * blk + wl] : 0.0f;
+                    const float* xr = SrcXInSmem<Src>::value ? x_own : src.xrow(0, b);
+                    v[i] = it < items ? xr[32 * blk + wl] : 0.0f;
                 }
 #pragma unroll
                 for (int i = 0; i < DEPTH; ++i) {

@@ -15,6 +15,9 @@
 //   QType     QTYPE     weight type (W, and Wu when paired)
 //   Glu       GLU       None / Swiglu / Geglu
 //   int       THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (paired: ROWS_PER_GROUP even)
+//   int       XQ8       optional (absent = 0). 1: h is quantized to int8 blocks of 32 in shared
+//                       memory after the norm and the products run on the integer path
+//                       (matvec's XQ8 = 2 numerics; integer-path weight types only)
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const unsigned char* w_up, const float* x, const float* delta,
@@ -42,17 +45,24 @@ struct NormFlags {
     static constexpr int ADD = 1, DELTA_NORM = 2, WRITE_X = 4;
 };
 
-// matvec's Cfg view of a norm_matvec Cfg: one f32 x row, built in shared memory.
+// matvec's Cfg view of a norm_matvec Cfg: one x row, built in shared memory (f32, or with
+// Cfg::XQ8 = 1 quantized to q8 there: matvec's XQ8 = 2).
 template <class Cfg> struct NormMatvecGeometryCfg {
     static constexpr int K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES;
-    static constexpr int ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = 0, XQ8 = 0;
+    static constexpr int ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = 0;
+    static constexpr int XQ8 = CfgXq8<Cfg>::value != 0 ? 2 : 0;
     static constexpr QType QTYPE = Cfg::QTYPE;
+    static_assert(CfgXq8<Cfg>::value == 0 || CfgXq8<Cfg>::value == 1, "norm_matvec XQ8 is 0 or 1");
+    static_assert(XQ8 == 0 || qunit::Unit<QTYPE>::INT_DOT, "XQ8 = 1 needs a weight type with an integer path");
 };
 
 template <class Cfg> struct NormMatvecGeometry {
     using G = MatvecGeometry<NormMatvecGeometryCfg<Cfg>>;
-    // The normalized row: K / UE units of XS_UNIT floats (the staged x chunk's padded layout).
-    __host__ __device__ static constexpr int xrow_bytes(int k) { return (k / G::U::UE * G::XS_UNIT * 4 + 15) / 16 * 16; }
+    // The normalized row: K / UE units of XS_UNIT floats (the staged x chunk's padded layout);
+    // XQ8: its q8 form (xf_row), then the K floats unpadded.
+    __host__ __device__ static constexpr int xrow_bytes(int k) {
+        return G::XQ8_FUSED ? G::xf_row(k) + (k * 4 + 15) / 16 * 16 : (k / G::U::UE * G::XS_UNIT * 4 + 15) / 16 * 16;
+    }
 };
 
 namespace norm_matvec_detail {
@@ -127,7 +137,7 @@ template <class Cfg> struct NormRows {
         const int tid = threadIdx.x;
         const bool add = (flags & NormFlags::ADD) != 0, delta_norm = add && (flags & NormFlags::DELTA_NORM) != 0;
         const bool write_x = (flags & NormFlags::WRITE_X) != 0 && blockIdx.x == 0;
-        auto slot = [&](int i) -> float& { return h[(i / UE) * G::XS_UNIT + i % UE]; };
+        auto slot = [&](int i) -> float& { return G::XQ8_FUSED ? h[i] : h[(i / UE) * G::XS_UNIT + i % UE]; };
         if (PER <= 8 && K <= PER * THREADS) {
             float r[PER], d[PER];
             const float(&dw)[PER] = pre.dw;

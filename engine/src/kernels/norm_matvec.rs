@@ -72,15 +72,25 @@ pub fn glu(kernel: &Kernel) -> Result<Glu, Error> {
     Glu::from_token(g).ok_or_else(|| checks::invalid(kernel, format!("glu `{g}` is not none, swiglu or geglu")))
 }
 
-/// The variant's tuning: matvec's fields with BATCH 1 and the f32 path.
+/// The variant's tuning: matvec's fields with BATCH 1; `XQ8 = 1` is matvec's fused integer
+/// path (`xq8` and `fuse_x`: h quantized in shared memory).
 pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
     let t = matvec::tuning(kernel)?;
-    Ok(MatvecTuning { batch: 1, accumulate: false, xq8: false, fuse_x: false, ..t })
+    let xq8 = checks::baked_int(kernel.variant(), "xq8").unwrap_or(0);
+    if !(0..=1).contains(&xq8) {
+        return Err(checks::invalid(kernel, format!("xq8={xq8} is out of range (0 or 1)")));
+    }
+    Ok(MatvecTuning { batch: 1, accumulate: false, xq8: xq8 == 1, fuse_x: xq8 == 1, ..t })
 }
 
-/// Bytes of the normalized row in shared memory at `k` (`NormMatvecGeometry::xrow_bytes`).
-pub fn xrow_bytes(ty: memra_gguf::GgmlType, k: usize) -> Option<u32> {
+/// Bytes of the normalized row in shared memory at `k` (`NormMatvecGeometry::xrow_bytes`): f32
+/// in padded units, or with `xq8` its q8 form followed by the k floats unpadded.
+pub fn xrow_bytes(ty: memra_gguf::GgmlType, k: usize, xq8: bool) -> Option<u32> {
     let u = matvec::unit_shape(ty)?;
+    if xq8 {
+        let q8 = matvec::fused_x_bytes(ty, &MatvecTuning { batch: 1, xq8: true, fuse_x: true, ..MatvecTuning::default() }, k)?;
+        return q8.checked_add(u32::try_from((4 * k).div_ceil(16) * 16).ok()?);
+    }
     let units = k / u.unit_elems as usize;
     u32::try_from((units * (u.unit_elems as usize + 4) * 4).div_ceil(16) * 16).ok()
 }
@@ -163,7 +173,10 @@ pub fn norm_matvec(
         None => (0, None),
     };
     let mut geo = matvec::geometry(ty, &tune).expect("qtype checked above");
-    geo.smem_bytes += xrow_bytes(ty, k).unwrap_or(u32::MAX);
+    if tune.xq8 && !matvec::int_dot(ty) {
+        return Err(checks::invalid(kernel, format!("xq8 needs a weight type with an integer path, not {ty:?}")));
+    }
+    geo.smem_bytes = geo.smem_bytes.saturating_add(xrow_bytes(ty, k, tune.xq8).unwrap_or(u32::MAX));
     if geo.smem_bytes > matvec::MAX_DYNAMIC_SMEM {
         return Err(checks::invalid(
             kernel,

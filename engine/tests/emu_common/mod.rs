@@ -69,6 +69,9 @@ enum class Gating : int { Softmax = 1, Sigmoid = 2 };
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int WARP_SIZE = 32;
 template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
+inline void pdl_entry() {}  // programmatic dependent launch: nothing to wait for on the host
+inline void prefetch_l2(const void*) {}
+using std::min; using std::max;
 inline float4 load_f4(const float* p) { float4 r; memcpy(&r, p, 16); return r; }
 inline float f16_to_f32(u16 h) { unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023; float v;
   if (e == 0) v = std::ldexp((float)m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = std::ldexp((float)(m | 1024), (int)e - 25);
