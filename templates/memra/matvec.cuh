@@ -39,7 +39,8 @@
 //   resident block walks the same number of tiles with its pipeline never drained); block (THREADS);
 //   dynamic shared memory STAGES · (R · ROW_SLOT + BATCH · XS_ROW) + 16 bytes, where
 //   KC = LANES · UPL · UE elements per chunk (UE, UPL per QType: qunit::Unit<Q>),
-//   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(CB, 16) + 16, XS_ROW = LANES · UPL · (UE + 4) · 4
+//   CB = KC / BLOCK · BYTES, ROW_SLOT = round_up(min(CB, RB), 16) + 16 (RB: a baked K's row bytes,
+//   else CB), XS_ROW = min(LANES · UPL, K / UE if baked) · (UE + 4) · 4
 //   (XQ8: LANES · UPL · (UE + 16) + KC / 4).
 //   The kernel traps if launched with less dynamic shared memory than that.
 //   __launch_bounds__(THREADS, MIN_BLOCKS): MIN_BLOCKS = the blocks per SM that the shared memory
@@ -686,14 +687,19 @@ template <class Cfg> struct MatvecGeometry {
     static constexpr int UPC = LANES * U::UPL;                   // units per chunk
     static constexpr int KC = UPC * U::UE;                       // elements per chunk
     static constexpr int CB = UPC / U::UPB * U::BYTES;           // bytes of one row's chunk
-    static constexpr int ROW_SLOT = (CB + 15) / 16 * 16 + 16;    // + room for the misalignment
+    // A baked row shorter than a chunk (K < KC) needs slots of its own size only: less shared
+    // memory per block, so more blocks fit beside those of the kernel before (PDL).
+    static constexpr int RB = Cfg::K != 0 ? Cfg::K / U::BLOCK * U::BYTES : CB;
+    static constexpr int SLOT_BYTES = RB < CB ? RB : CB;
+    static constexpr int ROW_SLOT = (SLOT_BYTES + 15) / 16 * 16 + 16;  // + room for the misalignment
     static constexpr int SLOT16 = ROW_SLOT / 16;
     static constexpr int XS_UNIT = U::UE + 4;                    // floats per padded x unit
     // XQ8: a unit's int8 x padded to UE + 16 bytes (lanes' 16-byte reads hit distinct banks),
     // then the chunk's (d, Σq) float pairs, one per x block of 32.
     static constexpr int XQ_UNIT = U::UE + 16;
     static constexpr int XQ_QS = UPC * XQ_UNIT;
-    static constexpr int XS_ROW = XQ8_FUSED ? 0 : XQ8 ? XQ_QS + KC / 32 * 8 : UPC * XS_UNIT * 4;  // bytes of one x row's chunk
+    static constexpr int X_UNITS = Cfg::K != 0 && Cfg::K / U::UE < UPC ? Cfg::K / U::UE : UPC;  // f32 x units staged per chunk
+    static constexpr int XS_ROW = XQ8_FUSED ? 0 : XQ8 ? XQ_QS + KC / 32 * 8 : X_UNITS * XS_UNIT * 4;  // bytes of one x row's chunk
     // XQ8 = 2: the whole q8 x of one batch row, after the stages (at SMEM): every unit of the
     // row padded as XQ_UNIT, then the (d, Σq) pairs; 16-byte multiple.
     __host__ __device__ static constexpr int xf_row(int k) { return ((k / U::UE) * XQ_UNIT + k / 4 + 15) / 16 * 16; }

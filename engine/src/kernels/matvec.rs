@@ -144,18 +144,27 @@ pub struct MatvecGeometry {
     pub smem_bytes: u32,
 }
 
-pub fn geometry(ty: GgmlType, t: &MatvecTuning) -> Option<MatvecGeometry> {
+/// `baked_k`: the variant's compile-time K (None for a generic variant): a row shorter than one
+/// chunk gets slots of its own size.
+pub fn geometry(ty: GgmlType, t: &MatvecTuning, baked_k: Option<usize>) -> Option<MatvecGeometry> {
     let u = unit_shape(ty)?;
     let rows = t.threads / t.lanes * t.rows_per_group;
     let upc = t.lanes * u.units_per_lane;
     let chunk_bytes = upc / (u.block_elems / u.unit_elems) * u.block_bytes;
-    let row_slot = chunk_bytes.div_ceil(16) * 16 + 16;
+    let (slot_bytes, x_units) = match baked_k {
+        Some(k) => {
+            let row_bytes = u32::try_from(k / u.block_elems as usize * u.block_bytes as usize).ok()?;
+            (row_bytes.min(chunk_bytes), u32::try_from(k / u.unit_elems as usize).ok()?.min(upc))
+        }
+        None => (chunk_bytes, upc),
+    };
+    let row_slot = slot_bytes.div_ceil(16) * 16 + 16;
     let xs_row = if t.xq8 && t.fuse_x {
         0
     } else if t.xq8 {
         upc * (u.unit_elems + 16) + upc * u.unit_elems / 4
     } else {
-        upc * (u.unit_elems + 4) * 4
+        x_units * (u.unit_elems + 4) * 4
     };
     let stage = rows * row_slot + t.batch * xs_row;
     Some(MatvecGeometry {
@@ -255,6 +264,11 @@ fn tune_int(
         ));
     }
     Ok(v as u32)
+}
+
+/// The variant's compile-time K, if it bakes one (specialized variants).
+pub fn baked_k(kernel: &Kernel) -> Option<usize> {
+    checks::baked_int(kernel.variant(), "k").and_then(|k| usize::try_from(k).ok()).filter(|&k| k > 0)
 }
 
 /// The variant's tuning (README defaults for fields it does not bake).
@@ -433,7 +447,7 @@ pub fn matvec_with(
     if n == 0 {
         return Ok(());
     }
-    let mut geo = geometry(ty, &tune).expect("qtype checked above");
+    let mut geo = geometry(ty, &tune, baked_k(kernel)).expect("qtype checked above");
     geo.smem_bytes += fused_x_bytes(ty, &tune, k).unwrap_or(u32::MAX);
     if geo.smem_bytes > MAX_DYNAMIC_SMEM {
         return Err(checks::invalid(
@@ -502,7 +516,7 @@ mod tests {
     fn geometry_matches_the_template_formula_by_hand() {
         // Q4_K, defaults: 8 groups × 2 rows = 16 rows; chunk 32 units of 64 = 8 blocks = 1152 B,
         // slot 1168; x chunk 32 × 68 × 4 = 8704 B; 3 stages.
-        let g = geometry(GgmlType::Q4_K, &MatvecTuning::default()).unwrap();
+        let g = geometry(GgmlType::Q4_K, &MatvecTuning::default(), None).unwrap();
         assert_eq!(g.rows_per_block, 16);
         assert_eq!(g.smem_bytes, 3 * (16 * 1168 + 8704) + 16);
         // Q8_0: 32 blocks × 34 = 1088 B → slot 1104; x 32 × 36 × 4 = 4608.
@@ -514,12 +528,18 @@ mod tests {
                 rows_per_group: 1,
                 ..Default::default()
             },
+            None,
         )
         .unwrap();
         assert_eq!(g.rows_per_block, 32);
         // lanes 8: 8 blocks = 272 B → slot 288; x 8 × 36 × 4 = 1152 per row, 8 rows.
         assert_eq!(g.smem_bytes, 3 * (32 * 288 + 8 * 1152) + 16);
-        assert!(geometry(GgmlType::Q2_K, &MatvecTuning::default()).is_none());
+        assert!(geometry(GgmlType::Q2_K, &MatvecTuning::default(), None).is_none());
+        // Baked K = 640 of Q5_0 (UPL 2: chunks of 2048 elements): slots of the row's 440 bytes
+        // (→ 464) and x staged for its 20 units; K past a chunk changes nothing.
+        let q5 = |k| geometry(GgmlType::Q5_0, &MatvecTuning::default(), k).unwrap().smem_bytes;
+        assert_eq!(q5(Some(640)), 3 * (16 * 464 + 20 * 36 * 4) + 16);
+        assert_eq!(q5(Some(4096)), q5(None));
         // XQ8 Q4_K: x chunk = 32 units × (64 + 16) B int8 + 2048 / 32 (d, Σq) pairs × 8 B.
         let g = geometry(
             GgmlType::Q4_K,
@@ -527,6 +547,7 @@ mod tests {
                 xq8: true,
                 ..Default::default()
             },
+            None,
         )
         .unwrap();
         assert_eq!(g.smem_bytes, 3 * (16 * 1168 + 32 * 80 + 64 * 8) + 16);
@@ -549,7 +570,7 @@ mod tests {
                 "same waves: t={t} m={m} b={b}"
             );
         }
-        let g = geometry(GgmlType::Q4_K, &MatvecTuning::default()).unwrap();
+        let g = geometry(GgmlType::Q4_K, &MatvecTuning::default(), None).unwrap();
         assert_eq!(launch_config(&g, 12288).grid_dim.0, 768);
         assert_eq!(launch_config_blocks(&g, 12288, 264).grid_dim.0, 256);
     }

@@ -248,7 +248,7 @@ pub fn moe_matvec_with(
         (y_rows - 1).checked_mul(ldy).ok_or_else(overflow)? + n,
     )?;
     checks::check_aligned16(kernel, "x", inp.x)?;
-    let mut geo = matvec::geometry(ty, &tune).ok_or_else(|| {
+    let mut geo = matvec::geometry(ty, &tune, matvec::baked_k(kernel)).ok_or_else(|| {
         checks::invalid(kernel, format!("{} experts are not supported", ty.name()))
     })?;
     // XQ8 = 2: the slot's whole q8 x after the stages (BATCH 1).

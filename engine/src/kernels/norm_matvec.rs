@@ -172,7 +172,7 @@ pub fn norm_matvec(
         }
         None => (0, None),
     };
-    let mut geo = matvec::geometry(ty, &tune).expect("qtype checked above");
+    let mut geo = matvec::geometry(ty, &tune, matvec::baked_k(kernel)).expect("qtype checked above");
     if tune.xq8 && !matvec::int_dot(ty) {
         return Err(checks::invalid(kernel, format!("xq8 needs a weight type with an integer path, not {ty:?}")));
     }

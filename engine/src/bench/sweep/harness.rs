@@ -155,7 +155,7 @@ pub(super) fn tunings(batch: u32, shapes: &[(u32, u32, u32, u32)]) -> Vec<Matvec
 /// Whether tuning `t` has a geometry for `ty` whose shared memory (with the block's q8 x of K
 /// for XQ8 = 2) one block may use on sm_90.
 pub(super) fn fits(ty: GgmlType, t: &MatvecTuning, k: usize) -> bool {
-    matvec::geometry(ty, t).is_some_and(|g| {
+    matvec::geometry(ty, t, None).is_some_and(|g| {
         g.smem_bytes + matvec::fused_x_bytes(ty, t, k).unwrap_or(u32::MAX)
             <= matvec::MAX_DYNAMIC_SMEM
     })
@@ -211,7 +211,7 @@ pub(super) fn grid_geometry(
     k: usize,
     grid: GridPolicy,
 ) -> Option<(MatvecGeometry, usize)> {
-    let mut geo = matvec::geometry(ty, t)?;
+    let mut geo = matvec::geometry(ty, t, matvec::baked_k(kernel))?;
     geo.smem_bytes += matvec::fused_x_bytes(ty, t, k).unwrap_or(0);
     let max = match grid {
         GridPolicy::PerTile => usize::MAX,
