@@ -2,7 +2,8 @@
 //! against memra-reference: specialized variants at real model shapes (Gemma 3 270M's q/k/v,
 //! gate/up + GeGLU and tied LM head; a Qwen3-8B gate/up + SwiGLU) and their generic twins, plus
 //! awkward sizes, on the f32 path and on the integer path (`xq8`: h quantized in shared memory,
-//! the oracle multiplying by h's q8 round trip); each launch with no add, `x + delta` and `x + rmsnorm(delta)·delta_w`, x_out
+//! the oracle multiplying by h's q8 round trip, and accepting either rounding of the elements
+//! that lie within f32 rounding of a half step: the kernel's h is not bit-equal to ours); each launch with no add, `x + delta` and `x + rmsnorm(delta)·delta_w`, x_out
 //! written or not. Fresh random weights and inputs (seed printed, replay with
 //! `MEMRA_SEED=<seed>`), y and x_out NaN-poisoned (with padding past their ends) before every
 //! launch. y: matvec's tolerance (1e-4 relative L2, or 1e-6 of Σ|w·h| where outputs cancel);
@@ -14,11 +15,11 @@ mod dense_common;
 mod gpu_common;
 
 use dense_common::{V, variant};
-use gpu_common::{assert_dot_close, dot_terms, down, gpu, load, random_weight, shard, token, up};
+use gpu_common::{dot_error, dot_terms, down, gpu, load, random_weight, shard, token, up};
 use memra_engine::cuda::Gpu;
 use memra_engine::kernels::norm_matvec::{self, NormMatvecWeights, Residual};
 use memra_engine::kernels::registry::KernelVariant;
-use memra_gguf::GgmlType;
+use memra_gguf::{GgmlType, quant};
 use memra_reference::{Rng, act, linear, norm, q8, rel_err};
 
 const TOL: f64 = 1e-4;
@@ -58,8 +59,8 @@ fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, xq8: bo
                     1 => x.iter().zip(&delta).map(|(a, d)| a + d).collect(),
                     _ => x.iter().zip(norm::rms_norm(&delta, &delta_w, EPS)).map(|(a, d)| a + d).collect(),
                 };
-                let h = norm::rms_norm(&r, &norm_w, EPS);
-                let h = if xq8 { q8::quantize_q8_blocks(&h).dequantize() } else { h };
+                let h_f32 = norm::rms_norm(&r, &norm_w, EPS);
+                let h = if xq8 { q8::quantize_q8_blocks(&h_f32).dequantize() } else { h_f32.clone() };
                 let g = linear::matvec_gguf(ty, &wg, k, n, &h).unwrap_or_else(|e| panic!("{e}"));
                 let (want, terms) = if paired {
                     let u = linear::matvec_gguf(ty, &wu, k, n, &h).unwrap_or_else(|e| panic!("{e}"));
@@ -86,13 +87,46 @@ fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, xq8: bo
                     .unwrap_or_else(|e| panic!("{e}"));
                 let (y, xo) = (down(s, &dy), down(s, &dxo));
                 let what = format!("{} {ty:?} k={k} n={n} form={form} write_x={write_x}", kernel.name());
-                match &terms {
-                    Some(t) => assert_dot_close(&what, &y[..n], &want, t, TOL, rng),
-                    None => {
-                        let err = rel_err(&y[..n], &want);
-                        assert!(err <= TOL, "{what}: y rel L2 {err:e} > {TOL:e} (MEMRA_SEED={})", rng.seed());
-                    }
-                }
+                let error = |want: &[f32]| match &terms {
+                    Some(t) => dot_error(&y[..n], want, t),
+                    None => rel_err(&y[..n], want),
+                };
+                let err = if xq8 {
+                    // The kernel's h differs from ours by f32 rounding, so an element of h within
+                    // that of a half step may be quantized one step the other way: accept the
+                    // outputs of any such set of flips (each output is linear in h before the
+                    // activation).
+                    let flips = ambiguous_q8(&h_f32);
+                    assert!(flips.len() <= 10, "{what}: {} elements of h within rounding of a half step (MEMRA_SEED={})", flips.len(), rng.seed());
+                    let cols: Vec<usize> = flips.iter().map(|f| f.0).collect();
+                    let (cg, cu) = (columns(ty, &wg, k, n, &cols), if paired { columns(ty, &wu, k, n, &cols) } else { Vec::new() });
+                    let u_base = if paired { linear::matvec_gguf(ty, &wu, k, n, &h).unwrap_or_else(|e| panic!("{e}")) } else { Vec::new() };
+                    (0..1usize << flips.len())
+                        .map(|mask| {
+                            let (mut g2, mut u2) = (g.clone(), u_base.clone());
+                            for (j, (_, step)) in flips.iter().enumerate().filter(|(j, _)| mask >> j & 1 == 1) {
+                                g2.iter_mut().zip(&cg[j]).for_each(|(o, c)| *o += c * step);
+                                u2.iter_mut().zip(cu.get(j).into_iter().flatten()).for_each(|(o, c)| *o += c * step);
+                            }
+                            let w2 = match glu {
+                                "swiglu" => act::swiglu(&g2, &u2),
+                                "geglu" => act::geglu(&g2, &u2),
+                                _ => g2,
+                            };
+                            error(&w2)
+                        })
+                        .fold(f64::INFINITY, f64::min)
+                } else {
+                    error(&want)
+                };
+                assert!(
+                    err <= TOL,
+                    "{what}: y error {err:e} > {TOL:e} (relative L2 {:e}; first values got {:?} want {:?}) (MEMRA_SEED={})",
+                    rel_err(&y[..n], &want),
+                    &y[..n.min(4)],
+                    &want[..n.min(4)],
+                    rng.seed()
+                );
                 assert!(y[n..].iter().all(|v| v.is_nan()), "{what}: y written past n");
                 assert!(xo[k..].iter().all(|v| v.is_nan()), "{what}: x_out written past k");
                 if write_x {
@@ -104,6 +138,43 @@ fn check(gpu: &Gpu, ty: GgmlType, glu: &'static str, k: usize, n: usize, xq8: bo
             }
         }
     }
+}
+
+/// Elements of `h` whose q8 rounding (memra_reference::q8: d = amax/127 per block of 32, q =
+/// round(v/d)) lies within f32 rounding of a half step, with the value change (±d) of rounding
+/// them the other way. The margin is 4e-6 of |v/d| (4× the relative difference of two f32
+/// norms of the same row) plus 1e-5.
+fn ambiguous_q8(h: &[f32]) -> Vec<(usize, f32)> {
+    let mut out = Vec::new();
+    for (b, blk) in h.chunks(32).enumerate() {
+        let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let d = amax / 127.0;
+        for (i, &v) in blk.iter().enumerate() {
+            let t = (v / d) as f64;
+            if (t - t.floor() - 0.5).abs() < 4e-6 * t.abs() + 1e-5 {
+                let q = t.round();
+                out.push((32 * b + i, if q > t { -d } else { d }));
+            }
+        }
+    }
+    out
+}
+
+/// Columns `cols` of the dequantized `n × k` weight, one vector of n values per column.
+fn columns(ty: GgmlType, w: &[u8], k: usize, n: usize, cols: &[usize]) -> Vec<Vec<f32>> {
+    let row_bytes = w.len() / n;
+    let mut out = vec![Vec::with_capacity(n); cols.len()];
+    let mut row = vec![0.0f32; k];
+    for r in 0..n {
+        quant::dequantize_row(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut row).unwrap_or_else(|e| panic!("{e}"));
+        for (o, &c) in out.iter_mut().zip(cols) {
+            o.push(row[c]);
+        }
+    }
+    out
 }
 
 #[test]
