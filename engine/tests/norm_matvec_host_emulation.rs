@@ -4,7 +4,9 @@
 //! `MEMRA_SEED=<seed>`), NaN-poisoned outputs and output padding. For each weight type: the
 //! three GLU modes (none, swiglu, geglu) × the three residual forms (no add, `x + delta`,
 //! `x + rmsnorm(delta)·delta_w`), x_out written or left alone, specialized (K, N baked, one block
-//! per tile) and generic (two blocks walking every tile: the resident grid's path). `y` within
+//! per tile) and generic (two blocks walking every tile: the resident grid's path); three cases
+//! on the integer path (XQ8 = 1: h quantized in shared memory; the oracle on h's q8 round trip,
+//! either rounding accepted for elements within f32 rounding of a half step). `y` within
 //! 1e-4 relative L2 of `matvec(W, rms_norm(r)·norm_w)` (f64 norms in the oracle, f32 in the
 //! kernel); `x_out` within 1e-6 of `r`, and untouched (still NaN) when not asked for. Says
 //! nothing about speed. Skips (one SKIP line) without a C++20 compiler.
@@ -13,7 +15,7 @@ mod emu_common;
 
 use emu_common::{Builder, GRID_RUNNER, PRELUDE, f32_bytes, read_f32};
 use memra_gguf::{GgmlType, quant};
-use memra_reference::{Rng, act, linear, norm, rel_err};
+use memra_reference::{Rng, act, linear, norm, q8, rel_err};
 
 const TOL: f64 = 1e-4;
 const EPS: f32 = 1e-6;
@@ -23,9 +25,12 @@ using namespace memra;
 #ifndef SPEC
 #define SPEC 0
 #endif
+#ifndef XQ8V
+#define XQ8V 0
+#endif
 template <int KD, int ND, Glu A> struct NCfg {
     static constexpr int K = KD, N = ND; static constexpr QType QTYPE = QType::QT; static constexpr Glu GLU = A;
-    static constexpr int THREADS = 128, LANES = 16, ROWS_PER_GROUP = 2, STAGES = 3; };
+    static constexpr int THREADS = 128, LANES = 16, ROWS_PER_GROUP = 2, STAGES = 3, XQ8 = XQ8V; };
 // args: k n flags grid_x_max eps w w_up x delta delta_w norm_w x_out(in/out) y(in/out)
 template <class C> int nm(char** a) {
     int k = atoi(a[0]), n = atoi(a[1]), flags = atoi(a[2]), gx_max = atoi(a[3]); float eps = (float)atof(a[4]);
@@ -86,15 +91,19 @@ fn emulator_source() -> String {
 }
 
 /// Types and their (K, N): K whole blocks but not whole chunks (rows start misaligned), N not a
-/// multiple of the 16-row tile. Q5_0 and Q8_0 also at Gemma 3's K = 640, specialized.
-const CASES: [(GgmlType, usize, usize, bool); 7] = [
-    (GgmlType::Q5_0, 640, 72, true),
-    (GgmlType::Q8_0, 640, 40, true),
-    (GgmlType::Q4_K, 3 * 256, 56, true),
-    (GgmlType::Q6_K, 3 * 256, 24, false),
-    (GgmlType::Q4_0, 33 * 32, 40, false),
-    (GgmlType::BF16, 296, 40, false),
-    (GgmlType::F32, 296, 24, false),
+/// multiple of the 16-row tile. Q5_0 and Q8_0 also at Gemma 3's K = 640, specialized. The last
+/// field: XQ8 = 1 (h quantized to q8 in shared memory, the integer path).
+const CASES: [(GgmlType, usize, usize, bool, bool); 10] = [
+    (GgmlType::Q5_0, 640, 72, true, false),
+    (GgmlType::Q8_0, 640, 40, true, false),
+    (GgmlType::Q4_K, 3 * 256, 56, true, false),
+    (GgmlType::Q6_K, 3 * 256, 24, false, false),
+    (GgmlType::Q4_0, 33 * 32, 40, false, false),
+    (GgmlType::BF16, 296, 40, false, false),
+    (GgmlType::F32, 296, 24, false, false),
+    (GgmlType::Q8_0, 640, 40, true, true),
+    (GgmlType::Q4_K, 3 * 256, 56, true, true),
+    (GgmlType::Q6_K, 3 * 256, 24, false, true),
 ];
 
 struct Run<'a> {
@@ -133,8 +142,8 @@ fn norm_matvec_emulated_on_host_threads_matches_reference() {
     };
     let mut rng = Rng::from_env_or_time(test);
     let seed = rng.seed();
-    for (ty, k, n, spec) in CASES {
-        let mut defines = vec![format!("QT={}", ty.name()), format!("KDIM={k}"), format!("NDIM={n}")];
+    for (ty, k, n, spec, xq8) in CASES {
+        let mut defines = vec![format!("QT={}", ty.name()), format!("KDIM={k}"), format!("NDIM={n}"), format!("XQ8V={}", xq8 as i32)];
         if spec {
             defines.push("SPEC=1".into());
         }
@@ -157,9 +166,15 @@ fn norm_matvec_emulated_on_host_threads_matches_reference() {
         for spec_run in if spec { vec![true, false] } else { vec![false] } {
             let grid_x_max = if spec_run { 1 << 20 } else { 2 };
             for (fi, (flags, r)) in forms.iter().enumerate() {
-                let h = norm::rms_norm(r, &norm_w, EPS);
+                let h_f32 = norm::rms_norm(r, &norm_w, EPS);
+                let h = if xq8 { q8::quantize_q8_blocks(&h_f32).dequantize() } else { h_f32.clone() };
                 let g = linear::matvec_gguf(ty, &wg, k, n, &h).unwrap();
                 let u = linear::matvec_gguf(ty, &wu, k, n, &h).unwrap();
+                // XQ8: the kernel's h is not bit-equal to ours; either q8 rounding of the elements
+                // within f32 rounding of a half step is accepted (q8::near_half_steps).
+                let flips = if xq8 { q8::near_half_steps(&h_f32) } else { Vec::new() };
+                let cols: Vec<usize> = flips.iter().map(|f| f.0).collect();
+                let cs = [linear::columns_gguf(ty, &wg, k, n, &cols).unwrap(), linear::columns_gguf(ty, &wu, k, n, &cols).unwrap()];
                 for glu in ["none", "swiglu", "geglu"] {
                     // Alternate writing x_out so that every residual form is seen both ways.
                     let write_x = (fi + glu.len()) % 2 == 0 || *flags == 3;
@@ -169,12 +184,13 @@ fn norm_matvec_emulated_on_host_threads_matches_reference() {
                     let y0 = vec![f32::NAN; n + 5];
                     let xo0 = vec![f32::NAN; k + 3];
                     let (xo, y) = launch(&mut b, &defines, &run, &wg, &wu, [&x, &delta, &delta_w, &norm_w], &xo0, &y0);
-                    let want = match glu {
-                        "none" => g.clone(),
-                        "swiglu" => act::swiglu(&g, &u),
-                        _ => act::geglu(&g, &u),
+                    let out = |o: &[Vec<f32>]| match glu {
+                        "none" => o[0].clone(),
+                        "swiglu" => act::swiglu(&o[0], &o[1]),
+                        _ => act::geglu(&o[0], &o[1]),
                     };
-                    let err = rel_err(&y[..n], &want);
+                    let err = q8::min_over_flips(&[g.clone(), u.clone()], &cs, &flips, |o| rel_err(&y[..n], &out(o)));
+                    let what = format!("{what} xq8={xq8}");
                     assert!(err <= TOL, "{what}: y rel L2 {err:e} > {TOL:e}");
                     assert!(y[n..].iter().all(|v| v.is_nan()), "{what}: y written past n");
                     assert!(xo[k..].iter().all(|v| v.is_nan()), "{what}: x_out written past k");

@@ -98,6 +98,24 @@ pub fn matvec_gguf(
     matmul_gguf(ty, data, k, n, x, 1)
 }
 
+/// Columns `cols` of the dequantized GGUF weight (ne `{k, n}`): one vector of `n` values per
+/// column, in `cols`' order (streamed row by row: no dequantized copy of the whole tensor).
+pub fn columns_gguf(ty: GgmlType, data: &[u8], k: usize, n: usize, cols: &[usize]) -> Result<Vec<Vec<f32>>, QuantError> {
+    let row_bytes = ty.row_bytes(k as u64).unwrap_or(0) as usize;
+    if row_bytes * n != data.len() {
+        return Err(QuantError::SizeMismatch { ty, n_elements: k * n, expected_bytes: row_bytes * n, actual_bytes: data.len() });
+    }
+    let mut out = vec![Vec::with_capacity(n); cols.len()];
+    let mut row = vec![0.0f32; k];
+    for r in 0..n {
+        quant::dequantize_row(ty, &data[r * row_bytes..(r + 1) * row_bytes], &mut row)?;
+        for (o, &c) in out.iter_mut().zip(cols) {
+            o.push(row[c]);
+        }
+    }
+    Ok(out)
+}
+
 /// [`matmul`] with a GGUF-typed weight (see [`matvec_gguf`]): `x`: `[t, k]`, returns `[t, n]`.
 /// Each weight row is dequantized once and applied to all `t` inputs.
 pub fn matmul_gguf(
@@ -124,4 +142,18 @@ pub fn matmul_gguf(
         }
     }
     Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_gguf_reads_columns_of_the_rows() {
+        // F32, k = 8, n = 2: row r holds 10·r + c.
+        let w: Vec<f32> = (0..2).flat_map(|r| (0..8).map(move |c| (10 * r + c) as f32)).collect();
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(columns_gguf(GgmlType::F32, &bytes, 8, 2, &[7, 0]).unwrap(), vec![vec![7.0, 17.0], vec![0.0, 10.0]]);
+        assert!(columns_gguf(GgmlType::F32, &bytes[..60], 8, 2, &[0]).is_err());
+    }
 }

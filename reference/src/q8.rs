@@ -24,6 +24,47 @@ pub struct Q8Row {
 }
 
 /// Quantizes `x` (length a multiple of 32) block by block, exactly as quantize_q8.cuh.
+/// Elements of `x` whose [`quantize_q8_blocks`] rounding lies within f32 rounding of a half
+/// step, each with the value change (±d) of rounding it the other way. A kernel that quantizes
+/// its own copy of x (computed in a different order, not bit-equal) may round these the other
+/// way. The margin: 4e-6 of |x/d| (4× the relative difference of two f32 computations of one
+/// RMS norm) plus 1e-5.
+pub fn near_half_steps(x: &[f32]) -> Vec<(usize, f32)> {
+    let mut out = Vec::new();
+    for (b, blk) in x.chunks(QK8).enumerate() {
+        let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let d = amax / 127.0;
+        for (i, &v) in blk.iter().enumerate() {
+            let t = (v / d) as f64;
+            if (t - t.floor() - 0.5).abs() < 4e-6 * t.abs() + 1e-5 {
+                out.push((QK8 * b + i, if t.round() > t { -d } else { d }));
+            }
+        }
+    }
+    out
+}
+
+/// The smallest `err` over every subset of `flips` rounded the other way: `base[m]` is matrix
+/// m's product with the q8 round trip of x, `cols[m][j]` column `flips[j].0` of matrix m (so a
+/// flip adds `cols[m][j] · flips[j].1` to `base[m]`). 2^flips.len() evaluations.
+pub fn min_over_flips(base: &[Vec<f32>], cols: &[Vec<Vec<f32>>], flips: &[(usize, f32)], mut err: impl FnMut(&[Vec<f32>]) -> f64) -> f64 {
+    assert!(flips.len() <= 16, "min_over_flips: {} flips", flips.len());
+    (0..1usize << flips.len())
+        .map(|mask| {
+            let mut out = base.to_vec();
+            for (j, (_, step)) in flips.iter().enumerate().filter(|(j, _)| mask >> j & 1 == 1) {
+                for (o, c) in out.iter_mut().zip(cols) {
+                    o.iter_mut().zip(&c[j]).for_each(|(v, w)| *v += w * step);
+                }
+            }
+            err(&out)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 pub fn quantize_q8_blocks(x: &[f32]) -> Q8Row {
     assert!(
         x.len().is_multiple_of(QK8),
@@ -337,5 +378,31 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn near_half_steps_finds_the_ties_and_their_other_rounding() {
+        // amax 127 → d = 1: 2.5 rounds to 3 (other way −1), −3.5 to −4 (other way +1); 2.4 and
+        // 2.5 + 1e-3 are clear of the margin.
+        let mut x = vec![0.0f32; 32];
+        x[..5].copy_from_slice(&[127.0, 2.5, 2.4, -3.5, 2.501]);
+        assert_eq!(near_half_steps(&x), vec![(1, -1.0), (3, 1.0)]);
+        // The second block's indices count from the row's start; a zero block has none.
+        let mut y = vec![0.0f32; 64];
+        y[32] = 127.0;
+        y[40] = 10.5;
+        assert_eq!(near_half_steps(&y), vec![(40, -1.0)]);
+    }
+
+    #[test]
+    fn min_over_flips_tries_every_subset() {
+        // Two flips of one matrix: outputs base, base + c0·s0, base + c1·s1, base + both.
+        let base = vec![vec![1.0f32, 2.0]];
+        let cols = vec![vec![vec![1.0f32, 0.0], vec![0.0f32, 1.0]]];
+        let flips = [(0, -1.0f32), (5, 2.0f32)];
+        let target = [0.0f32, 4.0]; // only both flips reach it
+        let dist = |o: &[Vec<f32>]| o[0].iter().zip(&target).map(|(a, b)| ((a - b) as f64).abs()).sum::<f64>();
+        assert_eq!(min_over_flips(&base, &cols, &flips, dist), 0.0);
+        assert_eq!(min_over_flips(&base, &cols, &[], dist), 3.0);
     }
 }
