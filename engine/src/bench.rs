@@ -558,9 +558,10 @@ fn arch_int(arch: &str, family: &str, key: &str) -> Option<usize> {
     registry::variants().iter().filter(|v| v.arch == Some(arch) && v.family == family).find_map(|v| int(v, key))
 }
 
-/// Decode contexts of GQA attention (peers-attention.json's), of dense MLA (GLM-5 at 32k and
-/// 128k), and of the DSA step (128k visible keys).
-pub const ATTN_DECODE_CTX: [usize; 2] = [4096, 32768];
+/// Decode contexts of GQA attention (640: `memra bench --model`'s decode steps, where a step is
+/// latency-bound; 4096 and 32768: peers-attention.json's), of dense MLA (GLM-5 at 32k and 128k),
+/// and of the DSA step (128k visible keys).
+pub const ATTN_DECODE_CTX: [usize; 3] = [640, 4096, 32768];
 pub const MLA_DECODE_CTX: [usize; 2] = [32768, 131072];
 pub const DSA_CTX: usize = 131072;
 

@@ -2,7 +2,8 @@
 //! specialized variants at real model shapes (gemma3-270M 4q/1kv/hd 256 with window 512,
 //! Qwen3-8B 32q/8kv/hd 128, GLM-5 MLA 64 heads × 512 + 64, scale 1/16) and generic twins, at
 //! awkward context lengths (1, 7, 2047, 2048, 2049, 40000) and several split counts (1, an odd
-//! count that leaves splits empty, the wrapper's rule). Fresh random inputs (seed printed; replay
+//! count that leaves splits empty, the wrapper's rule; GQA also 2100, past the combine's weight
+//! table). Fresh random inputs (seed printed; replay
 //! with `MEMRA_SEED=<seed>`), outputs NaN-poisoned before every launch, the split workspace reused
 //! across launches (so a counter the kernel fails to reset breaks the next launch; attn_decode
 //! sweeps the split counts up and back down, so fewer splits follow more on one workspace).
@@ -117,6 +118,18 @@ fn split_counts(auto: usize) -> Vec<usize> {
     v
 }
 
+/// attn_decode's split counts: [`split_counts`] and [`PAST_THE_TABLE`].
+fn gqa_split_counts(auto: usize) -> Vec<usize> {
+    let mut v = split_counts(auto);
+    v.push(PAST_THE_TABLE);
+    v
+}
+
+/// More splits than attn_decode's combine keeps weights for in shared memory (heads · n_split ≤
+/// (THREADS / 32) · heads per block · (hd + 2): 2064 splits of 4 heads at 256 threads, hd 256), so
+/// it computes them per element instead; the host rule never picks this many.
+const PAST_THE_TABLE: usize = 2100;
+
 // ---------------------------------------------------------------------------------------------
 // attn_decode.
 
@@ -209,7 +222,7 @@ fn check_attn<C: HostCache>(
             SMS,
             attn_decode::min_split_rows(k),
         );
-        let splits = split_counts(auto);
+        let splits = gqa_split_counts(auto);
         let most = *splits.iter().max().unwrap();
         let mut work = s
             .alloc_zeros::<f32>(attn_decode::work_floats(n_seq, g.n_head, g.hd, most))
@@ -506,7 +519,7 @@ fn check_attn_rope<C: HostCache>(gpu: &Gpu, kernels: &[Kernel], c: &RopeCase, po
     let longest = positions.iter().map(|&p| g.window.map_or(p + 1, |w| w.min(p + 1))).max().unwrap();
     for kernel in kernels {
         let auto = attn_decode::splits_for(longest, n_seq, g.n_head, g.n_kv, SMS, attn_decode::min_split_rows(kernel));
-        let splits = split_counts(auto);
+        let splits = gqa_split_counts(auto);
         let most = *splits.iter().max().unwrap();
         let mut work = s.alloc_zeros::<f32>(attn_decode::work_floats(n_seq, g.n_head, g.hd, most)).expect("alloc");
         let sweep = splits.iter().chain(splits.iter().rev().skip(1)).copied();

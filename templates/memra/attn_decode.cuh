@@ -70,6 +70,11 @@ template <CacheType C> __device__ __forceinline__ float elem(const float4& raw, 
     }
 }
 
+// a·w + c, per component.
+__device__ __forceinline__ float4 fma4(const float4& a, float w, const float4& c) {
+    return make_float4(fmaf(a.x, w, c.x), fmaf(a.y, w, c.y), fmaf(a.z, w, c.z), fmaf(a.w, w, c.w));
+}
+
 // Weight of a partial with running max m in a merge whose max is M (M finite).
 __device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf() ? 0.0f : exp2f(m - M); }
 
@@ -90,25 +95,50 @@ __device__ __forceinline__ void prefetch_rows(const void* k, const void* v, i64 
     }
 }
 
-// Where key row `s` comes from besides the cache: nowhere (attn_decode), or shared memory
-// (attn_decode_rope.cuh: the token's own k and v, written to the cache by this very launch, so
-// the block must not read them back through the read-only path). Raw CACHE_T chunks of one row.
-struct NoNewRow {
-    static constexpr bool ON = false;
-};
+// The new key row of attn_decode_rope.cuh: the token's own k and v (raw CACHE_T chunks), written
+// to the cache by this very launch, so the block reads them from shared memory, not the cache.
 struct SmemNewRow {
-    static constexpr bool ON = true;
     const float4* k;
     const float4* v;
-    int s;
+    int s;  // its row, −1 when not in the block's keys
 };
 
-// q: [n_seq, n_head, HD] (NR::ON: this block's heads only, [HP, HD]).
-template <CacheType C, int HD, int HP, int THREADS, class NR>
-__device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr, const void* __restrict__ k_cache,
-                                      const void* __restrict__ v_cache, float* __restrict__ out, float* work_acc,
-                                      float* work_ml, u32* counters, float* smem, int b, int h0, int nh, int n_head, int n_kv, int kvh, int max_ctx, int c0,
-                                      int c1, int n_split, int sp, float scale_log2) {
+// attn_decode's own prologue: none; q is read from global memory.
+struct NoPrologue {
+    static constexpr bool ON = false;
+    __device__ __forceinline__ void before_wait(int, int, int, int) const {}
+};
+
+// What a block attends with, as a prologue sees it (attn_decode_rope.cuh): the sequence, the
+// q heads [h0, h0 + nh) of kv head kvh (head group hg), the position p, and whether the block's
+// key range [c0, c1) holds p.
+struct BlockAt {
+    int b, kvh, hg, h0, nh, p;
+    bool holds_p;
+};
+
+// What a prologue leaves: the block's q heads (head h at q + h·hd, shared memory) and the new row.
+struct Prepared {
+    const float* q;
+    SmemNewRow new_row;
+};
+
+// The K and V chunks of one step of the key loop: U rows per lane group, raw CACHE_T.
+template <int U, int CPL> struct Rows {
+    float4 k[U][CPL], v[U][CPL];
+};
+
+// One block's attention: its q heads [h0, h0 + nh) of kv head kvh over keys [c0, c1). HP / HD are
+// this instantiation's (generic: dispatched), HP_MAX / HD_MAX the kernel's largest, which size
+// `smem` and the prologue's tables. Order: the first key rows are loaded into registers and the
+// prologue's constant work done, then the wait for the previous kernel (pdl_entry), then q (the
+// prologue's normed, rotated heads, or global memory), then the key loop with the next rows'
+// loads in flight while a step's math runs.
+template <CacheType C, int HD, int HP, int HP_MAX, int HD_MAX, int THREADS, class Pre>
+__device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at,
+                                      const void* __restrict__ k_cache, const void* __restrict__ v_cache, float* __restrict__ out,
+                                      float* work_acc, float* work_ml, u32* counters, float* smem, int n_head, int n_kv, int max_ctx,
+                                      int c0, int c1, int n_split, int sp, float scale_log2) {
     using T = CacheTraits<C>;
     constexpr int VEC = T::VEC;
     constexpr int CH = HD / VEC;
@@ -119,27 +149,80 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
     constexpr int U = 2;
     constexpr int STEP = W * RPW;
     static_assert(HD % VEC == 0 && CH % LPR == 0 && (LPR & (LPR - 1)) == 0, "head_dim must be 16-byte chunks, a power of two or a multiple of 32");
-    // smem: acc [W][HP][HD], then m [W][HP], l [W][HP] (the caller sizes it for the largest HP/HD).
+    static_assert(HP <= HP_MAX && HD <= HD_MAX, "an instantiation within the kernel's maxima");
+    // smem: acc [W][HP][HD], then m [W][HP], l [W][HP] (sized by the caller for HP_MAX / HD_MAX).
+    constexpr int SMEM_FLOATS = W * HP_MAX * (HD_MAX + 2);
     float* s_acc = smem;
     float* s_m = smem + W * HP * HD;
     float* s_l = s_m + W * HP;
+    __shared__ float s_ml[2][HP];  // a head's (max, sum) after a merge
 
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int sub = lane / LPR, li = lane % LPR;
+    const int nh = at.nh, p = at.p;
+    const i64 row_stride = (i64)n_kv * HD;  // elements between cache rows
+    const i64 seq_base = ((i64)at.b * max_ctx) * row_stride + (i64)at.kvh * HD;
+    const char* kb = static_cast<const char*>(k_cache);
+    const char* vb = static_cast<const char*>(v_cache);
+    // Rows base + u·STEP + warp·RPW + sub of [c0, c1), except `skip` (zeros), into r.
+    auto issue = [&](Rows<U, CPL>& r, int base, int skip) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int s = base + u * STEP + warp * RPW + sub;
+            const bool ld = s < c1 && s != skip;
+            const i64 off = seq_base + (i64)s * row_stride;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+                const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
+                r.k[u][j] = ld ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                r.v[u][j] = ld ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+    };
+
+    // Before the wait: row p is written during this step (by the previous kernel, or by this
+    // launch's prologue), every other visible row by earlier steps.
+    Rows<U, CPL> cur;
+    issue(cur, c0, p);
+    prefetch_rows<C, THREADS>(k_cache, v_cache, seq_base + (i64)c0 * row_stride, row_stride, min(c1 - c0, PREFETCH_ROWS), HD);
+    pre.before_wait(p, HD, n_head, n_kv);
+    pdl_entry();
+
+    const float* q;
+    int new_s = -1;  // the key row that comes from shared memory (the prologue's), not the cache
+    const float4* new_k = nullptr;
+    const float4* new_v = nullptr;
+    if constexpr (Pre::ON) {
+        const Prepared r = pre.template run<HP_MAX, HD_MAX>(at, HD, n_head, n_kv, max_ctx);
+        q = r.q;
+        new_s = r.new_row.s;
+        new_k = r.new_row.k;
+        new_v = r.new_row.v;
+    } else {
+        q = q_glob + ((i64)at.b * n_head + at.h0) * HD;
+        if (at.holds_p) {  // row p, left out before the wait, is now in the cache
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int s = c0 + u * STEP + warp * RPW + sub;
+                if (s == p) {
+#pragma unroll
+                    for (int j = 0; j < CPL; ++j) {
+                        const i64 e_off = (seq_base + (i64)s * row_stride + (li + j * LPR) * VEC) * T::BYTES;
+                        cur.k[u][j] = ld16(kb + e_off);
+                        cur.v[u][j] = ld16(vb + e_off);
+                    }
+                }
+            }
+        }
+    }
 
     float qr[HP][CPL][VEC];
 #pragma unroll
     for (int h = 0; h < HP; ++h) {
-        const float* qh;
-        if constexpr (NR::ON) {
-            qh = q + h * HD;
-        } else {
-            qh = q + ((i64)b * n_head + h0 + h) * HD;
-        }
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) qr[h][j][e] = h < nh ? qh[(li + j * LPR) * VEC + e] * scale_log2 : 0.0f;
+            for (int e = 0; e < VEC; ++e) qr[h][j][e] = h < nh ? q[h * HD + (li + j * LPR) * VEC + e] * scale_log2 : 0.0f;
         }
     }
     float acc[HP][CPL][VEC], m[HP], l[HP];
@@ -154,38 +237,26 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
         }
     }
 
-    const i64 row_stride = (i64)n_kv * HD;  // elements between cache rows
-    const i64 seq_base = ((i64)b * max_ctx) * row_stride + (i64)kvh * HD;
-    const char* kb = static_cast<const char*>(k_cache);
-    const char* vb = static_cast<const char*>(v_cache);
-
     for (int base = c0; base < c1; base += U * STEP) {
-        float4 kr[U][CPL], vr[U][CPL];
+        Rows<U, CPL> nxt;
+        const int next = base + U * STEP;
+        if (next < c1) {
+            issue(nxt, next, new_s);
+        } else {
+            nxt = Rows<U, CPL>{};
+        }
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = base + u * STEP + warp * RPW + sub;
             ok[u] = s < c1;
-            bool mine = false;  // row s is the block's new row (NR::ON): from shared memory, not the cache
-            if constexpr (NR::ON) {
-                mine = ok[u] && s == nr.s;
-                ok[u] = ok[u] && !mine;
-            }
-            const i64 off = seq_base + (i64)s * row_stride;
-#pragma unroll
-            for (int j = 0; j < CPL; ++j) {
-                const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
-                kr[u][j] = ok[u] ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
-                vr[u][j] = ok[u] ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            if constexpr (NR::ON) {
-                if (mine) {
+            if constexpr (Pre::ON) {
+                if (ok[u] && s == new_s) {
 #pragma unroll
                     for (int j = 0; j < CPL; ++j) {
-                        kr[u][j] = nr.k[li + j * LPR];
-                        vr[u][j] = nr.v[li + j * LPR];
+                        cur.k[u][j] = new_k[li + j * LPR];
+                        cur.v[u][j] = new_v[li + j * LPR];
                     }
-                    ok[u] = true;
                 }
             }
         }
@@ -198,41 +269,43 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
 #pragma unroll
                 for (int j = 0; j < CPL; ++j) {
 #pragma unroll
-                    for (int e = 0; e < VEC; ++e) d = fmaf(qr[h][j][e], elem<C>(kr[u][j], e), d);
+                    for (int e = 0; e < VEC; ++e) d = fmaf(qr[h][j][e], elem<C>(cur.k[u][j], e), d);
                 }
 #pragma unroll
                 for (int o = LPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
                 sc[u][h] = ok[u] ? d : neg_inf();
             }
         }
-        if (!ok[0]) continue;  // ok[1] implies ok[0]
+        if (ok[0]) {  // ok[1] implies ok[0]
 #pragma unroll
-        for (int h = 0; h < HP; ++h) {
-            float mx = sc[0][h];
+            for (int h = 0; h < HP; ++h) {
+                float mx = sc[0][h];
 #pragma unroll
-            for (int u = 1; u < U; ++u) mx = fmaxf(mx, sc[u][h]);
-            const float mn = fmaxf(m[h], mx);
-            const float corr = exp2f(m[h] - mn);  // m = −inf → 0
-            float p[U];
-            float ps = 0.0f;
+                for (int u = 1; u < U; ++u) mx = fmaxf(mx, sc[u][h]);
+                const float mn = fmaxf(m[h], mx);
+                const float corr = exp2f(m[h] - mn);  // m = −inf → 0
+                float pr[U];
+                float ps = 0.0f;
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                p[u] = exp2f(sc[u][h] - mn);  // −inf → 0
-                ps += p[u];
-            }
-            l[h] = l[h] * corr + ps;
-            m[h] = mn;
+                for (int u = 0; u < U; ++u) {
+                    pr[u] = exp2f(sc[u][h] - mn);  // −inf → 0
+                    ps += pr[u];
+                }
+                l[h] = l[h] * corr + ps;
+                m[h] = mn;
 #pragma unroll
-            for (int j = 0; j < CPL; ++j) {
+                for (int j = 0; j < CPL; ++j) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    float a = acc[h][j][e] * corr;
+                    for (int e = 0; e < VEC; ++e) {
+                        float a = acc[h][j][e] * corr;
 #pragma unroll
-                    for (int u = 0; u < U; ++u) a = fmaf(p[u], elem<C>(vr[u][j], e), a);
-                    acc[h][j][e] = a;
+                        for (int u = 0; u < U; ++u) a = fmaf(pr[u], elem<C>(cur.v[u][j], e), a);
+                        acc[h][j][e] = a;
+                    }
                 }
             }
         }
+        cur = nxt;
     }
 
     // Merge the lane groups of a warp (rows were interleaved across them).
@@ -243,8 +316,7 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
             const float mo = __shfl_xor_sync(FULL_MASK, m[h], o);
             const float lo = __shfl_xor_sync(FULL_MASK, l[h], o);
             const float M = fmaxf(m[h], mo);
-            const float a = M == neg_inf() ? 0.0f : merge_w(m[h], M);
-            const float c = M == neg_inf() ? 0.0f : merge_w(mo, M);
+            const float a = merge_w(m[h], M), c = merge_w(mo, M);  // 0 while both are −inf
             l[h] = l[h] * a + lo * c;
             m[h] = M;
 #pragma unroll
@@ -278,29 +350,38 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
         }
     }
     __syncthreads();
-
-    const i64 head_base = (i64)b * n_head + h0;  // row of out / work for head 0 of this block
-    for (int idx = threadIdx.x; idx < nh * HD; idx += THREADS) {
-        const int h = idx / HD, d = idx % HD;
-        float M = neg_inf();
+    // Each warp's weight in its head's merge, once per (warp, head) rather than per element:
+    // thread h turns column h of s_m into weights and leaves the head's (max, sum) in s_ml.
+    if (threadIdx.x < nh) {
+        const int h = threadIdx.x;
+        float M = neg_inf(), L = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) M = fmaxf(M, s_m[w * HP + h]);
-        float L = 0.0f, A = 0.0f;
-        if (M != neg_inf()) {
 #pragma unroll
-            for (int w = 0; w < W; ++w) {
-                const float wt = merge_w(s_m[w * HP + h], M);
-                L = fmaf(s_l[w * HP + h], wt, L);
-                A = fmaf(s_acc[(w * HP + h) * HD + d], wt, A);
-            }
+        for (int w = 0; w < W; ++w) {
+            const float wt = merge_w(s_m[w * HP + h], M);  // 0 for a warp that saw no key
+            s_m[w * HP + h] = wt;
+            L = fmaf(s_l[w * HP + h], wt, L);
         }
+        s_ml[0][h] = M;
+        s_ml[1][h] = L;
+    }
+    __syncthreads();
+
+    const i64 head_base = (i64)at.b * n_head + at.h0;  // row of out / work for head 0 of this block
+    for (int idx = threadIdx.x; idx < nh * HD; idx += THREADS) {
+        const int h = idx / HD, d = idx % HD;
+        float A = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) A = fmaf(s_acc[(w * HP + h) * HD + d], s_m[w * HP + h], A);
+        const float L = s_ml[1][h];
         if (n_split == 1) {
             out[(head_base + h) * HD + d] = L > 0.0f ? A / L : 0.0f;
         } else {
             const i64 part = (head_base + h) * n_split + sp;
             work_acc[part * HD + d] = A;
             if (d == 0) {
-                work_ml[part * 2] = M;
+                work_ml[part * 2] = s_ml[0][h];
                 work_ml[part * 2 + 1] = L;
             }
         }
@@ -316,23 +397,50 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
     if (!s_last) return;
     __threadfence();
     // The partials come from other blocks (each fenced before its counter add): read them at L2
-    // (ld.global.cg), never through a possibly stale L1 line. A thread takes 4 adjacent elements
-    // (float4 partials); plain loads let the unrolled loops keep many in flight.
+    // (ld.global.cg), never through a possibly stale L1 line. First a warp per head finds the
+    // head's max and sum over the splits (one online pass per lane, then a butterfly) and, when
+    // they fit in `smem` (free now), each split's weight; then a thread takes 4 adjacent
+    // elements (float4 partials) and sums the splits' weighted partials, the loads independent.
     const float2* ml = reinterpret_cast<const float2*>(work_ml);
+    float* s_sw = smem;  // [nh][n_split] weights
+    const bool table = nh * n_split <= SMEM_FLOATS;
+    for (int h = warp; h < nh; h += W) {
+        const i64 part0 = (head_base + h) * n_split;
+        float M = neg_inf(), L = 0.0f;
+        for (int s = lane; s < n_split; s += WARP_SIZE) {
+            const float2 pm = __ldcg(ml + part0 + s);
+            const float Mn = fmaxf(M, pm.x);
+            L = fmaf(L, merge_w(M, Mn), pm.y * merge_w(pm.x, Mn));
+            M = Mn;
+        }
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+            const float Mo = __shfl_xor_sync(FULL_MASK, M, o), Lo = __shfl_xor_sync(FULL_MASK, L, o);
+            const float Mn = fmaxf(M, Mo);
+            L = fmaf(L, merge_w(M, Mn), Lo * merge_w(Mo, Mn));
+            M = Mn;
+        }
+        if (table) {
+            for (int s = lane; s < n_split; s += WARP_SIZE) s_sw[h * n_split + s] = merge_w(__ldcg(ml + part0 + s).x, M);
+        }
+        if (lane == 0) {
+            s_ml[0][h] = M;
+            s_ml[1][h] = L;
+        }
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < nh * HD / 4; idx += THREADS) {
         const int h = idx / (HD / 4), d = idx % (HD / 4) * 4;
         const i64 part0 = (head_base + h) * n_split;
-        float M = neg_inf(), L = 0.0f;
+        const float M = s_ml[0][h], L = s_ml[1][h];
         float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4* a = reinterpret_cast<const float4*>(work_acc + part0 * HD + d);
+        if (table) {
 #pragma unroll 8
-        for (int s = 0; s < n_split; ++s) {  // one online pass: the loads do not wait on the merge
-            const float2 p = __ldcg(ml + part0 + s);
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(work_acc + (part0 + s) * HD + d));
-            const float Mn = fmaxf(M, p.x);
-            const float co = merge_w(M, Mn), cn = merge_w(p.x, Mn);  // 0 while both are −inf
-            L = fmaf(L, co, p.y * cn);
-            A = make_float4(fmaf(A.x, co, a.x * cn), fmaf(A.y, co, a.y * cn), fmaf(A.z, co, a.z * cn), fmaf(A.w, co, a.w * cn));
-            M = Mn;
+            for (int s = 0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), s_sw[h * n_split + s], A);
+        } else {
+#pragma unroll 8
+            for (int s = 0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), merge_w(__ldcg(ml + part0 + s).x, M), A);
         }
         float* o = out + (head_base + h) * HD + d;
         o[0] = L > 0.0f ? A.x / L : 0.0f;
@@ -343,45 +451,28 @@ __device__ __forceinline__ void block(const float* __restrict__ q, const NR& nr,
     if (threadIdx.x == 0) counters[head_base] = 0u;
 }
 
-template <CacheType C, int HD, int HP_SPEC, int THREADS, class NR>
-__device__ __forceinline__ void dispatch_hp(const float* q, const NR& nr, const void* kc, const void* vc, float* out, float* wa,
-                                            float* wm, u32* ctr, float* smem, int b, int h0, int nh, int n_head, int n_kv, int kvh,
+template <CacheType C, int HD, int HP_SPEC, int HP_MAX, int HD_MAX, int THREADS, class Pre>
+__device__ __forceinline__ void dispatch_hp(const float* q, const Pre& pre, const BlockAt& at, const void* kc, const void* vc,
+                                            float* out, float* wa, float* wm, u32* ctr, float* smem, int n_head, int n_kv,
                                             int max_ctx, int c0, int c1, int n_split, int sp, float sl2) {
+#define MEMRA_ATTN_BLOCK(HPV) \
+    block<C, HD, HPV, HP_MAX, HD_MAX, THREADS>(q, pre, at, kc, vc, out, wa, wm, ctr, smem, n_head, n_kv, max_ctx, c0, c1, n_split, sp, sl2)
     if constexpr (HP_SPEC != 0) {
-        block<C, HD, HP_SPEC, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
-    } else if (nh <= 1) {
-        block<C, HD, 1, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
-    } else if (nh <= 2) {
-        block<C, HD, 2, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+        MEMRA_ATTN_BLOCK(HP_SPEC);
+    } else if (at.nh <= 1) {
+        MEMRA_ATTN_BLOCK(1);
+    } else if (at.nh <= 2) {
+        MEMRA_ATTN_BLOCK(2);
     } else {
-        block<C, HD, 4, THREADS>(q, nr, kc, vc, out, wa, wm, ctr, smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2);
+        MEMRA_ATTN_BLOCK(4);
     }
+#undef MEMRA_ATTN_BLOCK
 }
-
-// attn_decode's own prologue: none; q is read from global memory.
-struct NoPrologue {
-    static constexpr bool ON = false;
-    __device__ __forceinline__ void before_wait(int, int, int, int) const {}
-};
-
-// What a block attends with, as a prologue sees it (attn_decode_rope.cuh): the sequence, the
-// q heads [h0, h0 + nh) of kv head kvh (head group hg), the position p, and whether the block's
-// key range [c0, c1) holds p.
-struct BlockAt {
-    int b, kvh, hg, h0, nh, p;
-    bool holds_p;
-};
-
-// What a prologue leaves: the block's q heads (head h at q + h·hd, shared memory) and the new row.
-struct Prepared {
-    const float* q;
-    SmemNewRow new_row;
-};
 
 }  // namespace attn_detail
 
-// The kernel body. `pre` (attn_decode_rope.cuh) runs after the block's keys are known and before
-// the attention: it leaves the block's q heads in shared memory and the new key row with them.
+// The kernel body. `pre` (attn_decode_rope.cuh) runs after the wait for the previous kernel and
+// before the key loop: it leaves the block's q heads in shared memory and the new key row with them.
 template <class Cfg, class Pre = attn_detail::NoPrologue>
 __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_cache, const void* v_cache, const int* pos,
                                                  float* out, float* work, int n_seq, int head_dim_rt, int n_head_rt,
@@ -399,8 +490,8 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int n_hg = (G + HP_CAP - 1) / HP_CAP;
     const int b = blockIdx.z, sp = blockIdx.y;
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
-    // Until pdl_entry() the block reads only the host-written positions and puts its first cache
-    // rows into L2 (with the prologue's own constant work) while the previous kernel finishes.
+    // Until pdl_entry() (attn_detail::block) the block reads only the host-written positions and
+    // the key rows no kernel of this step writes, and does the prologue's constant work.
     if (b >= n_seq || kvh >= n_kv) {
         pdl_entry();
         return;
@@ -421,10 +512,6 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int chunk = (len + n_split - 1) / n_split;
     const int c0 = lo + sp * chunk;
     const int c1 = min(c0 + chunk, p + 1);
-    attn_detail::prefetch_rows<C, Cfg::THREADS>(k_cache, v_cache, (((i64)b * max_ctx + c0) * n_kv + kvh) * hd, (i64)n_kv * hd,
-                                                min(c1 - c0, attn_detail::PREFETCH_ROWS), hd);
-    pre.before_wait(p, hd, n_head, n_kv);
-    pdl_entry();
     const float sl2 = scale * attn_detail::LOG2E;
     const i64 n_part = (i64)n_seq * n_head * n_split;
     u32* counters = reinterpret_cast<u32*>(work);
@@ -436,28 +523,23 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     constexpr int HD_MAX = Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256;
     static_assert(W * HP_MAX * (HD_MAX + 2) * 4 <= 40960, "shared merge buffer too large: lower THREADS");
     __shared__ __align__(16) float smem[W * HP_MAX * (HD_MAX + 2)];
+    const attn_detail::BlockAt at{b, kvh, hg, h0, nh, p, c0 <= p && p < c1};
 
-#define MEMRA_ATTN_HD(HDV, QP, NRV)                                                                                \
-    attn_detail::dispatch_hp<C, HDV, HP_SPEC, Cfg::THREADS>(QP, NRV, k_cache, v_cache, out, work_acc, work_ml, counters, \
-                                                            smem, b, h0, nh, n_head, n_kv, kvh, max_ctx, c0, c1, n_split, sp, sl2)
-#define MEMRA_ATTN(QP, NRV)               \
-    if constexpr (Cfg::HEAD_DIM != 0) {        \
-        MEMRA_ATTN_HD(Cfg::HEAD_DIM, QP, NRV); \
-    } else if (hd == 128) {                    \
-        MEMRA_ATTN_HD(128, QP, NRV);      \
-    } else if (hd == 256) {                    \
-        MEMRA_ATTN_HD(256, QP, NRV);      \
-    } else if (hd == 64) {                     \
-        MEMRA_ATTN_HD(64, QP, NRV);       \
-    }
-    if constexpr (Pre::ON) {
-        const attn_detail::BlockAt at{b, kvh, hg, h0, nh, p, c0 <= p && p < c1};
-        const attn_detail::Prepared r = pre.template run<HP_MAX, HD_MAX>(at, hd, n_head, n_kv, max_ctx);
-        MEMRA_ATTN(r.q, r.new_row)
+#define MEMRA_ATTN_HD(HDV)                                                                                              \
+    attn_detail::dispatch_hp<C, HDV, HP_SPEC, HP_MAX, HD_MAX, Cfg::THREADS>(q, pre, at, k_cache, v_cache, out, work_acc, \
+                                                                            work_ml, counters, smem, n_head, n_kv,     \
+                                                                            max_ctx, c0, c1, n_split, sp, sl2)
+    if constexpr (Cfg::HEAD_DIM != 0) {
+        MEMRA_ATTN_HD(Cfg::HEAD_DIM);
+    } else if (hd == 128) {
+        MEMRA_ATTN_HD(128);
+    } else if (hd == 256) {
+        MEMRA_ATTN_HD(256);
+    } else if (hd == 64) {
+        MEMRA_ATTN_HD(64);
     } else {
-        MEMRA_ATTN(q, attn_detail::NoNewRow{})
+        pdl_entry();  // a head_dim the host refuses: no block may skip the wait
     }
-#undef MEMRA_ATTN
 #undef MEMRA_ATTN_HD
 }
 
