@@ -3,6 +3,10 @@
 //! every enum value) leave dims to run time so each specialization has a generic twin.
 
 use std::fmt;
+use std::ops::Range;
+
+use memra_gguf::GgmlType;
+use memra_gguf::quant::common_lossless_type;
 
 use crate::dims::{ModelDims, TensorInstance};
 use crate::expr::NameValue;
@@ -42,6 +46,7 @@ pub fn plan_arch(
 ) -> Result<ArchPlan, PlanError> {
     let mut plan = ArchPlan::default();
     let mut errors = Vec::new();
+    let dims = &stored_types(spec, dims, &mut errors);
     for k in &spec.kernels {
         let fam_loc = Loc {
             key: format!("{}.family", k.loc.key),
@@ -115,17 +120,25 @@ pub fn push_unique(list: &mut Vec<KernelVariant>, v: KernelVariant) {
 /// The tensor a per-tensor entry is baked for, if any.
 type Scope<'a> = Option<&'a TensorInstance>;
 
-/// Runs of consecutive matrices that stack into one (`stack = true`): equal type and row
-/// length. `parts` are (type, row length) in order; each run is a range of indices into them.
-/// The engine stacks a layer's weights by the same rule, so the planned shapes are the ones it
-/// launches.
-pub fn stack_runs<T: PartialEq>(parts: &[(T, u64)]) -> Vec<std::ops::Range<usize>> {
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for (i, p) in parts.iter().enumerate() {
-        match runs.last_mut() {
-            Some(r) if parts[r.start] == *p => r.end = i + 1,
-            _ => runs.push(i..i + 1),
+/// Runs of consecutive matrices that stack into one (`stack = true`), each with the type its
+/// rows are stored in: equal row length and equal type, or with `widen` a type every part is
+/// exact in ([`common_lossless_type`]: Q4_0 / Q5_0 → Q8_0). `parts` are (type, row length) in
+/// order; each run is a range of indices into them. The engine stacks (and re-encodes) a layer's
+/// weights by the same rule, so the planned shapes and types are the ones it launches.
+pub fn stack_runs(parts: &[(GgmlType, u64)], widen: bool) -> Vec<(Range<usize>, GgmlType)> {
+    let mut runs: Vec<(Range<usize>, GgmlType)> = Vec::new();
+    for (i, &(ty, k)) in parts.iter().enumerate() {
+        if let Some((run, run_ty)) = runs.last_mut()
+            && parts[run.start].1 == k
+        {
+            let common = if widen { common_lossless_type(*run_ty, ty) } else { (*run_ty == ty).then_some(ty) };
+            if let Some(common) = common {
+                run.end = i + 1;
+                *run_ty = common;
+                continue;
+            }
         }
+        runs.push((i..i + 1, ty));
     }
     runs
 }
@@ -166,35 +179,64 @@ fn scopes(
     out
 }
 
-/// Per layer, the listed tensors present in it, stacked by [`stack_runs`]: shape
-/// `[ne0, Σ rows]`, named `a+b+…`.
-fn stacked(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, errors: &mut Vec<String>) -> Vec<TensorInstance> {
+/// Per layer, the indices into `dims.tensors` of a stacked entry's tensors present in it, in the
+/// entry's order.
+fn stacked_parts(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, errors: &mut Vec<String>) -> Vec<Vec<usize>> {
     let mut indices = Vec::new();
     for (name, loc) in &k.tensors {
         match spec.tensors.iter().position(|t| t.name == *name) {
             Some(i) => indices.push(i),
-            None => errors.push(format!("{loc}: `{name}` is not in [tensors]")),
+            None => {
+                let e = format!("{loc}: `{name}` is not in [tensors]");
+                if !errors.contains(&e) {
+                    errors.push(e);
+                }
+            }
         }
     }
     let mut layers: Vec<usize> = dims.tensors.iter().filter(|t| indices.contains(&t.spec_index)).filter_map(|t| t.layer).collect();
     layers.sort_unstable();
     layers.dedup();
+    layers
+        .into_iter()
+        .map(|layer| indices.iter().filter_map(|&i| dims.tensors.iter().position(|t| t.spec_index == i && t.layer == Some(layer))).collect())
+        .collect()
+}
+
+/// `dims` with the tensors of every `widen = true` stacked entry in the type their run is stored
+/// in ([`stack_runs`]; the engine re-encodes them at load), so every entry plans for the types
+/// the kernels read.
+fn stored_types(spec: &ArchSpec, dims: &ModelDims, errors: &mut Vec<String>) -> ModelDims {
+    let mut out = dims.clone();
+    for k in spec.kernels.iter().filter(|k| k.stack && k.widen && k.pending.is_none()) {
+        for parts in stacked_parts(spec, dims, k, errors) {
+            let keys: Vec<_> = parts.iter().map(|&p| (dims.tensors[p].ggml_type, dims.tensors[p].shape[0])).collect();
+            for (run, ty) in stack_runs(&keys, true) {
+                for &p in &parts[run] {
+                    out.tensors[p].ggml_type = ty;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per layer, the listed tensors present in it, stacked by [`stack_runs`] (in their stored
+/// types: [`stored_types`] has applied any widening): shape `[ne0, Σ rows]`, named `a+b+…`.
+fn stacked(spec: &ArchSpec, dims: &ModelDims, k: &KernelSpec, errors: &mut Vec<String>) -> Vec<TensorInstance> {
     let mut out = Vec::new();
-    for layer in layers {
-        let parts: Vec<&TensorInstance> = indices
-            .iter()
-            .filter_map(|&i| dims.tensors.iter().find(|t| t.spec_index == i && t.layer == Some(layer)))
-            .collect();
+    for parts in stacked_parts(spec, dims, k, errors) {
+        let parts: Vec<&TensorInstance> = parts.iter().map(|&p| &dims.tensors[p]).collect();
         let keys: Vec<_> = parts.iter().map(|t| (t.ggml_type, t.shape[0])).collect();
-        for run in stack_runs(&keys) {
+        for (run, ty) in stack_runs(&keys, false) {
             let run = &parts[run];
             let rows: u64 = run.iter().map(|t| t.shape[1..].iter().product::<u64>()).sum();
             out.push(TensorInstance {
                 spec_index: run[0].spec_index,
-                layer: Some(layer),
+                layer: run[0].layer,
                 name: run.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join("+"),
                 shape: vec![run[0].shape[0], rows],
-                ggml_type: run[0].ggml_type,
+                ggml_type: ty,
             });
         }
     }

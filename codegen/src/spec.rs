@@ -322,6 +322,11 @@ pub struct KernelSpec {
     /// ([`crate::plan::stack_runs`]); one variant per run (the q/k/v of a decode step in one
     /// launch).
     pub stack: bool,
+    /// `widen = true` (with `stack`): neighbours whose types differ stack too when both are
+    /// exact in a common wider type (`memra_gguf::quant::common_lossless_type`: Q4_0 / Q5_0 →
+    /// Q8_0); the engine re-encodes them at load, and every kernel entry sees them in that type.
+    /// Fewer launches for a few more bytes: for small, latency-bound decode steps.
+    pub widen: bool,
     pub params: Vec<KernelParam>,
     /// Why the architecture needs it (free text).
     pub note: Option<String>,
@@ -1389,6 +1394,7 @@ fn parse_kernels(
         let note = k.str(src, "for").map(|s| s.into_inner());
         let pending = k.str(src, "pending").map(|s| s.into_inner());
         let stack = k.bool(src, "stack").map(|b| (*b.get_ref(), b.span()));
+        let widen = k.bool(src, "widen").map(|b| (*b.get_ref(), b.span()));
         let mut tensors = Vec::new();
         if let Some((tpath, _, titems)) = k.array(src, "tensors") {
             for (j, t) in titems.iter().enumerate() {
@@ -1405,7 +1411,7 @@ fn parse_kernels(
             }
         }
         let mut params = Vec::new();
-        let reserved = ["family", "for", "pending", "tensors", "stack"];
+        let reserved = ["family", "for", "pending", "tensors", "stack", "widen"];
         for (key, ppath, pspan, v) in k.all() {
             if reserved.contains(&key.as_str()) {
                 continue;
@@ -1441,10 +1447,16 @@ fn parse_kernels(
             {
                 src.error(span, &format!("{kpath}.stack"), "stack = true needs two or more per-layer tensors (`blk.{i}.…`) in `tensors`");
             }
+            if let Some((true, span)) = &widen
+                && !matches!(stack, Some((true, _)))
+            {
+                src.error(span, &format!("{kpath}.widen"), "widen = true applies to a stacked entry: add stack = true");
+            }
             out.push(KernelSpec {
                 family: family.into_inner(),
                 tensors,
                 stack: stack.is_some_and(|(b, _)| b),
+                widen: widen.is_some_and(|(b, _)| b),
                 params,
                 note,
                 pending,

@@ -444,3 +444,9 @@ fn stack_needs_several_per_layer_tensors() {
     let text = format!("{BASE}\n[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{{i}}.attn_q.weight\"]\nstack = \"yes\"\n");
     expect_error(&text, "stack = \"yes\"", "kernels[1].stack", "expected true or false");
 }
+
+#[test]
+fn widen_needs_a_stacked_entry() {
+    let text = BASE.replace("family = \"rmsnorm\"\n", "family = \"rmsnorm\"\nwiden = true\n");
+    expect_error(&text, "widen = true", "kernels[0].widen", "add stack = true");
+}

@@ -43,29 +43,35 @@ fn every_spec_validates_resolves_and_plans() {
     }
 }
 
-/// `stack = true` plans one variant per run of equal-typed neighbours: Gemma 3 270M's layers
-/// with a Q8_0 attn_v stack q + k (640 → 1280, Q5_0) and keep v alone; the all-Q5_0 layers stack
-/// all three (640 → 1536). No variant at a single q, k or v shape comes from that entry.
+/// `stack = true` plans one variant per run of equal-typed neighbours, and with `widen = true` of
+/// neighbours exact in a common type: Gemma 3 270M's layers with a Q8_0 attn_v stack q + k + v as
+/// Q8_0 (q and k re-encoded from Q5_0), the all-Q5_0 layers stack all three as they are (640 →
+/// 1536 either way). No variant at a single q, k or v shape, nor a Q5_0 q + k, comes from that
+/// entry; the per-tensor entries plan the widened q and k too.
 #[test]
-fn stacked_entries_plan_runs_of_equal_types() {
-    use memra_gguf::GgmlType::{Q5_0, Q8_0};
-    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q5_0, 640), (Q8_0, 640)]), vec![0..2, 2..3]);
-    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q5_0, 640), (Q5_0, 640)]), vec![0..3]);
-    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q8_0, 640), (Q5_0, 640)]), vec![0..1, 1..2, 2..3]);
-    assert_eq!(plan::stack_runs(&[(Q5_0, 640), (Q5_0, 512)]), vec![0..1, 1..2]);
-    assert!(plan::stack_runs::<u8>(&[]).is_empty());
+fn stacked_entries_plan_runs_of_equal_or_widened_types() {
+    use memra_gguf::GgmlType::{Q4_0, Q4_K, Q5_0, Q6_K, Q8_0};
+    let runs = |parts: &[(memra_gguf::GgmlType, u64)], widen| plan::stack_runs(parts, widen);
+    assert_eq!(runs(&[(Q5_0, 640), (Q5_0, 640), (Q8_0, 640)], false), vec![(0..2, Q5_0), (2..3, Q8_0)]);
+    assert_eq!(runs(&[(Q5_0, 640), (Q5_0, 640), (Q5_0, 640)], false), vec![(0..3, Q5_0)]);
+    assert_eq!(runs(&[(Q5_0, 640), (Q8_0, 640), (Q5_0, 640)], false), vec![(0..1, Q5_0), (1..2, Q8_0), (2..3, Q5_0)]);
+    assert_eq!(runs(&[(Q5_0, 640), (Q5_0, 512)], false), vec![(0..1, Q5_0), (1..2, Q5_0)]);
+    assert!(runs(&[], false).is_empty());
+    assert_eq!(runs(&[(Q5_0, 640), (Q5_0, 640), (Q8_0, 640)], true), vec![(0..3, Q8_0)]);
+    assert_eq!(runs(&[(Q5_0, 640), (Q8_0, 640), (Q4_0, 640)], true), vec![(0..3, Q8_0)]);
+    assert_eq!(runs(&[(Q5_0, 640), (Q5_0, 640), (Q5_0, 640)], true), vec![(0..3, Q5_0)]);
+    assert_eq!(runs(&[(Q4_K, 640), (Q4_K, 640), (Q6_K, 640)], true), vec![(0..2, Q4_K), (2..3, Q6_K)]);
+    assert_eq!(runs(&[(Q5_0, 640), (Q8_0, 512)], true), vec![(0..1, Q5_0), (1..2, Q8_0)]);
     let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
     let spec = ArchSpec::load(&root().join("specs/gemma3.toml")).unwrap();
     let d = dims::from_preset(&spec, None).unwrap();
-    let names: Vec<String> = plan::plan_arch(&spec, &d, &catalogue)
-        .unwrap()
-        .variants
-        .iter()
-        .map(|v| v.name())
-        .filter(|n| n.starts_with("norm_matvec__") && n.ends_with("_none"))
-        .collect();
-    for want in ["norm_matvec__k640_n1280__q5_0_none", "norm_matvec__k640_n1536__q5_0_none", "norm_matvec__k640_n256__q8_0_none"] {
-        assert!(names.iter().any(|n| n == want), "{want} not planned: {names:?}");
+    let names: Vec<String> = plan::plan_arch(&spec, &d, &catalogue).unwrap().variants.iter().map(|v| v.name()).collect();
+    let fused: Vec<&String> = names.iter().filter(|n| n.starts_with("norm_matvec__") && n.ends_with("_none")).collect();
+    for want in ["norm_matvec__k640_n1536__q5_0_none", "norm_matvec__k640_n1536__q8_0_none"] {
+        assert!(fused.iter().any(|n| *n == want), "{want} not planned: {fused:?}");
     }
-    assert!(!names.iter().any(|n| n == "norm_matvec__k640_n1024__q5_0_none"), "q planned alone: {names:?}");
+    for not in ["norm_matvec__k640_n1024__q5_0_none", "norm_matvec__k640_n1280__q5_0_none", "norm_matvec__k640_n256__q8_0_none"] {
+        assert!(!fused.iter().any(|n| *n == not), "{not} planned: {fused:?}");
+    }
+    assert!(names.iter().any(|n| n.starts_with("matvec__k640_n1024__q8_0")), "the widened q's own matvec: {names:?}");
 }

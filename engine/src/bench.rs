@@ -1774,7 +1774,16 @@ mod tests {
             return;
         }
         let cases = plan(Some("gemma3"), Some(norm_matvec::FAMILY));
-        for label in ["k640_n1536_none", "k640_n1280_none", "k640_n256_none", "k640_n2048_geglu", "k640_n262144_none"] {
+        // q/k/v stacked into one launch per layer: Q5_0, and Q8_0 where v is (the spec's `widen`).
+        let qkv: Vec<GgmlType> = cases
+            .iter()
+            .filter_map(|c| match c.shape {
+                Shape::NormMatvec { ty, k: 640, n: 1536, .. } => Some(ty),
+                _ => None,
+            })
+            .collect();
+        assert!(qkv.contains(&GgmlType::Q5_0) && qkv.contains(&GgmlType::Q8_0), "{qkv:?}");
+        for label in ["k640_n1536_none", "k640_n2048_geglu", "k640_n262144_none"] {
             let c = cases.iter().find(|c| c.shape.label() == label).unwrap_or_else(|| panic!("gemma3 plan lacks norm_matvec {label}"));
             let g = c.generic.unwrap_or_else(|| panic!("{label}: no generic twin"));
             assert_eq!(g.param("glu"), c.specialized.unwrap().param("glu"), "{label}");

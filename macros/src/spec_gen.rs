@@ -65,6 +65,7 @@ fn gen_marker(spec: &ArchSpec, spec_path: &Path, n: &Names) -> TokenStream {
         c.embedding_scale.token(),
     );
     let shared = c.shared_expert;
+    let widen = spec.kernels.iter().any(|k| k.stack && k.widen && k.pending.is_none());
     let pattern = c
         .sliding_window
         .as_ref()
@@ -103,6 +104,9 @@ fn gen_marker(spec: &ArchSpec, spec_path: &Path, n: &Names) -> TokenStream {
             pub const SHARED_EXPERT: bool = #shared;
             /// Every `SLIDING_WINDOW_PATTERN`-th layer is global, the others windowed; 0 = none.
             pub const SLIDING_WINDOW_PATTERN: u32 = #pattern;
+            /// A stacked `[[kernels]]` entry has `widen = true`: neighbours whose types differ
+            /// stack in a type all of them are exact in (re-encoded at load; codegen plans them so).
+            pub const WIDEN_STACKS: bool = #widen;
         }
     }
 }

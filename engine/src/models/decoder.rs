@@ -22,7 +22,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use memra_gguf::{Gguf, TensorInfo};
+use memra_gguf::{GgmlType, Gguf, TensorInfo};
 
 use super::GpuOptions;
 use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
@@ -123,6 +123,9 @@ pub struct DecoderConfig {
     pub attn_scale: f32,
     /// The routed-expert FFN, for layers whose spec gives [`FfnSpec::Moe`].
     pub moe: Option<MoeConfig>,
+    /// q/k/v neighbours of different types stack in a type all of them are exact in (the spec's
+    /// `widen = true`: `<Arch>::WIDEN_STACKS`), re-encoded at load.
+    pub widen_qkv: bool,
 }
 
 /// Routing of a MoE FFN (spec capability `router` and the expert hparams).
@@ -384,15 +387,17 @@ impl Decoder {
                 }
             };
             let mut qkv = Vec::new();
-            for run in qkv_runs(&[l.attn_q, l.attn_k, l.attn_v]) {
+            for (run, ty) in qkv_runs(&[l.attn_q, l.attn_k, l.attn_v], cfg.widen_qkv) {
                 let infos: Vec<TensorInfo<'_>> = run.iter().map(|&(_, t)| t).collect();
-                let (w, offsets) = DeviceTensor::upload_stacked(&gpu, file, &infos)?;
+                let (w, offsets) = DeviceTensor::upload_stacked(&gpu, file, &infos, ty)?;
                 stacked += w.bytes();
                 let mut parts = Vec::new();
-                for ((which, t), offset) in run.into_iter().zip(offsets) {
+                for (i, ((which, t), offset)) in run.into_iter().zip(offsets.iter().copied()).enumerate() {
                     let (k, n) = (t.row_len() as usize, t.n_rows() as usize);
-                    let variants = plan.projection(t.name, t.ggml_type, k, n)?;
-                    parts.push(QkvPart { which, name: t.name.to_string(), n, offset, bytes: t.n_bytes as usize, variants });
+                    // Prefill and unfused steps project the part from the run's buffer, in its type.
+                    let variants = plan.projection(t.name, ty, k, n)?;
+                    let end = offsets.get(i + 1).copied().unwrap_or(w.bytes());
+                    parts.push(QkvPart { which, name: t.name.to_string(), n, offset, bytes: end - offset, variants });
                 }
                 let norm = if opts.fuse_norm { Some(plan.norm_matvec(&w, norm_matvec::Glu::None)?) } else { None };
                 qkv.push(QkvRun { w, parts, norm });
@@ -885,24 +890,55 @@ fn qkv_offset(which: usize, t: usize, qd: usize, kvd: usize) -> usize {
     [0, t * qd, t * (qd + kvd)][which]
 }
 
-/// q, k, v as [`memra_codegen::plan::stack_runs`] groups them (neighbours of one type and row
-/// length), each part tagged 0 / 1 / 2; a part whose bytes would start a run's buffer off a
+/// q, k, v as [`memra_codegen::plan::stack_runs`] groups them (neighbours of one row length and
+/// type, or with `widen` of a type all of them are exact in), each part tagged 0 / 1 / 2, with
+/// the run's stored type; a part whose bytes (in that type) would start a run's buffer off a
 /// 16-byte boundary (the kernels' alignment) starts a run of its own.
-fn qkv_runs<'f>(parts: &[TensorInfo<'f>; 3]) -> Vec<Vec<(usize, TensorInfo<'f>)>> {
+fn qkv_runs<'f>(parts: &[TensorInfo<'f>; 3], widen: bool) -> Vec<(Vec<(usize, TensorInfo<'f>)>, GgmlType)> {
     let keys: Vec<_> = parts.iter().map(|t| (t.ggml_type, t.row_len())).collect();
-    let mut out: Vec<Vec<(usize, TensorInfo<'f>)>> = Vec::new();
-    for run in memra_codegen::plan::stack_runs(&keys) {
+    let mut out: Vec<(Vec<(usize, TensorInfo<'f>)>, GgmlType)> = Vec::new();
+    for (run, ty) in memra_codegen::plan::stack_runs(&keys, widen) {
         let mut cur: Vec<(usize, TensorInfo<'f>)> = Vec::new();
         let mut offset = 0u64;
         for i in run {
             if !cur.is_empty() && !offset.is_multiple_of(16) {
-                out.push(std::mem::take(&mut cur));
+                out.push((std::mem::take(&mut cur), ty));
                 offset = 0;
             }
             cur.push((i, parts[i]));
-            offset += parts[i].n_bytes;
+            offset += parts[i].n_elements() / ty.block_size() * ty.type_size();
         }
-        out.push(cur);
+        out.push((cur, ty));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memra_gguf::Dims;
+
+    fn info(name: &'static str, ty: GgmlType, n: u64) -> TensorInfo<'static> {
+        let dims = Dims::new(&[640, n]).unwrap();
+        TensorInfo { name, dims, ggml_type: ty, offset: 0, n_bytes: ty.row_bytes(640).unwrap() * n }
+    }
+
+    fn shape(runs: &[(Vec<(usize, TensorInfo<'_>)>, GgmlType)]) -> Vec<(Vec<usize>, GgmlType)> {
+        runs.iter().map(|(r, ty)| (r.iter().map(|&(i, _)| i).collect(), *ty)).collect()
+    }
+
+    /// Gemma 3's layers with a Q8_0 v: q + k and v without widening, all three as Q8_0 with it;
+    /// an all-Q5_0 layer stays Q5_0 either way.
+    #[test]
+    fn qkv_runs_stack_equal_types_and_widen_only_when_asked() {
+        use GgmlType::{Q5_0, Q8_0};
+        let mixed = [info("q", Q5_0, 1024), info("k", Q5_0, 256), info("v", Q8_0, 256)];
+        assert_eq!(shape(&qkv_runs(&mixed, false)), vec![(vec![0, 1], Q5_0), (vec![2], Q8_0)]);
+        assert_eq!(shape(&qkv_runs(&mixed, true)), vec![(vec![0, 1, 2], Q8_0)]);
+        let same = [info("q", Q5_0, 1024), info("k", Q5_0, 256), info("v", Q5_0, 256)];
+        assert_eq!(shape(&qkv_runs(&same, true)), vec![(vec![0, 1, 2], Q5_0)]);
+        // 640 Q8_0 rows of 680 bytes: 3 rows end off a 16-byte boundary, so the next part starts a run.
+        let odd = [info("q", Q5_0, 3), info("k", Q8_0, 256), info("v", Q8_0, 256)];
+        assert_eq!(shape(&qkv_runs(&odd, true)), vec![(vec![0], Q8_0), (vec![1, 2], Q8_0)]);
+    }
 }

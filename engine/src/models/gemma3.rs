@@ -43,6 +43,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
         embed_scale: embed_scale(Gemma3::EMBEDDING_SCALE, n_embd)?,
         attn_scale: sem.attn_scale,
         moe: None,
+        widen_qkv: Gemma3::WIDEN_STACKS,
     };
     let layers = w
         .layers

@@ -74,15 +74,27 @@ impl DeviceTensor {
         Ok(DeviceTensor { name: t.name.to_string(), ty: t.ggml_type, k: t.row_len() as usize, n: t.n_rows() as usize, data })
     }
 
-    /// Matrices with one row length and type, their rows stacked in order in one buffer: shape
-    /// `[k, Σ n]`, named `a+b+…`. Returns the tensor and each part's first byte.
-    pub fn upload_stacked<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, parts: &[TensorInfo<'_>]) -> Result<(DeviceTensor, Vec<usize>)> {
+    /// Matrices with one row length, their rows stacked in order in one buffer as type `ty`
+    /// (each part's own type, or one it widens to exactly: `quant::widen`, re-encoded here):
+    /// shape `[k, Σ n]`, named `a+b+…`. Returns the tensor and each part's first byte.
+    pub fn upload_stacked<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, parts: &[TensorInfo<'_>], ty: GgmlType) -> Result<(DeviceTensor, Vec<usize>)> {
         let name = parts.iter().map(|t| t.name).collect::<Vec<_>>().join("+");
-        let (ty, k) = (parts[0].ggml_type, parts[0].row_len());
-        if let Some(t) = parts.iter().find(|t| t.ggml_type != ty || t.row_len() != k) {
-            return Err(err(format!("tensor '{}': cannot stack with '{}' (type or row length differs)", t.name, parts[0].name)));
+        let k = parts[0].row_len();
+        if let Some(t) = parts.iter().find(|t| t.row_len() != k) {
+            return Err(err(format!("tensor '{}': cannot stack with '{}' (row length differs)", t.name, parts[0].name)));
         }
-        let datas = parts.iter().map(|t| tensor_bytes(file, t)).collect::<Result<Vec<&[u8]>>>()?;
+        let datas = parts
+            .iter()
+            .map(|t| {
+                let bytes = tensor_bytes(file, t)?;
+                if t.ggml_type == ty {
+                    return Ok(std::borrow::Cow::Borrowed(bytes));
+                }
+                quant::widen(t.ggml_type, ty, bytes, t.n_elements() as usize)
+                    .map(std::borrow::Cow::Owned)
+                    .map_err(|e| err(format!("tensor '{}': cannot stack as {ty} with '{}': {e}", t.name, parts[0].name)))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut offsets = Vec::with_capacity(parts.len());
         let mut total = 0usize;
         for bytes in &datas {
@@ -90,9 +102,9 @@ impl DeviceTensor {
             total += bytes.len();
         }
         let mut data = alloc::<u8>(gpu, total, &format!("tensors '{name}'"))?;
-        for ((t, &off), bytes) in parts.iter().zip(&offsets).zip(datas) {
+        for ((t, &off), bytes) in parts.iter().zip(&offsets).zip(&datas) {
             gpu.stream()
-                .memcpy_htod(bytes, &mut data.slice_mut(off..off + bytes.len()))
+                .memcpy_htod(bytes.as_ref(), &mut data.slice_mut(off..off + bytes.len()))
                 .map_err(|e| err(format!("copying tensor '{}' to the GPU: {e:?}", t.name)))?;
         }
         let n = parts.iter().map(|t| t.n_rows() as usize).sum();

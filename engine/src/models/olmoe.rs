@@ -46,6 +46,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
             norm: sem.moe.router.norm,
             scale: sem.moe.router.scale,
         }),
+        widen_qkv: Olmoe::WIDEN_STACKS,
     };
     let layers = w
         .layers

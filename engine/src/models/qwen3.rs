@@ -37,6 +37,7 @@ pub fn load(path: &Path, opts: &GpuOptions) -> Result<Decoder> {
         // model-specs §3 step 5: softmax(q·k / sqrt(head_dim)).
         attn_scale: 1.0 / (hp.head_dim as f32).sqrt(),
         moe: None,
+        widen_qkv: Qwen3::WIDEN_STACKS,
     };
     let layers = w
         .layers

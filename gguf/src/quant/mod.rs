@@ -5,6 +5,7 @@
 //!   (ggml `ggml-common.h` / `dequantize_row_*` in `ggml-quants.c`; model-specs.md §1.4). The
 //!   float operations are done in the same order as ggml and gguf-py, so results are bit-identical
 //!   to `gguf.quants.dequantize` (checked by `tests/quant_golden.rs` and the real-file test).
+//! - [`widen`]: a tensor re-encoded in a wider format, every value unchanged (Q4_0 / Q5_0 → Q8_0).
 //! - [`quantize`]: f32 → bytes, for test fixtures. Simple round-to-nearest with a scale search
 //!   that guarantees coverage (see `quantize_*` docs); not bit-identical to llama.cpp's quantizer.
 //!
@@ -15,11 +16,13 @@ mod float;
 mod iq4;
 mod k;
 mod legacy;
+mod widen;
 
 use crate::GgmlType;
 
 pub use iq4::{KVALUES_IQ4NL, iq4xs_scale};
 pub use k::{Q4K_SCALES_BYTES, q4k_scale_min};
+pub use widen::{common_lossless_type, lossless_widening, widen};
 
 /// Why a quant operation was refused. Every variant names the ggml type.
 #[derive(Debug, Clone, PartialEq)]
