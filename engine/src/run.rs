@@ -26,6 +26,9 @@ pub struct RunArgs {
     /// Number of tokens to generate (generation also stops at an end-of-generation token).
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
+    /// Keep generating past end-of-generation tokens, to `-n` or the context's end (timing runs).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Sampling temperature; 0 is greedy (argmax on the GPU).
     #[arg(long, default_value_t = 0.8)]
     pub temp: f32,
@@ -234,7 +237,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     let mut decode_time = Duration::ZERO;
     let mut decode_steps = 0usize;
     let mut generated = 0usize;
-    while generated < args.n_predict && !tokenizer.is_eog(token) && !stopped() {
+    while generated < args.n_predict && (args.ignore_eos || !tokenizer.is_eog(token)) && !stopped() {
         generated += 1;
         write!(out, "{}", decoder.push(token)?)?;
         out.flush()?;

@@ -126,7 +126,8 @@ fn run_without_a_model_runs_the_embedded_default_and_says_so() {
 #[test]
 fn ctrl_c_stops_generation_cleanly() {
     let child = Command::new(env!("CARGO_BIN_EXE_memra"))
-        .args(["run", "--cpu", "-n", "1000000", "-p", "Hello"])
+        // --ignore-eos: a micro model with random weights may sample an end token within 1.5 s.
+        .args(["run", "--cpu", "--ignore-eos", "-n", "1000000", "-p", "Hello"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -139,6 +140,15 @@ fn ctrl_c_stops_generation_cleanly() {
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
     assert!(stderr.contains("interrupted (Ctrl-C)") && stderr.contains("tokens/s"), "{stderr}");
+}
+
+/// `--ignore-eos` generates exactly `-n` tokens, end tokens or not (within the context).
+#[test]
+fn ignore_eos_generates_n_tokens() {
+    let out = memra(&["run", "--cpu", "--ignore-eos", "-n", "200", "--ctx", "256", "-p", "Hello"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.lines().last().unwrap_or_default().ends_with("; 200 generated"), "{stderr}");
 }
 
 /// `--ctx` is the context on both paths: under 2 or over the model's context it is refused before
