@@ -134,6 +134,12 @@ pub struct BenchArgs {
     /// Greedy decode steps of the `--model` run.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
+    /// `--model`: also time the decode step with each role's launches (q/k/v, attention,
+    /// o-projection, gate/up, down, LM head, argmax) left out of the captured step: what each
+    /// costs inside the graph, where kernels overlap (a profiler times them one by one). Printed
+    /// only; dense GQA models (gemma3, qwen3).
+    #[arg(long, requires = "model")]
+    pub breakdown: bool,
     /// Measure a preset's real shapes with random weights generated on the GPU, no file
     /// (`glm-5`): decode step time at `--ctx` cached positions vs its bandwidth floor
     /// (bench_synthetic.rs).
@@ -1464,6 +1470,9 @@ fn run_model(args: &BenchArgs, model: &std::path::Path) -> Result<(), Box<dyn st
     }
     let run = RunHeader::measure(args)?;
     let models = crate::bench_model::run(model, args.device, run.copy_gbps, args.prompt_tokens, args.decode_tokens)?;
+    if args.breakdown {
+        crate::bench_model::breakdown(model, args.device, args.prompt_tokens, args.decode_tokens)?;
+    }
     run.write(args, "models", json!(models))
 }
 

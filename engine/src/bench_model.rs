@@ -10,7 +10,7 @@ use memra_reference::Rng;
 use serde_json::{Value, json};
 
 use crate::kernels::registry::Policy;
-use crate::models::{self, GpuModel, GpuOptions};
+use crate::models::{self, GpuModel, GpuOptions, StepRole};
 
 /// The measured figures of one model under one kernel policy.
 pub struct ModelRow {
@@ -36,6 +36,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Prefill `prompt_tokens` random tokens (median of `reps` fresh prefills), then decode
 /// `decode_tokens` greedily one at a time (each step waits for its token, as generation does).
+/// `omit`: that role's launches left out of every decode step ([`GpuOptions::omit`]).
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     path: &Path,
     device: usize,
@@ -44,20 +46,27 @@ pub fn measure(
     prompt_tokens: usize,
     decode_tokens: usize,
     reps: usize,
+    omit: Option<StepRole>,
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: fusion.norm, fuse_rope: fusion.rope, pdl: fusion.pdl };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: fusion.norm, fuse_rope: fusion.rope, pdl: fusion.pdl, omit };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");
     }
     let mut rng = Rng::from_env_or_time("memra bench --model");
     let prompt: Vec<u32> = (0..prompt_tokens).map(|_| rng.below(model.n_vocab()) as u32).collect();
+    // With launches left out the argmax may read stale or NaN logits (-1): feed token 0 then.
+    let n_vocab = model.n_vocab();
+    let next = |model: &dyn GpuModel| -> Result<u32, Box<dyn std::error::Error>> {
+        let t = model.argmax()?;
+        Ok(if omit.is_some() && t as usize >= n_vocab { 0 } else { t })
+    };
     // Warm-up: kernels loaded, graph captured, clocks up.
     model.forward(&prompt)?;
     for _ in 0..8 {
-        let t = model.argmax()?;
+        let t = next(model.as_ref())?;
         model.forward(&[t])?;
     }
     model.sync()?;
@@ -69,11 +78,11 @@ pub fn measure(
         model.sync()?;
         prefill.push(start.elapsed().as_secs_f64());
     }
-    let mut token = model.argmax()?;
+    let mut token = next(model.as_ref())?;
     let start = Instant::now();
     for _ in 0..decode_tokens {
         model.forward(&[token])?;
-        token = model.argmax()?;
+        token = next(model.as_ref())?;
     }
     let decode = start.elapsed().as_secs_f64();
     let prefill_s = median(prefill);
@@ -92,6 +101,30 @@ pub fn measure(
         decode_step_us: decode * 1e6 / decode_tokens as f64,
         weight_bytes: model.weight_bytes(),
     })
+}
+
+/// `--breakdown`: the decode step (specialized kernels, every fusion, PDL) timed whole and with
+/// each [`StepRole`]'s launches left out of the captured step; the difference is what the role
+/// costs there, overlap with its neighbours included. Printed as a table.
+pub fn breakdown(path: &Path, device: usize, prompt_tokens: usize, decode_tokens: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let step = |omit: Option<StepRole>| -> Result<f64, Box<dyn std::error::Error>> {
+        eprintln!("memra bench: {} decode step without {}", path.display(), omit.map_or("nothing", StepRole::label));
+        Ok(measure(path, device, Policy::Best, Fusion::ALL, prompt_tokens, decode_tokens, 1, omit)?.decode_step_us)
+    };
+    let whole = step(None)?;
+    let mut rows = Vec::new();
+    for role in StepRole::ALL {
+        rows.push((role, step(Some(role))?));
+    }
+    println!("\ndecode step by role (specialized, every fusion, PDL; each row leaves that role's launches out of the captured step):");
+    println!("{:<14} {:>12} {:>14} {:>8}", "left out", "step us", "role costs us", "share");
+    println!("{:<14} {:>12.1} {:>14} {:>8}", "nothing", whole, "-", "-");
+    for (role, us) in &rows {
+        println!("{:<14} {:>12.1} {:>14.1} {:>7.1}%", role.label(), us, whole - us, 100.0 * (whole - us) / whole);
+    }
+    let sum: f64 = rows.iter().map(|(_, us)| whole - us).sum();
+    println!("{:<14} {:>12} {:>14.1} {:>7.1}%  (the rest: the host round trip, embed, overlap)", "sum of roles", "", sum, 100.0 * sum / whole);
+    Ok(())
 }
 
 /// Which decode-step fusions a row runs with, and whether its kernels overlap (PDL).
@@ -133,7 +166,7 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
     ];
     for (policy, fusion) in settings {
         eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}", path.display(), policy, fusion.label(), on_off(fusion.pdl));
-        rows.push(measure(path, device, policy, fusion, prompt_tokens, decode_tokens, 3)?);
+        rows.push(measure(path, device, policy, fusion, prompt_tokens, decode_tokens, 3, None)?);
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");

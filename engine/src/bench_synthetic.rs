@@ -296,6 +296,7 @@ mod gpu {
             fuse_norm: true,
             fuse_rope: true,
             pdl: true,
+            omit: None,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers (prefill)",
@@ -358,6 +359,7 @@ mod gpu {
             fuse_norm: true,
             fuse_rope: true,
             pdl: true,
+            omit: None,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers",
@@ -399,6 +401,7 @@ mod gpu {
             fuse_norm: true,
             fuse_rope: true,
             pdl: true,
+            omit: None,
         };
         let label = PathBuf::from(format!(
             "synthetic {} × {} layers on {gpus} GPUs",

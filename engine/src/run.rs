@@ -182,7 +182,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
             (_, true) => Policy::GenericOnly,
             _ => Policy::Best,
         };
-        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope, pdl: !args.no_pdl };
+        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope, pdl: !args.no_pdl, omit: None };
         let model = match args.gpus {
             1 => models::load_gpu(path, &arch, &opts)?,
             n => crate::parallel::sharded::load_file(path, &arch, n as usize, &opts)?,

@@ -6,7 +6,9 @@
 //!   decode step vs CPU, and GPU prefill vs GPU token-by-token decode; a long prompt crosses
 //!   attention split-count changes (graph re-capture);
 //! - the real Gemma 3 270M (when present): 32 greedy tokens equal the CPU path's on several
-//!   prompts (a divergence is allowed only where the verdict allows it).
+//!   prompts (a divergence is allowed only where the verdict allows it);
+//! - decode steps with a role's launches left out (`memra bench --model --breakdown`) run, and
+//!   the models that cannot leave one out refuse it.
 //!
 //! Each test needs a CUDA GPU and is ignored otherwise.
 
@@ -19,7 +21,7 @@ use std::path::PathBuf;
 
 use memra_codegen::fixture;
 use memra_engine::kernels::registry::Policy;
-use memra_engine::models::{self, GpuOptions};
+use memra_engine::models::{self, GpuOptions, StepRole};
 use memra_reference::Rng;
 use memra_reference::compare::logit_verdict;
 use memra_reference::models::Gemma3;
@@ -74,6 +76,38 @@ fn gpu_gemma3_micro_long_context_and_cache_limits() {
     let err = gpu.forward(&[fixture::MICRO_N_VOCAB as u32]).unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
     let _ = std::fs::remove_file(&path);
+}
+
+/// `GpuOptions::omit` (`memra bench --model --breakdown`): the gemma3 micro model's decode steps
+/// run with each role left out and still produce in-range tokens when the argmax is kept; with the
+/// argmax left out, the last one stays. A MoE model (olmoe) and unfused steps refuse it, naming
+/// the role.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_decode_steps_run_with_a_role_left_out() {
+    let seed = Rng::from_env_or_time("gpu_decode_steps_run_with_a_role_left_out").seed();
+    let path = micro("gemma3", seed);
+    for role in StepRole::ALL {
+        let opts = GpuOptions { max_ctx: Some(64), omit: Some(role), ..GpuOptions::default() };
+        let mut gpu = models::load_gpu(&path, "gemma3", &opts).unwrap_or_else(|e| panic!("{}: {e}", role.label()));
+        gpu.forward(&[1, 2, 3]).unwrap();
+        for _ in 0..4 {
+            let t = gpu.argmax().unwrap();
+            let t = if (t as usize) < gpu.n_vocab() { t } else { 0 };
+            gpu.forward(&[t]).unwrap_or_else(|e| panic!("{}: {e}", role.label()));
+        }
+        gpu.sync().unwrap();
+        assert_eq!(gpu.len(), 7, "{}", role.label());
+    }
+    let unfused = GpuOptions { max_ctx: Some(64), fuse_norm: false, omit: Some(StepRole::Down), ..GpuOptions::default() };
+    let err = models::load_gpu(&path, "gemma3", &unfused).err().expect("unfused steps refuse omit").to_string();
+    assert!(err.contains("down") && err.contains("fused decode step"), "{err}");
+    let moe = micro("olmoe", seed);
+    let opts = GpuOptions { max_ctx: Some(64), omit: Some(StepRole::GateUp), ..GpuOptions::default() };
+    let err = models::load_gpu(&moe, "olmoe", &opts).err().expect("a MoE model refuses omit").to_string();
+    assert!(err.contains("gate/up") && err.contains("dense model"), "{err}");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&moe);
 }
 
 fn real_gemma3() -> Option<PathBuf> {

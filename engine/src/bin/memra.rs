@@ -48,7 +48,7 @@ enum Command {
     /// specialized vs generic vs the copy bandwidth measured in the same run; or a whole model
     /// (`--model`), a tuning sweep (`--sweep matvec`), or a report with torch peers and an SVG
     /// chart from saved results (`--report`, no GPU needed).
-    #[command(after_help = "Examples:\n  memra bench\n  memra bench --arch glm-dsa --family matvec --json out/h200.json\n  memra bench --list\n  memra bench --model gemma-3-270m-q4_k_m.gguf --json model.json\n  memra bench --report h200.json --peers peers.json --svg chart.svg")]
+    #[command(after_help = "Examples:\n  memra bench\n  memra bench --arch glm-dsa --family matvec --json out/h200.json\n  memra bench --list\n  memra bench --model gemma-3-270m-q4_k_m.gguf --json model.json\n  memra bench --model gemma-3-270m-q4_k_m.gguf --breakdown\n  memra bench --report h200.json --peers peers.json --svg chart.svg")]
     Bench(memra_engine::bench::BenchArgs),
 }
 

@@ -24,7 +24,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use memra_gguf::{GgmlType, Gguf, TensorInfo};
 
-use super::GpuOptions;
+use super::{GpuOptions, StepRole};
 use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::gpu::{self, DecoderStack, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StackState, StepGraph, err, upload_f32};
 use crate::cuda::{Gpu, Kernel, Kernels};
@@ -287,6 +287,8 @@ struct Net {
     zero_id: CudaSlice<i32>,
     /// The LM head's norm_matvec variant when decode steps fuse the norms.
     lm_head_norm: Option<&'static str>,
+    /// Launches left out of decode steps ([`GpuOptions::omit`]: timing only).
+    omit: Option<StepRole>,
 }
 
 /// What a forward writes besides the activations: the KV cache and the last logits.
@@ -491,7 +493,19 @@ impl Decoder {
         let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
         let n_ctx_train = cfg.n_ctx_train;
-        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, min_split_rows, zero_id, lm_head_norm };
+        if let Some(role) = opts.omit {
+            // Every role must be one set of launches of the fused decode step.
+            let fused = lm_head_norm.is_some() && names.attn_decode_rope.is_some() && opts.graphs;
+            let dense = layers.iter().all(|l| matches!((&l.ffn, &l.norm_fused), (Ffn::Dense { .. }, Some(NormFused { ffn: Some(_) }))));
+            if !(fused && dense) {
+                return Err(err(format!(
+                    "{}: leaving out the {} launches needs the fused decode step of a dense model (norm and RoPE fusion and graphs on)",
+                    path.display(),
+                    role.label()
+                )));
+            }
+        }
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, min_split_rows, zero_id, lm_head_norm, omit: opts.omit };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         let state = State { gpu, cache, out, len: 0, max_ctx, n_ctx_train, n_vocab, weight_bytes: bytes, report };
         Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs, opts.pdl) })
@@ -554,6 +568,7 @@ impl Net {
     /// reads an owed add writing the sum into the other buffer. Norms before a MoE FFN (its
     /// router and experts read `h`) stay add_rmsnorm launches.
     fn enqueue_decode_fused(&self, state: &mut State, bufs: &mut Bufs, pos0: usize, splits: &[usize]) -> Result<()> {
+        let keep = |role| self.omit != Some(role);
         let c = &self.cfg;
         let (e, qd, kvd, n_ff, eps) = (c.n_embd, c.n_head * c.head_dim, c.n_kv * c.head_dim, c.n_ff, c.eps);
         let k = &self.kernels;
@@ -578,8 +593,10 @@ impl Net {
                         // The first launch writes the new residual; the others read the old one.
                         let x_out = if i == 0 && add.is_some() { Some(&mut next) } else { None };
                         let at = qkv_offset(run.parts[0].which, 1, qd, kvd);
-                        norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), add, &l.attn_norm.slice(..), x_out, &mut qkv.slice_mut(at..at + run.w.n), e, run.w.n, eps)
-                            .map_err(|er| err(format!("tensor '{}': {er}", run.w.name)))?;
+                        if keep(StepRole::Qkv) {
+                            norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), add, &l.attn_norm.slice(..), x_out, &mut qkv.slice_mut(at..at + run.w.n), e, run.w.n, eps)
+                                .map_err(|er| err(format!("tensor '{}': {er}", run.w.name)))?;
+                        }
                     }
                     if add.is_some() {
                         cur ^= 1;
@@ -600,10 +617,14 @@ impl Net {
                     let pw = l.post_attention_norm.as_ref().map(|w| w.slice(..));
                     let add = Residual { delta: &ov, delta_w: pw.as_ref() };
                     let weights = NormMatvecWeights { w: &gv, w_up: Some(&uv) };
-                    norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), Some(add), &l.ffn_norm.slice(..), Some(&mut res_next.slice_mut(..e)), &mut ff.slice_mut(..n_ff), e, n_ff, eps)
-                        .map_err(|er| err(format!("tensor '{}': {er}", gate.w.name)))?;
+                    if keep(StepRole::GateUp) {
+                        norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), Some(add), &l.ffn_norm.slice(..), Some(&mut res_next.slice_mut(..e)), &mut ff.slice_mut(..n_ff), e, n_ff, eps)
+                            .map_err(|er| err(format!("tensor '{}': {er}", gate.w.name)))?;
+                    }
                     cur ^= 1;
-                    down.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
+                    if keep(StepRole::Down) {
+                        down.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
+                    }
                 }
                 _ => {
                     self.settle(bufs, cur, post_attn, &l.ffn_norm)?;
@@ -619,9 +640,14 @@ impl Net {
         let post = owed.flatten().map(|w| w.slice(..));
         let add = owed.map(|_| Residual { delta: &ov, delta_w: post.as_ref() });
         let n_vocab = self.n_vocab();
-        norm_matvec::norm_matvec(k.get(name)?, &NormMatvecWeights { w: &wv, w_up: None }, &res.slice(..e), add, &self.output_norm.slice(..), None, &mut state.out.logits.slice_mut(..), e, n_vocab, eps)
-            .map_err(|er| err(format!("tensor '{}': {er}", self.lm_head.w.name)))?;
-        state.out.enqueue_argmax(k.get(self.names.argmax)?)
+        if keep(StepRole::LmHead) {
+            norm_matvec::norm_matvec(k.get(name)?, &NormMatvecWeights { w: &wv, w_up: None }, &res.slice(..e), add, &self.output_norm.slice(..), None, &mut state.out.logits.slice_mut(..), e, n_vocab, eps)
+                .map_err(|er| err(format!("tensor '{}': {er}", self.lm_head.w.name)))?;
+        }
+        if keep(StepRole::Argmax) {
+            state.out.enqueue_argmax(k.get(self.names.argmax)?)?;
+        }
+        Ok(())
     }
 
     /// q, k and v of `t` rows of `h`, each part of each run on its own (prefill, unfused steps).
@@ -685,7 +711,12 @@ impl Net {
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
         if let (1, Some(name)) = (t, self.names.attn_decode_rope) {
-            self.attend_step(k.get(name)?, state, bufs, l, il, n_split)?;
+            if self.omit != Some(StepRole::Attention) {
+                self.attend_step(k.get(name)?, state, bufs, l, il, n_split)?;
+            }
+            if self.omit == Some(StepRole::OutProj) {
+                return Ok(());
+            }
             let Bufs { att, o, .. } = &mut *bufs;
             return l.attn_output.forward(k, &att.slice(..qd), &mut o.slice_mut(..e), 1);
         }

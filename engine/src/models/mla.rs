@@ -390,6 +390,9 @@ impl MlaDecoder {
         opts: &GpuOptions,
         rank: Option<RankSpec>,
     ) -> Result<MlaDecoder> {
+        if let Some(role) = opts.omit {
+            return Err(err(format!("{}: leaving out the {} launches (--breakdown) is for the GQA decoder's fused decode step, not MLA models", path.display(), role.label())));
+        }
         let start = Instant::now();
         let cfg = spec.config;
         let e = cfg.n_embd;

@@ -39,11 +39,48 @@ pub struct GpuOptions {
     /// only): each kernel starts while the previous one finishes, and the projections and the
     /// attention load their weights and first cache rows before waiting for it.
     pub pdl: bool,
+    /// Leave this role's launches out of every decode step (the outputs are then wrong: for
+    /// `memra bench --model --breakdown`, which times the step without each role). Only the
+    /// GQA decoder's fused decode step of a dense model takes it; other stacks refuse it.
+    pub omit: Option<StepRole>,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true, fuse_rope: true, pdl: true }
+        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true, fuse_rope: true, pdl: true, omit: None }
+    }
+}
+
+/// What a decode step's launches do, as `memra bench --model --breakdown` groups them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepRole {
+    /// The q/k/v projections (with the residual add + RMSNorm before them).
+    Qkv,
+    /// QK-norm + RoPE + KV-cache write + attention (one attn_decode_rope launch per layer).
+    Attention,
+    /// The attention output projection.
+    OutProj,
+    /// Gate and up with the activation (and the residual add + RMSNorm before them).
+    GateUp,
+    Down,
+    /// The LM head (with the final residual add + RMSNorm).
+    LmHead,
+    Argmax,
+}
+
+impl StepRole {
+    pub const ALL: [StepRole; 7] = [StepRole::Qkv, StepRole::Attention, StepRole::OutProj, StepRole::GateUp, StepRole::Down, StepRole::LmHead, StepRole::Argmax];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            StepRole::Qkv => "q/k/v",
+            StepRole::Attention => "attention",
+            StepRole::OutProj => "o-projection",
+            StepRole::GateUp => "gate/up",
+            StepRole::Down => "down",
+            StepRole::LmHead => "LM head",
+            StepRole::Argmax => "argmax",
+        }
     }
 }
 
