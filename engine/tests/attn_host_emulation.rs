@@ -98,7 +98,6 @@ template <CacheType C> inline void store_as(void* base, i64 i, float v) {
     if constexpr (C == CacheType::F32) static_cast<float*>(base)[i] = v; else static_cast<u16*>(base)[i] = f32_to_bf16(v); }
 inline double exp2_f64(double x) { return std::exp2(x); }
 inline float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o); return v; }
-inline float warp_max(float v) { for (int o = 16; o > 0; o >>= 1) v = std::max(v, __shfl_xor_sync(FULL_MASK, v, o)); return v; }
 template <int THREADS> inline float block_sum(float v) {
     static float partial[THREADS / WARP_SIZE];
     v = warp_sum(v);

@@ -397,77 +397,50 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
     if (!s_last) return;
     __threadfence();
     // The partials come from other blocks (each fenced before its counter add): read them at L2
-    // (ld.global.cg), never through a possibly stale L1 line. A thread takes 4 adjacent elements
-    // of a head (float4 partials); its first column's first PF partials load before anything
-    // else, since they do not depend on the weights. Meanwhile a warp per head finds the head's
-    // max and sum over the splits (the first HELD splits per lane kept in registers) and, when
-    // they fit in `smem` (free now), each split's weight. Then each column sums its splits'
-    // weighted partials, the loads independent of each other.
-    constexpr int PF = 8, HELD = 4;
-    const int n_col = nh * HD / 4;
+    // (ld.global.cg), never through a possibly stale L1 line. First a warp per head finds the
+    // head's max and sum over the splits (one online pass per lane, then a butterfly) and, when
+    // they fit in `smem` (free now), each split's weight; then a thread takes 4 adjacent
+    // elements (float4 partials) and sums the splits' weighted partials, the loads independent.
     const float2* ml = reinterpret_cast<const float2*>(work_ml);
-    auto col_acc = [&](int idx) {  // the column's first partial
-        const int h = idx / (HD / 4), d = idx % (HD / 4) * 4;
-        return reinterpret_cast<const float4*>(work_acc + (head_base + h) * n_split * HD + d);
-    };
-    float4 pf[PF];
-#pragma unroll
-    for (int i = 0; i < PF; ++i) pf[i] = threadIdx.x < n_col && i < n_split ? __ldcg(col_acc(threadIdx.x) + i * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
     float* s_sw = smem;  // [nh][n_split] weights
     const bool table = nh * n_split <= SMEM_FLOATS;
     for (int h = warp; h < nh; h += W) {
         const i64 part0 = (head_base + h) * n_split;
-        float2 held[HELD];
-        float M = neg_inf();
-#pragma unroll
-        for (int i = 0; i < HELD; ++i) {
-            const int s = lane + i * WARP_SIZE;
-            held[i] = s < n_split ? __ldcg(ml + part0 + s) : make_float2(neg_inf(), 0.0f);
-            M = fmaxf(M, held[i].x);
-        }
-        for (int s = lane + HELD * WARP_SIZE; s < n_split; s += WARP_SIZE) M = fmaxf(M, __ldcg(ml + part0 + s).x);
-        M = warp_max(M);
-        float L = 0.0f;
-#pragma unroll
-        for (int i = 0; i < HELD; ++i) {
-            const float w = merge_w(held[i].x, M);  // 0 for an empty split or past n_split
-            L = fmaf(held[i].y, w, L);
-            if (table && lane + i * WARP_SIZE < n_split) s_sw[h * n_split + lane + i * WARP_SIZE] = w;
-        }
-        for (int s = lane + HELD * WARP_SIZE; s < n_split; s += WARP_SIZE) {
+        float M = neg_inf(), L = 0.0f;
+        for (int s = lane; s < n_split; s += WARP_SIZE) {
             const float2 pm = __ldcg(ml + part0 + s);
-            const float w = merge_w(pm.x, M);
-            L = fmaf(pm.y, w, L);
-            if (table) s_sw[h * n_split + s] = w;
+            const float Mn = fmaxf(M, pm.x);
+            L = fmaf(L, merge_w(M, Mn), pm.y * merge_w(pm.x, Mn));
+            M = Mn;
         }
-        L = warp_sum(L);
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+            const float Mo = __shfl_xor_sync(FULL_MASK, M, o), Lo = __shfl_xor_sync(FULL_MASK, L, o);
+            const float Mn = fmaxf(M, Mo);
+            L = fmaf(L, merge_w(M, Mn), Lo * merge_w(Mo, Mn));
+            M = Mn;
+        }
+        if (table) {
+            for (int s = lane; s < n_split; s += WARP_SIZE) s_sw[h * n_split + s] = merge_w(__ldcg(ml + part0 + s).x, M);
+        }
         if (lane == 0) {
             s_ml[0][h] = M;
             s_ml[1][h] = L;
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < n_col; idx += THREADS) {
+    for (int idx = threadIdx.x; idx < nh * HD / 4; idx += THREADS) {
         const int h = idx / (HD / 4), d = idx % (HD / 4) * 4;
         const i64 part0 = (head_base + h) * n_split;
         const float M = s_ml[0][h], L = s_ml[1][h];
-        const float4* a = col_acc(idx);
-        auto weight = [&](int s) { return table ? s_sw[h * n_split + s] : merge_w(__ldcg(ml + part0 + s).x, M); };
         float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-        int s0 = 0;
-        if (idx == threadIdx.x) {  // the prefetched partials
-#pragma unroll
-            for (int i = 0; i < PF; ++i) {
-                if (i < n_split) A = fma4(pf[i], weight(i), A);
-            }
-            s0 = PF;
-        }
+        const float4* a = reinterpret_cast<const float4*>(work_acc + part0 * HD + d);
         if (table) {
 #pragma unroll 8
-            for (int s = s0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), s_sw[h * n_split + s], A);
+            for (int s = 0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), s_sw[h * n_split + s], A);
         } else {
 #pragma unroll 8
-            for (int s = s0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), merge_w(__ldcg(ml + part0 + s).x, M), A);
+            for (int s = 0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), merge_w(__ldcg(ml + part0 + s).x, M), A);
         }
         float* o = out + (head_base + h) * HD + d;
         o[0] = L > 0.0f ? A.x / L : 0.0f;
