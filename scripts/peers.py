@@ -78,6 +78,9 @@ def parse_shape(family, shape, dtype):
     if family == "attn_prefill":
         t, h, kv, d = ints(r"t(\d+)_h(\d+)_kv(\d+)_d(\d+)")
         return dict(t=t, h=h, kv=kv, d=d)
+    if family == "qk_norm_rope":
+        t, h, kv, d, r = ints(r"t(\d+)_h(\d+)_kv(\d+)_d(\d+)_r(\d+)")
+        return dict(t=t, h=h, kv=kv, d=d, r=r)
     if family == "dsa_index_key":
         t, d, r = ints(r"t(\d+)_d(\d+)_r(\d+)")
         return dict(t=t, d=d, r=r)
@@ -143,6 +146,10 @@ def plan_bytes_flops(family, d):
         h, kv, dd, c = d["h"], d["kv"], d["d"], d["c"]
         # bf16 caches (the new row written), q/k/v in and out f32 as memra's.
         return 2 * 2 * c * kv * dd + 4 * (2 * h + 2 * kv) * dd, 4 * h * c * dd
+    if family == "qk_norm_rope":
+        tt, h, kv, dd = d["t"], d["h"], d["kv"], d["d"]
+        # q and k in and out, v in (f32 as memra's), the K and V rows written (bf16), positions.
+        return 4 * 2 * tt * (h + kv) * dd + 4 * tt * kv * dd + 2 * 2 * tt * kv * dd + 4 * tt, None
     if family == "mla_sparse_decode":
         h, dd, dv, k = d["h"], d["d"], d["dv"], d["k"]
         return 2 * (k * dd + h * dd + h * dv) + 8 * k, 2 * h * k * (dd + dv)
@@ -282,6 +289,27 @@ def make_ops(torch, family, d):
             kc[0, :, c - 1] = kn.to(bf16)
             vc[0, :, c - 1] = v.to(bf16)
             return F.scaled_dot_product_attention(qn.to(bf16)[None, :, None], kc, vc, enable_gqa=gqa)
+        return (q, k, v, qw, kw, kc, vc), {"torch_eager": fn}, fn
+    if family == "qk_norm_rope":
+        tt, h, kv, dd, r = d["t"], d["h"], d["kv"], d["d"], d["r"]
+        q, k, v = randn(tt, h, dd), randn(tt, kv, dd), randn(tt, kv, dd)
+        qw, kw = randn(dd), randn(dd)
+        kc, vc = randn(tt, kv, dd, dtype=bf16), randn(tt, kv, dd, dtype=bf16)
+        inv = 1.0e6 ** (-torch.arange(0, r, 2, device=dev, dtype=f32) / r)
+        ang = torch.arange(tt, device=dev, dtype=f32)[:, None] * inv  # [T, r/2]
+        cos, sin = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
+
+        def rope(x):  # NeoX halves of the first r dims, the rest as it is
+            a, b, rest = x[..., : r // 2], x[..., r // 2 : r], x[..., r:]
+            return torch.cat((a * cos - b * sin, a * sin + b * cos, rest), dim=-1)
+
+        def fn(q, k, v, qw, kw, kc, vc):
+            # Per-head QK-norm + RoPE of T tokens and their K/V cache rows at positions 0..T.
+            qn = rope(q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * qw)
+            kn = rope(k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * kw)
+            kc.copy_(kn.to(bf16))
+            vc.copy_(v.to(bf16))
+            return qn
         return (q, k, v, qw, kw, kc, vc), {"torch_eager": fn}, fn
     if family == "mla_sparse_decode":
         h, dd, dv, kk, c = d["h"], d["d"], d["dv"], d["k"], d["c"]

@@ -30,6 +30,9 @@
 //!   it (2 · 2·(ctx − 1)·n_kv·hd) + the new K and V row written (2 · 2·n_kv·hd) + q, k, v in and
 //!   out (4·(2·H + 2·n_kv)·hd) + pos (the QK-norm weights, ≤ 4·(H + n_kv)·hd, not counted); FLOPs
 //!   as attn_decode's.
+//! - qk_norm_rope (T tokens at positions 0..T): q and k read and written in place (2 · 4·T·(H +
+//!   n_kv)·hd) + v read (4·T·n_kv·hd) + the K and V cache rows written (2 · 2·T·n_kv·hd, bf16) +
+//!   pos (4T) (the QK-norm weights, 4·2·hd, not counted).
 //! - attn_prefill (T tokens from position 0, causal): K, V (2 · 2·T·n_kv·hd) + q + out
 //!   (2 · 4·T·H·hd); FLOPs `attn_prefill::flops` (visible pairs only).
 //! - mla_decode: the latent rows (2·ctx·(kv_lora + rope)) + q (4·H·(kv_lora + rope)) + out
@@ -75,7 +78,7 @@ use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{
     add_rmsnorm, argmax, attn_decode, attn_decode_rope, attn_prefill, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
-    mla_sparse_decode, moe_matvec, moe_router, norm_matvec, rmsnorm, swiglu, topk,
+    mla_sparse_decode, moe_matvec, moe_router, norm_matvec, qk_norm_rope, rmsnorm, swiglu, topk,
 };
 
 mod attn_moe;
@@ -216,6 +219,14 @@ pub enum Shape {
         n_embd: usize,
         n_vocab: usize,
     },
+    /// QK-norm + RoPE of `t` tokens' q and k (in place) and their K/V cache write (bf16).
+    QkNormRope {
+        t: usize,
+        n_head: usize,
+        n_kv: usize,
+        head_dim: usize,
+        n_rot: usize,
+    },
     /// GQA decode, one sequence, one query token at position `ctx − 1`, bf16 cache.
     AttnDecode {
         n_head: usize,
@@ -322,6 +333,7 @@ impl Shape {
             Shape::Embed { .. } => embed::FAMILY,
             Shape::AttnDecode { .. } => attn_decode::FAMILY,
             Shape::AttnDecodeRope { .. } => attn_decode_rope::FAMILY,
+            Shape::QkNormRope { .. } => qk_norm_rope::FAMILY,
             Shape::AttnPrefill { .. } => attn_prefill::FAMILY,
             Shape::MlaDecode { .. } => mla_decode::FAMILY,
             Shape::DsaIndexKey { .. } => dsa_index_key::FAMILY,
@@ -345,6 +357,7 @@ impl Shape {
             Shape::Topk { rows, n_vocab, k } => format!("{rows}x{n_vocab}_k{k}"),
             Shape::Embed { t, n_embd, n_vocab, .. } => format!("t{t}_e{n_embd}_v{n_vocab}"),
             // The attention labels are peers-attention.json's: q heads, kv heads, qk dim, v dim.
+            Shape::QkNormRope { t, n_head, n_kv, head_dim, n_rot } => format!("t{t}_h{n_head}_kv{n_kv}_d{head_dim}_r{n_rot}"),
             Shape::AttnDecode { n_head, n_kv, head_dim, ctx } | Shape::AttnDecodeRope { n_head, n_kv, head_dim, ctx, .. } => {
                 format!("h{n_head}_kv{n_kv}_d{head_dim}_dv{head_dim}_c{ctx}")
             }
@@ -373,6 +386,7 @@ impl Shape {
             // The cache type of the attention / DSA families (the benched variants read bf16).
             Shape::AttnDecode { .. }
             | Shape::AttnDecodeRope { .. }
+            | Shape::QkNormRope { .. }
             | Shape::AttnPrefill { .. }
             | Shape::MlaDecode { .. }
             | Shape::MlaSparseDecode { .. }
@@ -394,6 +408,9 @@ impl Shape {
             Shape::Argmax { rows, n_vocab } | Shape::Topk { rows, n_vocab, .. } => f * (rows * n_vocab) as u64,
             Shape::Embed { ty, t, n_embd, .. } => weight_bytes(ty, n_embd, t) + f * (t * n_embd + t) as u64,
             Shape::AttnDecode { n_head, n_kv, head_dim, ctx } => BF16 * (2 * ctx * n_kv * head_dim) as u64 + f * (2 * n_head * head_dim + 1) as u64,
+            Shape::QkNormRope { t, n_head, n_kv, head_dim, .. } => {
+                f * (2 * t * (n_head + n_kv) * head_dim + t * n_kv * head_dim + t) as u64 + BF16 * (2 * t * n_kv * head_dim) as u64
+            }
             // Rows before the new one read, the new row written: 2·ctx rows of K and V either way.
             Shape::AttnDecodeRope { n_head, n_kv, head_dim, ctx, .. } => {
                 BF16 * (2 * ctx * n_kv * head_dim) as u64 + f * ((2 * n_head + 2 * n_kv) * head_dim + 1) as u64
@@ -670,6 +687,14 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 };
                 for ctx in ATTN_DECODE_CTX {
                     push(&mut cases, Shape::AttnDecodeRope { n_head, n_kv, head_dim, n_rot, ctx }, a, v, None, false);
+                }
+            }
+            "qk_norm_rope" => {
+                let (Some(n_head), Some(n_kv), Some(head_dim), Some(n_rot)) = (int(v, "n_head"), int(v, "n_kv"), int(v, "head_dim"), int(v, "n_rot")) else {
+                    continue;
+                };
+                for t in [1, PREFILL_T] {
+                    push(&mut cases, Shape::QkNormRope { t, n_head, n_kv, head_dim, n_rot }, a, v, None, false);
                 }
             }
             "attn_prefill" => {
@@ -1638,6 +1663,8 @@ mod tests {
         assert_eq!(mv.bytes(), 192 * 34 * 2048 + 4 * (6144 + 2048));
         assert_eq!(mv.flops(), Some(2 * 6144 * 2048));
         assert_eq!(Shape::Rmsnorm { rows: 4096, n: 6144 }.bytes(), 4 * (2 * 4096 * 6144 + 6144));
+        // Gemma 3 decode: q (4 heads) and k (1) in and out, v in, one K and one V row of 256 bf16 out, pos.
+        assert_eq!(Shape::QkNormRope { t: 1, n_head: 4, n_kv: 1, head_dim: 256, n_rot: 256 }.bytes(), 4 * (2 * 5 * 256 + 256 + 1) + 2 * 2 * 256);
         assert_eq!(Shape::AddRmsnorm { rows: 2, n: 8, delta_norm: false }.bytes(), 4 * (4 * 16 + 8));
         let mm = Shape::Matmul { ty: GgmlType::BF16, t: 4096, k: 6144, n: 6144 };
         assert_eq!(mm.bytes(), 2 * 6144 * 6144 + 4 * 2 * 4096 * 6144);

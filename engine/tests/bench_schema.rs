@@ -484,6 +484,13 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             n_kv: 8,
             head_dim: 128,
         },
+        Shape::QkNormRope {
+            t: 1,
+            n_head: 32,
+            n_kv: 8,
+            head_dim: 128,
+            n_rot: 128,
+        },
         Shape::MlaDecode {
             n_head: 64,
             kv_lora: 512,
@@ -555,6 +562,7 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             | Shape::AttnDecode { .. }
             | Shape::AttnDecodeRope { .. }
             | Shape::AttnPrefill { .. }
+            | Shape::QkNormRope { .. }
             | Shape::MlaDecode { .. }
             | Shape::DsaIndexKey { .. }
             | Shape::DsaIndexer { .. }

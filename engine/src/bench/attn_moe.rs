@@ -20,6 +20,7 @@ use crate::kernels::dsa_topk::{self, DsaTopkParams};
 use crate::kernels::mla_decode::{self, MlaDecodeParams};
 use crate::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
 use crate::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
+use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
 use crate::kernels::{attn_decode, attn_prefill, checks, mla_sparse_decode, moe_router};
 
 /// RoPE base of the index keys (GLM-5: 1e6); the speed does not depend on it.
@@ -40,6 +41,7 @@ pub(super) enum ExtraSet {
     Attn { q: CudaSlice<f32>, k: CudaSlice<u16>, v: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
     /// attn_decode_rope: the raw q/k/v rows and QK-norm weights (sized for `full`), the caches.
     AttnRope { q: CudaSlice<f32>, k: CudaSlice<f32>, v: CudaSlice<f32>, w: CudaSlice<f32>, kc: CudaSlice<u16>, vc: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
+    QkRope { q: CudaSlice<f32>, k: CudaSlice<f32>, v: CudaSlice<f32>, w: CudaSlice<f32>, kc: CudaSlice<u16>, vc: CudaSlice<u16>, pos: CudaSlice<i32> },
     Mla { q: CudaSlice<f32>, cache: CudaSlice<u16>, pos: CudaSlice<i32>, out: CudaSlice<f32> },
     IndexKey { k: CudaSlice<f32>, pos: CudaSlice<i32> },
     Indexer { q: CudaSlice<f32>, w: CudaSlice<f32>, keys: CudaSlice<u16>, pos: CudaSlice<i32>, scores: CudaSlice<f32> },
@@ -111,6 +113,16 @@ pub(super) fn make_set(fill: &mut Filler, shape: &Shape) -> Result<Option<ExtraS
             vc: fill.bf16s(ctx * n_kv * head_dim)?,
             pos: upload(fill, &[(ctx - 1) as i32])?,
             out: alloc(&s, n_head * head_dim)?,
+        },
+        Shape::QkNormRope { t, n_head, n_kv, head_dim, .. } => ExtraSet::QkRope {
+            q: fill.f32s(t * n_head * head_dim)?,
+            k: fill.f32s(t * n_kv * head_dim)?,
+            v: fill.f32s(t * n_kv * head_dim)?,
+            // Per-head norms read hd weights, full ones a row's (q: n_head·hd, k: n_kv·hd).
+            w: fill.f32s(n_head.max(n_kv) * head_dim)?,
+            kc: fill.bf16s(t * n_kv * head_dim)?,
+            vc: fill.bf16s(t * n_kv * head_dim)?,
+            pos: upload(fill, &(0..t as i32).collect::<Vec<_>>())?,
         },
         Shape::AttnPrefill { t, n_head, n_kv, head_dim } => ExtraSet::Attn {
             q: fill.f32s(t * n_head * head_dim)?,
@@ -229,6 +241,14 @@ pub(super) fn launch(
             let norm_w = (checks::baked_sym(kernel.variant(), "qk_norm") != Some("none")).then_some((&wv, &wv));
             let new = NewTokens { q: &qv, k: &kv, v: &vv, norm_w };
             attn_decode_rope::attn_decode_rope(kernel, &new, &mut kc.slice_mut(..), &mut vc.slice_mut(..), &pos.slice(..), &mut out.slice_mut(..), &mut ws.slice_mut(..), &p)
+        }
+        // q and k are normalized and rotated in place: each launch reads what the last wrote
+        // (finite, the same amount of work).
+        (Shape::QkNormRope { t, n_head, n_kv, head_dim, n_rot }, ExtraSet::QkRope { q, k, v, w, kc, vc, pos }) => {
+            let p = QkNormRopeParams::packed(t, head_dim, n_head, n_kv, n_rot, t, FREQ_BASE, 1e-6);
+            let wv = w.slice(..);
+            let norm_w = (qk_norm_rope::qk_norm(kernel)? != "none").then_some((&wv, &wv));
+            qk_norm_rope::qk_norm_rope(kernel, &mut q.slice_mut(..), &mut k.slice_mut(..), &v.slice(..), norm_w, &pos.slice(..), &mut kc.slice_mut(..), &mut vc.slice_mut(..), &p)
         }
         (Shape::AttnPrefill { t, n_head, n_kv, head_dim }, ExtraSet::Attn { q, k, v, out, .. }) => {
             let p = super::prefill_params(t, n_head, n_kv, head_dim);
