@@ -110,14 +110,19 @@ pub fn reads_q8(kernel: &Kernel) -> Result<bool, Error> {
 }
 
 /// Extra dynamic shared memory of an `XQ8 = 2` variant at `k`: the whole q8 x of BATCH rows
-/// (`MatvecGeometry::xf_row` in matvec.cuh); 0 otherwise.
+/// ([`fused_x_row_bytes`] each); 0 otherwise.
 pub fn fused_x_bytes(ty: GgmlType, t: &MatvecTuning, k: usize) -> Option<u32> {
-    let u = unit_shape(ty)?;
     if !(t.xq8 && t.fuse_x) {
-        return Some(0);
+        return unit_shape(ty).map(|_| 0);
     }
-    let row = (k / u.unit_elems as usize * (u.unit_elems as usize + 16) + k / 4).div_ceil(16) * 16;
-    u32::try_from(row * t.batch as usize).ok()
+    fused_x_row_bytes(ty, k)?.checked_mul(t.batch)
+}
+
+/// One x row of `k` in the q8 layout a `ty` unit reads from shared memory
+/// (`MatvecGeometry::xf_row` in matvec.cuh), 16-byte aligned.
+pub fn fused_x_row_bytes(ty: GgmlType, k: usize) -> Option<u32> {
+    let u = unit_shape(ty)?;
+    u32::try_from((k / u.unit_elems as usize * (u.unit_elems as usize + 16) + k / 4).div_ceil(16) * 16).ok()
 }
 
 /// Floats per x row the kernel reads at `k`: `k` (f32 x) or, with `xq8`, the q8 row

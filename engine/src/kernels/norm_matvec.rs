@@ -88,8 +88,7 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
 pub fn xrow_bytes(ty: memra_gguf::GgmlType, k: usize, xq8: bool) -> Option<u32> {
     let u = matvec::unit_shape(ty)?;
     if xq8 {
-        let q8 = matvec::fused_x_bytes(ty, &MatvecTuning { batch: 1, xq8: true, fuse_x: true, ..MatvecTuning::default() }, k)?;
-        return q8.checked_add(u32::try_from((4 * k).div_ceil(16) * 16).ok()?);
+        return matvec::fused_x_row_bytes(ty, k)?.checked_add(u32::try_from((4 * k).div_ceil(16) * 16).ok()?);
     }
     let units = k / u.unit_elems as usize;
     u32::try_from((units * (u.unit_elems as usize + 4) * 4).div_ceil(16) * 16).ok()
