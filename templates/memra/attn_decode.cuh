@@ -164,19 +164,22 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
     const i64 seq_base = ((i64)at.b * max_ctx) * row_stride + (i64)at.kvh * HD;
     const char* kb = static_cast<const char*>(k_cache);
     const char* vb = static_cast<const char*>(v_cache);
+    // This lane's chunks of key row s into slot u of r (zeros unless `ld`).
+    auto load = [&](Rows<U, CPL>& r, int u, int s, bool ld) {
+        const i64 off = seq_base + (i64)s * row_stride;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
+            r.k[u][j] = ld ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+            r.v[u][j] = ld ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
     // Rows base + u·STEP + warp·RPW + sub of [c0, c1), except `skip` (zeros), into r.
     auto issue = [&](Rows<U, CPL>& r, int base, int skip) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = base + u * STEP + warp * RPW + sub;
-            const bool ld = s < c1 && s != skip;
-            const i64 off = seq_base + (i64)s * row_stride;
-#pragma unroll
-            for (int j = 0; j < CPL; ++j) {
-                const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
-                r.k[u][j] = ld ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
-                r.v[u][j] = ld ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+            load(r, u, s, s < c1 && s != skip);
         }
     };
 
@@ -204,14 +207,7 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int s = c0 + u * STEP + warp * RPW + sub;
-                if (s == p) {
-#pragma unroll
-                    for (int j = 0; j < CPL; ++j) {
-                        const i64 e_off = (seq_base + (i64)s * row_stride + (li + j * LPR) * VEC) * T::BYTES;
-                        cur.k[u][j] = ld16(kb + e_off);
-                        cur.v[u][j] = ld16(vb + e_off);
-                    }
-                }
+                if (s == p) load(cur, u, s, true);
             }
         }
     }
