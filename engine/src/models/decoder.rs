@@ -513,6 +513,11 @@ impl Decoder {
 }
 
 impl Net {
+    /// Whether decode steps launch `role`'s kernels ([`GpuOptions::omit`] leaves one out).
+    fn runs(&self, role: StepRole) -> bool {
+        self.omit != Some(role)
+    }
+
     fn n_vocab(&self) -> usize {
         self.lm_head.w.n
     }
@@ -568,7 +573,6 @@ impl Net {
     /// reads an owed add writing the sum into the other buffer. Norms before a MoE FFN (its
     /// router and experts read `h`) stay add_rmsnorm launches.
     fn enqueue_decode_fused(&self, state: &mut State, bufs: &mut Bufs, pos0: usize, splits: &[usize]) -> Result<()> {
-        let keep = |role| self.omit != Some(role);
         let c = &self.cfg;
         let (e, qd, kvd, n_ff, eps) = (c.n_embd, c.n_head * c.head_dim, c.n_kv * c.head_dim, c.n_ff, c.eps);
         let k = &self.kernels;
@@ -593,7 +597,7 @@ impl Net {
                         // The first launch writes the new residual; the others read the old one.
                         let x_out = if i == 0 && add.is_some() { Some(&mut next) } else { None };
                         let at = qkv_offset(run.parts[0].which, 1, qd, kvd);
-                        if keep(StepRole::Qkv) {
+                        if self.runs(StepRole::Qkv) {
                             norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), add, &l.attn_norm.slice(..), x_out, &mut qkv.slice_mut(at..at + run.w.n), e, run.w.n, eps)
                                 .map_err(|er| err(format!("tensor '{}': {er}", run.w.name)))?;
                         }
@@ -617,12 +621,12 @@ impl Net {
                     let pw = l.post_attention_norm.as_ref().map(|w| w.slice(..));
                     let add = Residual { delta: &ov, delta_w: pw.as_ref() };
                     let weights = NormMatvecWeights { w: &gv, w_up: Some(&uv) };
-                    if keep(StepRole::GateUp) {
+                    if self.runs(StepRole::GateUp) {
                         norm_matvec::norm_matvec(k.get(name)?, &weights, &res.slice(..e), Some(add), &l.ffn_norm.slice(..), Some(&mut res_next.slice_mut(..e)), &mut ff.slice_mut(..n_ff), e, n_ff, eps)
                             .map_err(|er| err(format!("tensor '{}': {er}", gate.w.name)))?;
                     }
                     cur ^= 1;
-                    if keep(StepRole::Down) {
+                    if self.runs(StepRole::Down) {
                         down.forward(k, &ff.slice(..n_ff), &mut o.slice_mut(..e), 1)?;
                     }
                 }
@@ -640,11 +644,11 @@ impl Net {
         let post = owed.flatten().map(|w| w.slice(..));
         let add = owed.map(|_| Residual { delta: &ov, delta_w: post.as_ref() });
         let n_vocab = self.n_vocab();
-        if keep(StepRole::LmHead) {
+        if self.runs(StepRole::LmHead) {
             norm_matvec::norm_matvec(k.get(name)?, &NormMatvecWeights { w: &wv, w_up: None }, &res.slice(..e), add, &self.output_norm.slice(..), None, &mut state.out.logits.slice_mut(..), e, n_vocab, eps)
                 .map_err(|er| err(format!("tensor '{}': {er}", self.lm_head.w.name)))?;
         }
-        if keep(StepRole::Argmax) {
+        if self.runs(StepRole::Argmax) {
             state.out.enqueue_argmax(k.get(self.names.argmax)?)?;
         }
         Ok(())
@@ -711,10 +715,10 @@ impl Net {
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
         if let (1, Some(name)) = (t, self.names.attn_decode_rope) {
-            if self.omit != Some(StepRole::Attention) {
+            if self.runs(StepRole::Attention) {
                 self.attend_step(k.get(name)?, state, bufs, l, il, n_split)?;
             }
-            if self.omit == Some(StepRole::OutProj) {
+            if !self.runs(StepRole::OutProj) {
                 return Ok(());
             }
             let Bufs { att, o, .. } = &mut *bufs;
