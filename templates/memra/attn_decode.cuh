@@ -363,23 +363,16 @@ __device__ __forceinline__ void keys_simt(const float* __restrict__ q_glob, cons
     }
 }
 
-// The tensor-core loop's geometry for head_dim HD and W warps: a warp owns one 64-dim slice of
-// the head (NQ = HD/64 slices) for one key group (KG = W/NQ groups); the NQ warps of a group
-// share 16-key tiles (group kg takes tiles kg, kg + KG, … from c0).
-template <int HD, int W> struct TcGeom {
-    static constexpr int NQ = HD / 64, KG = W / NQ;
-    static_assert(HD % 64 == 0 && W % NQ == 0, "the tensor-core loop takes head_dim 64·k with a warp per 64-dim slice");
-};
-
-// One 16-key tile of a warp's 64-dim slice in registers, raw bf16. Lane (g, t) = (lane / 4,
-// lane % 4) holds K rows g and g + 8 (16-byte chunks at slice dims 32c + 8t: the A fragments of
+// One 16-key tile of the tensor-core loop in registers, raw bf16. Lane (g, t) = (lane / 4,
+// lane % 4) holds K rows g and g + 8 (16-byte chunks at dims 32c + 8t: the A fragments of
 // S^T = K·q^T, k-steps 2c and 2c + 1 taking words 0–1 and 2–3) and V rows 2t, 2t + 1, 2t + 8,
-// 2t + 9 (the chunk at slice dims 8g .. 8g + 7: dims 8g + 2i, + 1 are rows g, g + 8 of dim tile
-// i's A fragment of O^T = V^T·P^T). The reduction order of both products is free, so the dims
-// are permuted to match whole 16-byte loads: no shared-memory staging, no transposes.
-struct TcTile {
-    float4 k[2][2];
-    float4 v[4];
+// 2t + 9 (chunks at dims (HD/8)·g + 8c: dims (HD/8)·g + 2i, + 1 are rows g, g + 8 of dim tile i's
+// A fragment of O^T = V^T·P^T). The reduction order of both products is free, so the dims are
+// permuted to match whole 16-byte loads: no shared-memory staging, no transposes.
+template <int HD> struct TcTile {
+    static constexpr int KC = HD / 32, VC = HD / 64;
+    float4 k[2][KC];
+    float4 v[4][VC];
 };
 
 __device__ __forceinline__ u32 word(const float4& c, int i) {
@@ -395,60 +388,74 @@ __device__ __forceinline__ uint2 split_bf16x2(float x0, float x1) {
     return make_uint2(h, ptx::pack_bf16x2(x0 - bf16_lo(h), x1 - bf16_hi(h)));
 }
 
-// The key loop on tensor cores (CACHE_T = BF16), TcGeom's split. Per tile a warp computes its
-// slice's part of S^T = K·q^T (m16n8k16: 16 keys × 8 heads, heads past nh zero, 4 k-steps), the
-// group's NQ parts are summed through shared memory in a fixed order (so its warps hold the same
-// scores bit for bit and run the same online softmax, base 2), then the warp adds its slice of
-// O^T += V^T·P^T (4 mma tiles of 16 dims × 8 heads). q·scale·log2 e and P enter as bf16 hi + lo
-// (two mma each), K and V are exact bf16, accumulation f32: ~2^-17 relative accuracy. P^T's
-// fragments come from S^T's accumulators by movmatrix.trans; the softmax sums stay per lane
-// until the end. A tile's K and V are 32 registers: the first tile loads before the wait, the
-// next one's loads go out before this one's math. Every warp runs the same number of steps
-// (one __syncthreads each, double-buffered exchange); a group past its keys just waits.
+// The key loop on tensor cores (CACHE_T = BF16): a warp takes 16-key tiles (warp, warp + W, …
+// from c0); per tile S^T = K·q^T (m16n8k16: 16 keys × 8 heads, heads past nh zero) and
+// O^T += V^T·P^T (16 dims × 8 heads per mma, dims in the tile's permuted order). q·scale·log2 e
+// and P enter as bf16 hi + lo (two mma each), K and V are exact bf16, accumulation is f32: the
+// products keep ~2^-17 relative accuracy. P^T's fragments come from S^T's accumulators by
+// movmatrix.trans. Online softmax per head in base 2 (the tile max through shuffles over g; the
+// sums stay per lane until the end). Registers hold O (64 at head_dim 256) and one of a tile's K
+// or V (64 each): K is loaded first (the first tile's before the wait), V once S is done, the next
+// tile's K once O is (ptx::after keeps the scheduler from hoisting them, which spilled); their rows
+// were asked into L2 earlier (enter(): the block's first rows; the loop: the next tile's).
 template <int HD, int HP, int HP_MAX, int HD_MAX, int THREADS, class Pre>
 __device__ __forceinline__ void keys_tc(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at, const Keys& ks,
-                                        uint4* qf, float4* xchg, const Partials& part, int n_head, int n_kv, int max_ctx,
-                                        float scale_log2) {
+                                        uint4* qf, const Partials& part, int n_head, int n_kv, int max_ctx, float scale_log2) {
+    using Tile = TcTile<HD>;
     constexpr int W = THREADS / WARP_SIZE;
-    using Geo = TcGeom<HD, W>;
-    constexpr int NQ = Geo::NQ, KG = Geo::KG;
-    constexpr int KT = HD / 16;  // k-steps of the whole head (q's fragment table)
-    static_assert(HP <= 8, "the tensor-core loop carries up to 8 heads");
+    constexpr int KT = HD / 16;  // k-steps of S^T, dim tiles of O^T
+    static_assert(HD % 64 == 0 && HP <= 8, "the tensor-core loop takes head_dim 64·k and up to 8 heads");
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int g = lane / 4, t = lane % 4;
-    const int qs = warp % NQ, kg = warp / NQ;  // slice, key group
-    const int c0 = ks.c0, c1 = ks.c1, p = at.p;
+    const int c1 = ks.c1, p = at.p;
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    // 16 bytes of row s at slice element e: zeros past c1; row p zeros before the wait (aw
-    // null), then the prologue's row (shared memory) or the cache's.
+    // 16 bytes of row s at element e: zeros past c1; row p zeros before the wait (aw null), then
+    // the prologue's row (from shared memory) or the cache's.
     auto chunk = [&](const char* cache, const float4* fresh, int s, int e, const AfterWait* aw) {
-        const int d = 64 * qs + e;
         if (s >= c1 || (s == p && aw == nullptr)) return zero;
-        if (Pre::ON && s == p) return fresh[d / 8];
-        return ld16(cache + (ks.base + (i64)s * ks.stride + d) * 2);
+        if (Pre::ON && s == p) return fresh[e / 8];
+        return ld16(cache + (ks.base + (i64)s * ks.stride + e) * 2);
     };
-    // The tile at `base` into r (only_p: row p alone).
-    auto fill = [&](TcTile& r, int base, const AfterWait* aw, bool only_p) {
+    // The tile at `base` into r: K rows (parts & 1), V rows (parts & 2); only_p: row p alone.
+    auto fill = [&](Tile& r, int base, const AfterWait* aw, int parts, bool only_p) {
+        if (parts & 1) {
 #pragma unroll
-        for (int kr = 0; kr < 2; ++kr) {
-            const int s = base + g + 8 * kr;
-            if (only_p && s != p) continue;
+            for (int kr = 0; kr < 2; ++kr) {
+                const int s = base + g + 8 * kr;
+                if (only_p && s != p) continue;
 #pragma unroll
-            for (int c = 0; c < 2; ++c) r.k[kr][c] = chunk(ks.k, aw ? aw->new_k : nullptr, s, 32 * c + 8 * t, aw);
+                for (int c = 0; c < Tile::KC; ++c) r.k[kr][c] = chunk(ks.k, aw ? aw->new_k : nullptr, s, 32 * c + 8 * t, aw);
+            }
         }
+        if (parts & 2) {
 #pragma unroll
-        for (int vr = 0; vr < 4; ++vr) {
-            const int s = base + 2 * t + (vr & 1) + 8 * (vr >> 1);
-            if (only_p && s != p) continue;
-            r.v[vr] = chunk(ks.v, aw ? aw->new_v : nullptr, s, 8 * g, aw);
+            for (int vr = 0; vr < 4; ++vr) {
+                const int s = base + 2 * t + (vr & 1) + 8 * (vr >> 1);
+                if (only_p && s != p) continue;
+#pragma unroll
+                for (int c = 0; c < Tile::VC; ++c) r.v[vr][c] = chunk(ks.v, aw ? aw->new_v : nullptr, s, HD / 8 * g + 8 * c, aw);
+            }
         }
     };
 
-    const int first = c0 + 16 * kg;
-    TcTile cur;
-    if (first < c1) fill(cur, first, nullptr, false);
+    // The K and V rows of the tile at `base` into L2.
+    auto prefetch_rows16 = [&](int base) {
+        constexpr int LINES = HD * 2 / 128;  // per row
+        for (int i = lane; i < 16 * LINES; i += WARP_SIZE) {
+            const int s = base + i / LINES;
+            const i64 at = (ks.base + (i64)s * ks.stride) * 2 + (i % LINES) * 128;
+            if (s < c1) {
+                prefetch_l2(ks.k + at);
+                prefetch_l2(ks.v + at);
+            }
+        }
+    };
+
+    const int first = ks.c0 + 16 * warp;
+    Tile cur;
+    if (first < c1) fill(cur, first, nullptr, 1, false);
     const AfterWait aw = enter<CacheType::BF16, HD, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, n_head, n_kv, max_ctx);
-    if (at.holds_p && first < c1) fill(cur, first, &aw, true);
+    if (at.holds_p && first < c1) fill(cur, first, &aw, 1, true);
 
     // q's B fragments, once per block: k-step kk, lane (g, t) → head g's dims 32·(kk/2) + 8t +
     // 4·(kk%2) + 0..3 (K's permutation) as (hi b0, hi b1, lo b0, lo b1); lanes of heads ≥ HP
@@ -464,75 +471,69 @@ __device__ __forceinline__ void keys_tc(const float* __restrict__ q_glob, const 
         qf[i] = make_uint4(a.x, b.x, a.y, b.y);
     }
     __syncthreads();
-    uint4 qb[4];  // this slice's 4 k-steps
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) qb[kk] = lane < QL ? qf[(4 * qs + kk) * QL + lane] : make_uint4(0u, 0u, 0u, 0u);
 
-    float o[4][4];
+    float o[KT][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int i = 0; i < KT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t + 1
-    const int steps = (c1 - c0 + 16 * KG - 1) / (16 * KG);      // the same for every warp
-    for (int n = 0; n < steps; ++n) {
-        const int base = first + 16 * KG * n, next = base + 16 * KG;
-        const bool live = base < c1;
-        TcTile nxt;
-        if (next < c1) fill(nxt, next, &aw, false);
-        float4* xs = xchg + ((n % 2) * W + kg * NQ) * WARP_SIZE;  // this group's NQ parts
-        if (live) {
-            float sh[4] = {0.f, 0.f, 0.f, 0.f}, sl[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int base = first; base < c1; base += 16 * W) {
+        const int next = base + 16 * W;
+        if (next < c1) prefetch_rows16(next);  // its loads wait for this tile's products
+        // S^T: two independent accumulators (hi and lo parts of q).
+        float sa[2][4];
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                const int c = kk / 2, w0 = 2 * (kk % 2);
-                const u32 a[4] = {word(cur.k[0][c], w0), word(cur.k[1][c], w0), word(cur.k[0][c], w0 + 1), word(cur.k[1][c], w0 + 1)};
-                ptx::bf16_16816(sh, a, qb[kk].x, qb[kk].y);
-                ptx::bf16_16816(sl, a, qb[kk].z, qb[kk].w);
-            }
-            xs[qs * WARP_SIZE + lane] = make_float4(sh[0] + sl[0], sh[1] + sl[1], sh[2] + sl[2], sh[3] + sl[3]);
+        for (int j = 0; j < 2; ++j) sa[j][0] = sa[j][1] = sa[j][2] = sa[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            const int c = kk / 2, w0 = 2 * (kk % 2);
+            const u32 a[4] = {word(cur.k[0][c], w0), word(cur.k[1][c], w0), word(cur.k[0][c], w0 + 1), word(cur.k[1][c], w0 + 1)};
+            const uint4 b = lane < QL ? qf[kk * QL + lane] : make_uint4(0u, 0u, 0u, 0u);
+            ptx::bf16_16816(sa[0], a, b.x, b.y);
+            ptx::bf16_16816(sa[1], a, b.z, b.w);
         }
-        __syncthreads();
-        if (live) {
-            // sc: keys g (0, 1) and g + 8 (2, 3) × heads 2t (0, 2) and 2t + 1 (1, 3).
-            float4 s4 = xs[lane];
+        // sc: keys g (0, 1) and g + 8 (2, 3) × heads 2t (0, 2) and 2t + 1 (1, 3).
+        float sc[4];
 #pragma unroll
-            for (int q = 1; q < NQ; ++q) {
-                const float4 x = xs[q * WARP_SIZE + lane];
-                s4 = make_float4(s4.x + x.x, s4.y + x.y, s4.z + x.z, s4.w + x.w);
-            }
-            float sc[4] = {s4.x, s4.y, s4.z, s4.w};
-            if (base + g >= c1) sc[0] = sc[1] = neg_inf();
-            if (base + g + 8 >= c1) sc[2] = sc[3] = neg_inf();
-            float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+        for (int e = 0; e < 4; ++e) sc[e] = sa[0][e] + sa[1][e];
+        // V into K's registers, now free (ptx::after: not hoisted above S).
+        fill(cur, ptx::after(base, sc[0]), &aw, 2, false);
+        if (base + g >= c1) sc[0] = sc[1] = neg_inf();
+        if (base + g + 8 >= c1) sc[2] = sc[3] = neg_inf();
+        float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
 #pragma unroll
-            for (int off = 4; off < WARP_SIZE; off <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, off));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, off));
-            }
-            const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);  // finite: key `base` is visible
-            const float cr0 = exp2f(m[0] - mn0), cr1 = exp2f(m[1] - mn1);  // m = −inf → 0
-            const float pr[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0), exp2f(sc[3] - mn1)};
-            l[0] = fmaf(l[0], cr0, pr[0] + pr[2]);
-            l[1] = fmaf(l[1], cr1, pr[1] + pr[3]);
-            m[0] = mn0;
-            m[1] = mn1;
-            // P (keys × heads, rows g and g + 8) as bf16 hi + lo, transposed into P^T's B fragments.
-            const uint2 p0 = split_bf16x2(pr[0], pr[1]), p1 = split_bf16x2(pr[2], pr[3]);
-            const u32 bh0 = ptx::movmatrix_trans(p0.x), bh1 = ptx::movmatrix_trans(p1.x);
-            const u32 bl0 = ptx::movmatrix_trans(p0.y), bl1 = ptx::movmatrix_trans(p1.y);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {  // dims 8g + 2i, + 1 of the slice: word i of each V row
-                o[i][0] *= cr0;
-                o[i][1] *= cr1;
-                o[i][2] *= cr0;
-                o[i][3] *= cr1;
-                const u32 v0 = word(cur.v[0], i), v1 = word(cur.v[1], i), v2 = word(cur.v[2], i), v3 = word(cur.v[3], i);
-                const u32 a[4] = {__byte_perm(v0, v1, 0x5410), __byte_perm(v0, v1, 0x7632), __byte_perm(v2, v3, 0x5410),
-                                  __byte_perm(v2, v3, 0x7632)};
-                ptx::bf16_16816(o[i], a, bh0, bh1);
-                ptx::bf16_16816(o[i], a, bl0, bl1);
-            }
+        for (int off = 4; off < WARP_SIZE; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, off));
         }
-        cur = nxt;
+        const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);  // finite: key `base` is visible
+        const float cr0 = exp2f(m[0] - mn0), cr1 = exp2f(m[1] - mn1);  // m = −inf → 0
+        const float pr[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0), exp2f(sc[3] - mn1)};
+        l[0] = fmaf(l[0], cr0, pr[0] + pr[2]);
+        l[1] = fmaf(l[1], cr1, pr[1] + pr[3]);
+        m[0] = mn0;
+        m[1] = mn1;
+#pragma unroll
+        for (int i = 0; i < KT; ++i) {
+            o[i][0] *= cr0;
+            o[i][1] *= cr1;
+            o[i][2] *= cr0;
+            o[i][3] *= cr1;
+        }
+        // P (keys × heads, rows g and g + 8) as bf16 hi + lo, transposed into P^T's B fragments.
+        const uint2 p0 = split_bf16x2(pr[0], pr[1]), p1 = split_bf16x2(pr[2], pr[3]);
+        const u32 bh0 = ptx::movmatrix_trans(p0.x), bh1 = ptx::movmatrix_trans(p1.x);
+        const u32 bl0 = ptx::movmatrix_trans(p0.y), bl1 = ptx::movmatrix_trans(p1.y);
+#pragma unroll
+        for (int i = 0; i < KT; ++i) {
+            const int c = i / 4, wi = i % 4;  // dims (HD/8)·g + 2i, + 1: chunk i/4, word i%4
+            const u32 v0 = word(cur.v[0][c], wi), v1 = word(cur.v[1][c], wi);
+            const u32 v2 = word(cur.v[2][c], wi), v3 = word(cur.v[3][c], wi);
+            const u32 a[4] = {__byte_perm(v0, v1, 0x5410), __byte_perm(v0, v1, 0x7632), __byte_perm(v2, v3, 0x5410),
+                              __byte_perm(v2, v3, 0x7632)};
+            ptx::bf16_16816(o[i], a, bh0, bh1);
+            ptx::bf16_16816(o[i], a, bl0, bl1);
+        }
+        if (next < c1) fill(cur, ptx::after(next, o[KT - 1][0]), &aw, 1, false);  // into V's registers
     }
 
 #pragma unroll
@@ -540,42 +541,30 @@ __device__ __forceinline__ void keys_tc(const float* __restrict__ q_glob, const 
         l[0] += __shfl_xor_sync(FULL_MASK, l[0], off);
         l[1] += __shfl_xor_sync(FULL_MASK, l[1], off);
     }
-    // The group's partials (slot kg), this slice's dims in fragment order: element 64·qs + 16i +
-    // 2g + e of a head is dim 64·qs + 8g + 2i + e (tc_dim); slice 0 writes (m, l).
+    // Dims in fragment order: element 16i + 2g + e of a head is dim (HD/8)·g + 2i + e (tc_dim).
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int h = 2 * t + hh;
         if (h < at.nh) {
-            float* a = part.acc + (kg * HP + h) * HD + 64 * qs + 2 * g;
+            float* a = part.acc + (warp * HP + h) * HD + 2 * g;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) *reinterpret_cast<float2*>(a + 16 * i) = make_float2(o[i][hh], o[i][2 + hh]);
-            if (qs == 0 && g == 0) {
-                part.m[kg * HP + h] = m[hh];
-                part.l[kg * HP + h] = l[hh];
+            for (int i = 0; i < KT; ++i) *reinterpret_cast<float2*>(a + 16 * i) = make_float2(o[i][hh], o[i][2 + hh]);
+            if (g == 0) {
+                part.m[warp * HP + h] = m[hh];
+                part.l[warp * HP + h] = l[hh];
             }
         }
     }
 }
 
 // The head dim of element d of keys_tc's partials.
-__device__ __forceinline__ int tc_dim(int d) { return (d & ~63) + 8 * (d % 16 / 2) + 2 * (d % 64 / 16) + d % 2; }
-
-// The tensor-core loop's exchange buffer: two steps × W warps × 32 lanes of float4.
-template <int W> __host__ __device__ constexpr int xchg_floats() { return 2 * W * WARP_SIZE * 4; }
-
-// The merge buffer (floats) of a kernel with W warps, up to HP_MAX heads and head_dim HD_MAX:
-// NP partials of HP·(hd + 2) floats, and on tensor cores the exchange buffer after them
-// (NP = W·64/hd key groups there, so HP·(hd + 2)·NP ≤ W·HP·66 for any hd ≥ 64).
-template <CacheType C, int W, int HP_MAX, int HD_MAX> __host__ __device__ constexpr int merge_floats() {
-    return C == CacheType::BF16 ? W * HP_MAX * 66 + xchg_floats<W>() : W * HP_MAX * (HD_MAX + 2);
-}
+template <int HD> __device__ __forceinline__ int tc_dim(int d) { return HD / 8 * (d % 16 / 2) + 2 * (d / 16) + d % 2; }
 
 // One block's attention: its q heads [h0, h0 + nh) of kv head kvh over keys [c0, c1). HP / HD are
 // this instantiation's (generic: dispatched), HP_MAX / HD_MAX the kernel's largest, which size
 // `smem` and the prologue's tables. The key loop (tensor cores for a bf16 cache, else CUDA
-// cores) leaves NP partials in `smem` (a key group's or a warp's); they are merged per head,
-// then written out (n_split = 1) or to `work`, where the last block of the head group combines
-// the splits.
+// cores) leaves each warp's partials in `smem`; they are merged per head, then written out
+// (n_split = 1) or to `work`, where the last block of the head group combines the splits.
 template <CacheType C, int HD, int HP, int HP_MAX, int HD_MAX, int THREADS, class Pre>
 __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at,
                                       const void* __restrict__ k_cache, const void* __restrict__ v_cache, float* __restrict__ out,
@@ -583,12 +572,10 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
                                       int max_ctx, int c0, int c1, int n_split, int sp, float scale_log2) {
     constexpr int W = THREADS / WARP_SIZE;
     constexpr bool TC = C == CacheType::BF16;
-    constexpr int NP = TC ? TcGeom<HD, W>::KG : W;
     static_assert(HP <= HP_MAX && HD <= HD_MAX, "an instantiation within the kernel's maxima");
-    // smem: acc [NP][HP][HD], then m [NP][HP], l [NP][HP] (the caller sizes it: merge_floats);
-    // the tensor-core loop's exchange buffer after them.
-    constexpr int SMEM_FLOATS = merge_floats<C, W, HP_MAX, HD_MAX>();
-    const Partials part{smem, smem + NP * HP * HD, smem + NP * HP * HD + NP * HP};
+    // smem: acc [W][HP][HD], then m [W][HP], l [W][HP] (sized by the caller for HP_MAX / HD_MAX).
+    constexpr int SMEM_FLOATS = W * HP_MAX * (HD_MAX + 2);
+    const Partials part{smem, smem + W * HP * HD, smem + W * HP * HD + W * HP};
     __shared__ float s_ml[2][HP];  // a head's (max, sum) after a merge
 
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -597,13 +584,12 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
     const Keys ks{static_cast<const char*>(k_cache), static_cast<const char*>(v_cache),
                   ((i64)at.b * max_ctx) * row_stride + (i64)at.kvh * HD, row_stride, c0, c1, at.p};
     if constexpr (TC) {
-        float4* xchg = reinterpret_cast<float4*>(smem + SMEM_FLOATS - xchg_floats<W>());
-        keys_tc<HD, HP, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, qf, xchg, part, n_head, n_kv, max_ctx, scale_log2);
+        keys_tc<HD, HP, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, qf, part, n_head, n_kv, max_ctx, scale_log2);
     } else {
         keys_simt<C, HD, HP, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, part, n_head, n_kv, max_ctx, scale_log2);
     }
     // Element d of a partial is out's dim_of(d).
-    auto dim_of = [](int d) { return TC ? tc_dim(d) : d; };
+    auto dim_of = [](int d) { return TC ? tc_dim<HD>(d) : d; };
     float* s_m = part.m;
     float* s_l = part.l;
     __syncthreads();
@@ -613,9 +599,9 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
         const int h = threadIdx.x;
         float M = neg_inf(), L = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NP; ++w) M = fmaxf(M, s_m[w * HP + h]);
+        for (int w = 0; w < W; ++w) M = fmaxf(M, s_m[w * HP + h]);
 #pragma unroll
-        for (int w = 0; w < NP; ++w) {
+        for (int w = 0; w < W; ++w) {
             const float wt = merge_w(s_m[w * HP + h], M);  // 0 for a warp that saw no key
             s_m[w * HP + h] = wt;
             L = fmaf(s_l[w * HP + h], wt, L);
@@ -630,7 +616,7 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
         const int h = idx / HD, d = idx % HD;
         float A = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NP; ++w) A = fmaf(part.acc[(w * HP + h) * HD + d], s_m[w * HP + h], A);
+        for (int w = 0; w < W; ++w) A = fmaf(part.acc[(w * HP + h) * HD + d], s_m[w * HP + h], A);
         const float L = s_ml[1][h];
         if (n_split == 1) {
             out[(head_base + h) * HD + dim_of(d)] = L > 0.0f ? A / L : 0.0f;
@@ -778,9 +764,8 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     constexpr int W = Cfg::THREADS / WARP_SIZE;
     constexpr int HP_MAX = HP_SPEC != 0 ? HP_SPEC : HP_CAP;
     constexpr int HD_MAX = Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256;
-    constexpr int MERGE = attn_detail::merge_floats<C, W, HP_MAX, HD_MAX>();
-    static_assert(MERGE * 4 <= 40960, "shared merge buffer too large: lower THREADS");
-    __shared__ __align__(16) float smem[MERGE];
+    static_assert(W * HP_MAX * (HD_MAX + 2) * 4 <= 40960, "shared merge buffer too large: lower THREADS");
+    __shared__ __align__(16) float smem[W * HP_MAX * (HD_MAX + 2)];
     // The tensor-core loop's q fragments (attn_detail::keys_tc), one table for every instantiation.
     __shared__ __align__(16) uint4 qf[C == CacheType::BF16 ? HD_MAX * HP_MAX / 4 : 1];
     const attn_detail::BlockAt at{b, kvh, hg, h0, nh, p, c0 <= p && p < c1};
