@@ -76,11 +76,6 @@ template <class T> inline T __ldcg(const T* p) { return *p; }
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return float2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
-inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
-inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-    unsigned long long v = ((unsigned long long)y << 32) | x; unsigned r = 0;
-    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
-    return r; }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     int t = threadIdx.x; g_warp_barriers[t / 32]->arrive_and_wait(); g_xchg[t] = v; g_warp_barriers[t / 32]->arrive_and_wait();
     float r = g_xchg[(t & ~31) | ((t & 31) ^ o)]; return r; }
@@ -331,8 +326,7 @@ fn emulator_source() -> String {
         t.replace("#pragma once", "")
             .replace("#include \"memra/common.cuh\"", "")
     };
-    // attn_decode.cuh brings the host `ptx` stand-ins; mla_decode.cuh shares them.
-    let attn = mma_host::with_host_ptx(&strip(template("attn_decode.cuh")));
+    let attn = strip(template("attn_decode.cuh"));
     let qk = template("qk_norm_rope.cuh");
     let from = qk.find("__device__ __forceinline__ float2 rope_cos_sin(").expect("qk_norm_rope.cuh: no rope_cos_sin");
     let to = qk.find("template <class Cfg>\n__device__ __forceinline__ void qk_norm_rope_impl(").expect("qk_norm_rope.cuh: no qk_norm_rope_impl");
@@ -349,7 +343,7 @@ fn emulator_source() -> String {
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
-    let mla = mma_host::host_mla_tensor_core_path(&mla).replace("#include \"memra/mma.cuh\"", "");
+    let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
     format!("{PRELUDE}\n{attn}\n{helpers}\n{rope}\n{mla}\n{MAIN}")
 }
 

@@ -37,7 +37,6 @@
 // then merged across lane groups (shuffles) and warps (shared memory).
 #pragma once
 #include "memra/common.cuh"
-#include "memra/mma.cuh"
 
 namespace memra {
 namespace attn_detail {
@@ -124,60 +123,22 @@ struct Prepared {
     SmemNewRow new_row;
 };
 
-// Where a block's keys live: the caches, the first element of this sequence's kv head, the
-// elements between rows, the block's rows [c0, c1) and the query position p.
-struct Keys {
-    const char* k;
-    const char* v;
-    i64 base, stride;
-    int c0, c1, p;
-};
-
-// A warp's partial softmax over its keys, in shared memory [W][HP][HD] (acc, unnormalized) and
-// [W][HP] (m, l); a warp that saw no key leaves m = −inf, l = 0, acc = 0.
-struct Partials {
-    float* acc;
-    float* m;
-    float* l;
-};
-
-// What the key loop has once the previous kernel is done: the block's q heads (head h at
-// q + h·hd) and, with a prologue, its new key row p (raw CACHE_T chunks in shared memory).
-struct AfterWait {
-    const float* q;
-    const float4* new_k;
-    const float4* new_v;
-};
-
-// The wait for the previous kernel and what follows it. Before: the block's first key rows into
-// L2 and the prologue's constant work (the caller has its first rows' loads in flight). After:
-// the prologue (attn_decode_rope) or q from global memory.
-template <CacheType C, int HD, int HP_MAX, int HD_MAX, int THREADS, class Pre>
-__device__ __forceinline__ AfterWait enter(const float* q_glob, const Pre& pre, const BlockAt& at, const Keys& ks, int n_head,
-                                           int n_kv, int max_ctx) {
-    prefetch_rows<C, THREADS>(ks.k, ks.v, ks.base + (i64)ks.c0 * ks.stride, ks.stride, min(ks.c1 - ks.c0, PREFETCH_ROWS), HD);
-    pre.before_wait(at.p, HD, n_head, n_kv);
-    pdl_entry();
-    if constexpr (Pre::ON) {
-        const Prepared r = pre.template run<HP_MAX, HD_MAX>(at, HD, n_head, n_kv, max_ctx);
-        return AfterWait{r.q, r.new_row.k, r.new_row.v};
-    } else {
-        return AfterWait{q_glob + ((i64)at.b * n_head + at.h0) * HD, nullptr, nullptr};
-    }
-}
-
 // The K and V chunks of one step of the key loop: U rows per lane group, raw CACHE_T.
 template <int U, int CPL> struct Rows {
     float4 k[U][CPL], v[U][CPL];
 };
 
-// The key loop on CUDA cores (any CACHE_T): a K/V row is split over LPR = min(32, hd/VEC) lanes
-// (16-byte chunks), a warp takes 32/LPR rows at once, two such rows per lane group per step
-// with the next step's loads in flight during the math; f32 dot products reduced by shuffles,
-// online softmax in base 2 per lane group, then merged across the lane groups.
+// One block's attention: its q heads [h0, h0 + nh) of kv head kvh over keys [c0, c1). HP / HD are
+// this instantiation's (generic: dispatched), HP_MAX / HD_MAX the kernel's largest, which size
+// `smem` and the prologue's tables. Order: the first key rows are loaded into registers and the
+// prologue's constant work done, then the wait for the previous kernel (pdl_entry), then q (the
+// prologue's normed, rotated heads, or global memory), then the key loop with the next rows'
+// loads in flight while a step's math runs.
 template <CacheType C, int HD, int HP, int HP_MAX, int HD_MAX, int THREADS, class Pre>
-__device__ __forceinline__ void keys_simt(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at, const Keys& ks,
-                                          const Partials& part, int n_head, int n_kv, int max_ctx, float scale_log2) {
+__device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at,
+                                      const void* __restrict__ k_cache, const void* __restrict__ v_cache, float* __restrict__ out,
+                                      float* work_acc, float* work_ml, u32* counters, float* smem, int n_head, int n_kv, int max_ctx,
+                                      int c0, int c1, int n_split, int sp, float scale_log2) {
     using T = CacheTraits<C>;
     constexpr int VEC = T::VEC;
     constexpr int CH = HD / VEC;
@@ -188,18 +149,29 @@ __device__ __forceinline__ void keys_simt(const float* __restrict__ q_glob, cons
     constexpr int U = 2;
     constexpr int STEP = W * RPW;
     static_assert(HD % VEC == 0 && CH % LPR == 0 && (LPR & (LPR - 1)) == 0, "head_dim must be 16-byte chunks, a power of two or a multiple of 32");
+    static_assert(HP <= HP_MAX && HD <= HD_MAX, "an instantiation within the kernel's maxima");
+    // smem: acc [W][HP][HD], then m [W][HP], l [W][HP] (sized by the caller for HP_MAX / HD_MAX).
+    constexpr int SMEM_FLOATS = W * HP_MAX * (HD_MAX + 2);
+    float* s_acc = smem;
+    float* s_m = smem + W * HP * HD;
+    float* s_l = s_m + W * HP;
+    __shared__ float s_ml[2][HP];  // a head's (max, sum) after a merge
 
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int sub = lane / LPR, li = lane % LPR;
-    const int nh = at.nh, p = at.p, c0 = ks.c0, c1 = ks.c1;
+    const int nh = at.nh, p = at.p;
+    const i64 row_stride = (i64)n_kv * HD;  // elements between cache rows
+    const i64 seq_base = ((i64)at.b * max_ctx) * row_stride + (i64)at.kvh * HD;
+    const char* kb = static_cast<const char*>(k_cache);
+    const char* vb = static_cast<const char*>(v_cache);
     // This lane's chunks of key row s into slot u of r (zeros unless `ld`).
     auto load = [&](Rows<U, CPL>& r, int u, int s, bool ld) {
-        const i64 off = ks.base + (i64)s * ks.stride;
+        const i64 off = seq_base + (i64)s * row_stride;
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
             const i64 e_off = (off + (li + j * LPR) * VEC) * T::BYTES;
-            r.k[u][j] = ld ? ld16(ks.k + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
-            r.v[u][j] = ld ? ld16(ks.v + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+            r.k[u][j] = ld ? ld16(kb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
+            r.v[u][j] = ld ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
     // Rows base + u·STEP + warp·RPW + sub of [c0, c1), except `skip` (zeros), into r.
@@ -215,10 +187,22 @@ __device__ __forceinline__ void keys_simt(const float* __restrict__ q_glob, cons
     // launch's prologue), every other visible row by earlier steps.
     Rows<U, CPL> cur;
     issue(cur, c0, p);
-    const AfterWait aw = enter<C, HD, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, n_head, n_kv, max_ctx);
-    const float* q = aw.q;
-    const int new_s = Pre::ON && at.holds_p ? p : -1;  // the key row read from shared memory
-    if constexpr (!Pre::ON) {
+    prefetch_rows<C, THREADS>(k_cache, v_cache, seq_base + (i64)c0 * row_stride, row_stride, min(c1 - c0, PREFETCH_ROWS), HD);
+    pre.before_wait(p, HD, n_head, n_kv);
+    pdl_entry();
+
+    const float* q;
+    int new_s = -1;  // the key row that comes from shared memory (the prologue's), not the cache
+    const float4* new_k = nullptr;
+    const float4* new_v = nullptr;
+    if constexpr (Pre::ON) {
+        const Prepared r = pre.template run<HP_MAX, HD_MAX>(at, HD, n_head, n_kv, max_ctx);
+        q = r.q;
+        new_s = r.new_row.s;
+        new_k = r.new_row.k;
+        new_v = r.new_row.v;
+    } else {
+        q = q_glob + ((i64)at.b * n_head + at.h0) * HD;
         if (at.holds_p) {  // row p, left out before the wait, is now in the cache
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -266,8 +250,8 @@ __device__ __forceinline__ void keys_simt(const float* __restrict__ q_glob, cons
                 if (ok[u] && s == new_s) {
 #pragma unroll
                     for (int j = 0; j < CPL; ++j) {
-                        cur.k[u][j] = aw.new_k[li + j * LPR];
-                        cur.v[u][j] = aw.new_v[li + j * LPR];
+                        cur.k[u][j] = new_k[li + j * LPR];
+                        cur.v[u][j] = new_v[li + j * LPR];
                     }
                 }
             }
@@ -352,246 +336,15 @@ __device__ __forceinline__ void keys_simt(const float* __restrict__ q_glob, cons
             for (int j = 0; j < CPL; ++j) {
 #pragma unroll
                 for (int e = 0; e < VEC; e += 4)
-                    *reinterpret_cast<float4*>(part.acc + (warp * HP + h) * HD + (li + j * LPR) * VEC + e) =
+                    *reinterpret_cast<float4*>(s_acc + (warp * HP + h) * HD + (li + j * LPR) * VEC + e) =
                         make_float4(acc[h][j][e], acc[h][j][e + 1], acc[h][j][e + 2], acc[h][j][e + 3]);
             }
             if (li == 0) {
-                part.m[warp * HP + h] = m[h];
-                part.l[warp * HP + h] = l[h];
+                s_m[warp * HP + h] = m[h];
+                s_l[warp * HP + h] = l[h];
             }
         }
     }
-}
-
-// One 16-key tile of the tensor-core loop in registers, raw bf16. Lane (g, t) = (lane / 4,
-// lane % 4) holds K rows g and g + 8 (16-byte chunks at dims 32c + 8t: the A fragments of
-// S^T = K·q^T, k-steps 2c and 2c + 1 taking words 0–1 and 2–3) and V rows 2t, 2t + 1, 2t + 8,
-// 2t + 9 (chunks at dims (HD/8)·g + 8c: dims (HD/8)·g + 2i, + 1 are rows g, g + 8 of dim tile i's
-// A fragment of O^T = V^T·P^T). The reduction order of both products is free, so the dims are
-// permuted to match whole 16-byte loads: no shared-memory staging, no transposes.
-template <int HD> struct TcTile {
-    static constexpr int KC = HD / 32, VC = HD / 64;
-    float4 k[2][KC];
-    float4 v[4][VC];
-};
-
-__device__ __forceinline__ u32 word(const float4& c, int i) {
-    return __float_as_uint(i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w);
-}
-__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
-
-// (x0, x1) as bf16 hi + lo pairs: x ≈ hi + lo to ~2^-17 relative, so the tensor-core products
-// of a two-term operand keep f32-like accuracy.
-__device__ __forceinline__ uint2 split_bf16x2(float x0, float x1) {
-    const u32 h = ptx::pack_bf16x2(x0, x1);
-    return make_uint2(h, ptx::pack_bf16x2(x0 - bf16_lo(h), x1 - bf16_hi(h)));
-}
-
-// The key loop on tensor cores (CACHE_T = BF16): a warp takes 16-key tiles (warp, warp + W, …
-// from c0); per tile S^T = K·q^T (m16n8k16: 16 keys × 8 heads, heads past nh zero) and
-// O^T += V^T·P^T (16 dims × 8 heads per mma, dims in the tile's permuted order). q·scale·log2 e
-// and P enter as bf16 hi + lo (two mma each), K and V are exact bf16, accumulation is f32: the
-// products keep ~2^-17 relative accuracy. P^T's fragments come from S^T's accumulators by
-// movmatrix.trans. Online softmax per head in base 2 (the tile max through shuffles over g; the
-// sums stay per lane until the end). Registers hold O (64 at head_dim 256) and one of a tile's K
-// or V (64 each): K is loaded first (the first tile's before the wait), V once S is done, the next
-// tile's K once O is (ptx::after keeps the scheduler from hoisting them, which spilled); their rows
-// were asked into L2 earlier (enter(): the block's first rows; the loop: the next tile's).
-template <int HD, int HP, int HP_MAX, int HD_MAX, int THREADS, class Pre>
-__device__ __forceinline__ void keys_tc(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at, const Keys& ks,
-                                        uint4* qf, const Partials& part, int n_head, int n_kv, int max_ctx, float scale_log2) {
-    using Tile = TcTile<HD>;
-    constexpr int W = THREADS / WARP_SIZE;
-    constexpr int KT = HD / 16;  // k-steps of S^T, dim tiles of O^T
-    static_assert(HD % 64 == 0 && HP <= 8, "the tensor-core loop takes head_dim 64·k and up to 8 heads");
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int g = lane / 4, t = lane % 4;
-    const int c1 = ks.c1, p = at.p;
-    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    // 16 bytes of row s at element e: zeros past c1; row p zeros before the wait (aw null), then
-    // the prologue's row (from shared memory) or the cache's.
-    auto chunk = [&](const char* cache, const float4* fresh, int s, int e, const AfterWait* aw) {
-        if (s >= c1 || (s == p && aw == nullptr)) return zero;
-        if (Pre::ON && s == p) return fresh[e / 8];
-        return ld16(cache + (ks.base + (i64)s * ks.stride + e) * 2);
-    };
-    // The tile at `base` into r: K rows (parts & 1), V rows (parts & 2); only_p: row p alone.
-    auto fill = [&](Tile& r, int base, const AfterWait* aw, int parts, bool only_p) {
-        if (parts & 1) {
-#pragma unroll
-            for (int kr = 0; kr < 2; ++kr) {
-                const int s = base + g + 8 * kr;
-                if (only_p && s != p) continue;
-#pragma unroll
-                for (int c = 0; c < Tile::KC; ++c) r.k[kr][c] = chunk(ks.k, aw ? aw->new_k : nullptr, s, 32 * c + 8 * t, aw);
-            }
-        }
-        if (parts & 2) {
-#pragma unroll
-            for (int vr = 0; vr < 4; ++vr) {
-                const int s = base + 2 * t + (vr & 1) + 8 * (vr >> 1);
-                if (only_p && s != p) continue;
-#pragma unroll
-                for (int c = 0; c < Tile::VC; ++c) r.v[vr][c] = chunk(ks.v, aw ? aw->new_v : nullptr, s, HD / 8 * g + 8 * c, aw);
-            }
-        }
-    };
-
-    // The K and V rows of the tile at `base` into L2.
-    auto prefetch_rows16 = [&](int base) {
-        constexpr int LINES = HD * 2 / 128;  // per row
-        for (int i = lane; i < 16 * LINES; i += WARP_SIZE) {
-            const int s = base + i / LINES;
-            const i64 at = (ks.base + (i64)s * ks.stride) * 2 + (i % LINES) * 128;
-            if (s < c1) {
-                prefetch_l2(ks.k + at);
-                prefetch_l2(ks.v + at);
-            }
-        }
-    };
-
-    const int first = ks.c0 + 16 * warp;
-    Tile cur;
-    if (first < c1) fill(cur, first, nullptr, 1, false);
-    const AfterWait aw = enter<CacheType::BF16, HD, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, n_head, n_kv, max_ctx);
-    if (at.holds_p && first < c1) fill(cur, first, &aw, 1, true);
-
-    // q's B fragments, once per block: k-step kk, lane (g, t) → head g's dims 32·(kk/2) + 8t +
-    // 4·(kk%2) + 0..3 (K's permutation) as (hi b0, hi b1, lo b0, lo b1); lanes of heads ≥ HP
-    // (zero fragments) have no entry.
-    constexpr int QL = 4 * HP;  // lanes with an entry
-    for (int i = threadIdx.x; i < KT * QL; i += THREADS) {
-        const int kk = i / QL, hq = i % QL / 4, tq = i % 4;
-        const float* src = aw.q + hq * HD + 32 * (kk / 2) + 8 * tq + 4 * (kk % 2);
-        float x[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] = hq < at.nh ? src[e] * scale_log2 : 0.0f;
-        const uint2 a = split_bf16x2(x[0], x[1]), b = split_bf16x2(x[2], x[3]);
-        qf[i] = make_uint4(a.x, b.x, a.y, b.y);
-    }
-    __syncthreads();
-
-    float o[KT][4];
-#pragma unroll
-    for (int i = 0; i < KT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t + 1
-    for (int base = first; base < c1; base += 16 * W) {
-        const int next = base + 16 * W;
-        if (next < c1) prefetch_rows16(next);  // its loads wait for this tile's products
-        // S^T: two independent accumulators (hi and lo parts of q).
-        float sa[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) sa[j][0] = sa[j][1] = sa[j][2] = sa[j][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            const int c = kk / 2, w0 = 2 * (kk % 2);
-            const u32 a[4] = {word(cur.k[0][c], w0), word(cur.k[1][c], w0), word(cur.k[0][c], w0 + 1), word(cur.k[1][c], w0 + 1)};
-            const uint4 b = lane < QL ? qf[kk * QL + lane] : make_uint4(0u, 0u, 0u, 0u);
-            ptx::bf16_16816(sa[0], a, b.x, b.y);
-            ptx::bf16_16816(sa[1], a, b.z, b.w);
-        }
-        // sc: keys g (0, 1) and g + 8 (2, 3) × heads 2t (0, 2) and 2t + 1 (1, 3).
-        float sc[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[e] = sa[0][e] + sa[1][e];
-        // V into K's registers, now free (ptx::after: not hoisted above S).
-        fill(cur, ptx::after(base, sc[0]), &aw, 2, false);
-        if (base + g >= c1) sc[0] = sc[1] = neg_inf();
-        if (base + g + 8 >= c1) sc[2] = sc[3] = neg_inf();
-        float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
-#pragma unroll
-        for (int off = 4; off < WARP_SIZE; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, off));
-        }
-        const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);  // finite: key `base` is visible
-        const float cr0 = exp2f(m[0] - mn0), cr1 = exp2f(m[1] - mn1);  // m = −inf → 0
-        const float pr[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0), exp2f(sc[3] - mn1)};
-        l[0] = fmaf(l[0], cr0, pr[0] + pr[2]);
-        l[1] = fmaf(l[1], cr1, pr[1] + pr[3]);
-        m[0] = mn0;
-        m[1] = mn1;
-#pragma unroll
-        for (int i = 0; i < KT; ++i) {
-            o[i][0] *= cr0;
-            o[i][1] *= cr1;
-            o[i][2] *= cr0;
-            o[i][3] *= cr1;
-        }
-        // P (keys × heads, rows g and g + 8) as bf16 hi + lo, transposed into P^T's B fragments.
-        const uint2 p0 = split_bf16x2(pr[0], pr[1]), p1 = split_bf16x2(pr[2], pr[3]);
-        const u32 bh0 = ptx::movmatrix_trans(p0.x), bh1 = ptx::movmatrix_trans(p1.x);
-        const u32 bl0 = ptx::movmatrix_trans(p0.y), bl1 = ptx::movmatrix_trans(p1.y);
-#pragma unroll
-        for (int i = 0; i < KT; ++i) {
-            const int c = i / 4, wi = i % 4;  // dims (HD/8)·g + 2i, + 1: chunk i/4, word i%4
-            const u32 v0 = word(cur.v[0][c], wi), v1 = word(cur.v[1][c], wi);
-            const u32 v2 = word(cur.v[2][c], wi), v3 = word(cur.v[3][c], wi);
-            const u32 a[4] = {__byte_perm(v0, v1, 0x5410), __byte_perm(v0, v1, 0x7632), __byte_perm(v2, v3, 0x5410),
-                              __byte_perm(v2, v3, 0x7632)};
-            ptx::bf16_16816(o[i], a, bh0, bh1);
-            ptx::bf16_16816(o[i], a, bl0, bl1);
-        }
-        if (next < c1) fill(cur, ptx::after(next, o[KT - 1][0]), &aw, 1, false);  // into V's registers
-    }
-
-#pragma unroll
-    for (int off = 4; off < WARP_SIZE; off <<= 1) {
-        l[0] += __shfl_xor_sync(FULL_MASK, l[0], off);
-        l[1] += __shfl_xor_sync(FULL_MASK, l[1], off);
-    }
-    // Dims in fragment order: element 16i + 2g + e of a head is dim (HD/8)·g + 2i + e (tc_dim).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int h = 2 * t + hh;
-        if (h < at.nh) {
-            float* a = part.acc + (warp * HP + h) * HD + 2 * g;
-#pragma unroll
-            for (int i = 0; i < KT; ++i) *reinterpret_cast<float2*>(a + 16 * i) = make_float2(o[i][hh], o[i][2 + hh]);
-            if (g == 0) {
-                part.m[warp * HP + h] = m[hh];
-                part.l[warp * HP + h] = l[hh];
-            }
-        }
-    }
-}
-
-// The head dim of element d of keys_tc's partials.
-template <int HD> __device__ __forceinline__ int tc_dim(int d) { return HD / 8 * (d % 16 / 2) + 2 * (d / 16) + d % 2; }
-
-// One block's attention: its q heads [h0, h0 + nh) of kv head kvh over keys [c0, c1). HP / HD are
-// this instantiation's (generic: dispatched), HP_MAX / HD_MAX the kernel's largest, which size
-// `smem` and the prologue's tables. The key loop (tensor cores for a bf16 cache, else CUDA
-// cores) leaves each warp's partials in `smem`; they are merged per head, then written out
-// (n_split = 1) or to `work`, where the last block of the head group combines the splits.
-template <CacheType C, int HD, int HP, int HP_MAX, int HD_MAX, int THREADS, class Pre>
-__device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pre& pre, const BlockAt& at,
-                                      const void* __restrict__ k_cache, const void* __restrict__ v_cache, float* __restrict__ out,
-                                      float* work_acc, float* work_ml, u32* counters, float* smem, uint4* qf, int n_head, int n_kv,
-                                      int max_ctx, int c0, int c1, int n_split, int sp, float scale_log2) {
-    constexpr int W = THREADS / WARP_SIZE;
-    constexpr bool TC = C == CacheType::BF16;
-    static_assert(HP <= HP_MAX && HD <= HD_MAX, "an instantiation within the kernel's maxima");
-    // smem: acc [W][HP][HD], then m [W][HP], l [W][HP] (sized by the caller for HP_MAX / HD_MAX).
-    constexpr int SMEM_FLOATS = W * HP_MAX * (HD_MAX + 2);
-    const Partials part{smem, smem + W * HP * HD, smem + W * HP * HD + W * HP};
-    __shared__ float s_ml[2][HP];  // a head's (max, sum) after a merge
-
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int nh = at.nh;
-    const i64 row_stride = (i64)n_kv * HD;  // elements between cache rows
-    const Keys ks{static_cast<const char*>(k_cache), static_cast<const char*>(v_cache),
-                  ((i64)at.b * max_ctx) * row_stride + (i64)at.kvh * HD, row_stride, c0, c1, at.p};
-    if constexpr (TC) {
-        keys_tc<HD, HP, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, qf, part, n_head, n_kv, max_ctx, scale_log2);
-    } else {
-        keys_simt<C, HD, HP, HP_MAX, HD_MAX, THREADS>(q_glob, pre, at, ks, part, n_head, n_kv, max_ctx, scale_log2);
-    }
-    // Element d of a partial is out's dim_of(d).
-    auto dim_of = [](int d) { return TC ? tc_dim<HD>(d) : d; };
-    float* s_m = part.m;
-    float* s_l = part.l;
     __syncthreads();
     // Each warp's weight in its head's merge, once per (warp, head) rather than per element:
     // thread h turns column h of s_m into weights and leaves the head's (max, sum) in s_ml.
@@ -616,10 +369,10 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
         const int h = idx / HD, d = idx % HD;
         float A = 0.0f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) A = fmaf(part.acc[(w * HP + h) * HD + d], s_m[w * HP + h], A);
+        for (int w = 0; w < W; ++w) A = fmaf(s_acc[(w * HP + h) * HD + d], s_m[w * HP + h], A);
         const float L = s_ml[1][h];
         if (n_split == 1) {
-            out[(head_base + h) * HD + dim_of(d)] = L > 0.0f ? A / L : 0.0f;
+            out[(head_base + h) * HD + d] = L > 0.0f ? A / L : 0.0f;
         } else {
             const i64 part = (head_base + h) * n_split + sp;
             work_acc[part * HD + d] = A;
@@ -685,21 +438,21 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
 #pragma unroll 8
             for (int s = 0; s < n_split; ++s) A = fma4(__ldcg(a + s * (HD / 4)), merge_w(__ldcg(ml + part0 + s).x, M), A);
         }
-        float* o = out + (head_base + h) * HD;
-        o[dim_of(d)] = L > 0.0f ? A.x / L : 0.0f;
-        o[dim_of(d + 1)] = L > 0.0f ? A.y / L : 0.0f;
-        o[dim_of(d + 2)] = L > 0.0f ? A.z / L : 0.0f;
-        o[dim_of(d + 3)] = L > 0.0f ? A.w / L : 0.0f;
+        float* o = out + (head_base + h) * HD + d;
+        o[0] = L > 0.0f ? A.x / L : 0.0f;
+        o[1] = L > 0.0f ? A.y / L : 0.0f;
+        o[2] = L > 0.0f ? A.z / L : 0.0f;
+        o[3] = L > 0.0f ? A.w / L : 0.0f;
     }
     if (threadIdx.x == 0) counters[head_base] = 0u;
 }
 
 template <CacheType C, int HD, int HP_SPEC, int HP_MAX, int HD_MAX, int THREADS, class Pre>
 __device__ __forceinline__ void dispatch_hp(const float* q, const Pre& pre, const BlockAt& at, const void* kc, const void* vc,
-                                            float* out, float* wa, float* wm, u32* ctr, float* smem, uint4* qf, int n_head, int n_kv,
+                                            float* out, float* wa, float* wm, u32* ctr, float* smem, int n_head, int n_kv,
                                             int max_ctx, int c0, int c1, int n_split, int sp, float sl2) {
 #define MEMRA_ATTN_BLOCK(HPV) \
-    block<C, HD, HPV, HP_MAX, HD_MAX, THREADS>(q, pre, at, kc, vc, out, wa, wm, ctr, smem, qf, n_head, n_kv, max_ctx, c0, c1, n_split, sp, sl2)
+    block<C, HD, HPV, HP_MAX, HD_MAX, THREADS>(q, pre, at, kc, vc, out, wa, wm, ctr, smem, n_head, n_kv, max_ctx, c0, c1, n_split, sp, sl2)
     if constexpr (HP_SPEC != 0) {
         MEMRA_ATTN_BLOCK(HP_SPEC);
     } else if (at.nh <= 1) {
@@ -766,13 +519,11 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     constexpr int HD_MAX = Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256;
     static_assert(W * HP_MAX * (HD_MAX + 2) * 4 <= 40960, "shared merge buffer too large: lower THREADS");
     __shared__ __align__(16) float smem[W * HP_MAX * (HD_MAX + 2)];
-    // The tensor-core loop's q fragments (attn_detail::keys_tc), one table for every instantiation.
-    __shared__ __align__(16) uint4 qf[C == CacheType::BF16 ? HD_MAX * HP_MAX / 4 : 1];
     const attn_detail::BlockAt at{b, kvh, hg, h0, nh, p, c0 <= p && p < c1};
 
 #define MEMRA_ATTN_HD(HDV)                                                                                              \
     attn_detail::dispatch_hp<C, HDV, HP_SPEC, HP_MAX, HD_MAX, Cfg::THREADS>(q, pre, at, k_cache, v_cache, out, work_acc, \
-                                                                            work_ml, counters, smem, qf, n_head, n_kv, \
+                                                                            work_ml, counters, smem, n_head, n_kv,     \
                                                                             max_ctx, c0, c1, n_split, sp, sl2)
     if constexpr (Cfg::HEAD_DIM != 0) {
         MEMRA_ATTN_HD(Cfg::HEAD_DIM);

@@ -1,7 +1,6 @@
-// memra/mma.cuh — the PTX wrappers of the tensor-core and async-copy kernels (attn_decode,
-// mla_decode, attn_prefill, matmul, matvec): shared-window addresses, 16-byte cp.async (sm_80+),
-// ldmatrix .x4 / .x4.trans, movmatrix .trans and mma.sync m16n8k16 bf16 → f32 fragments (PTX ISA
-// layouts), bf16x2 packing.
+// memra/mma.cuh — the PTX wrappers of the tensor-core and async-copy kernels (mla_decode,
+// attn_prefill, matmul, matvec): shared-window addresses, 16-byte cp.async (sm_80+), ldmatrix
+// .x4 / .x4.trans and mma.sync m16n8k16 bf16 → f32 fragments (PTX ISA layouts), bf16x2 packing.
 // The host emulation tests swap `namespace ptx` for stand-ins (engine/tests/mma_host).
 #pragma once
 #include "memra/common.cuh"
@@ -71,22 +70,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem));
-}
-
-// x, once `dep` is computed: loads addressed from it cannot be scheduled before `dep`'s producers
-// (nor hold their registers meanwhile).
-__device__ __forceinline__ int after(int x, float dep) {
-    int r;
-    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x), "f"(dep));
-    return r;
-}
-
-// The transpose of an 8×8 b16 matrix across the warp: lane l holds row l/4, columns 2(l%4) and
-// 2(l%4) + 1 (low half first), before and after.
-__device__ __forceinline__ u32 movmatrix_trans(u32 a) {
-    u32 r;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(a));
-    return r;
 }
 
 // d += a · b, a 16×16 (row), b 16×8 (col), bf16 in, f32 accumulate.

@@ -1,5 +1,5 @@
 //! Host C++ stand-ins for the warp-level tensor-core PTX the templates use (ldmatrix .x4 and
-//! .x4.trans, movmatrix.trans, mma.sync.m16n8k16 bf16 → f32, cvt.rn.bf16x2), written from the PTX ISA fragment
+//! .x4.trans, mma.sync.m16n8k16 bf16 → f32, cvt.rn.bf16x2), written from the PTX ISA fragment
 //! layouts, for the host emulation tests that compile templates as C++ on std::threads.
 //!
 //! [`host_ptx`] is the whole `namespace ptx` of templates/memra/mma.cuh on the host (the
@@ -39,15 +39,6 @@ inline void ldmatrix_x4(u32 (&r)[4], const void* smem) { ldmatrix_x4_any(r, smem
 inline void ldmatrix_x4_trans(u32 (&r)[4], const void* smem) { ldmatrix_x4_any(r, smem, true); }
 inline void ldmatrix_x4(u32 (&r)[4], u32 smem) { ldmatrix_x4_any(r, g_smem + smem, false); }
 inline void ldmatrix_x4_trans(u32 (&r)[4], u32 smem) { ldmatrix_x4_any(r, g_smem + smem, true); }
-// Lane l gets element (2(l%4) + h, l/4) of the 8×8 matrix whose element (r, c) lane 4r + c/2
-// holds in half c%2 (h = 0 low, 1 high).
-inline u32 movmatrix_trans(u32 a) {
-    int t = threadIdx.x, base = t & ~31, lane = t & 31;
-    slots()[t].a[0] = a; __syncwarp();
-    u32 r = 0;
-    for (int h = 0; h < 2; ++h) { int row = 2 * (lane % 4) + h, col = lane / 4;
-        u32 w = slots()[base + 4 * row + col / 2].a[0]; r |= ((col % 2 ? w >> 16 : w & 0xffff) << (16 * h)); }
-    __syncwarp(); return r; }
 inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     int t = threadIdx.x, base = t & ~31, lane = t & 31;
     Slot& s = slots()[t]; for (int i = 0; i < 4; ++i) s.a[i] = a[i]; s.b[0] = b0; s.b[1] = b1;
@@ -71,7 +62,6 @@ pub fn host_ptx() -> String {
         "namespace ptx {{
 inline u32 smem_addr(const void* p) {{ return (u32)((const unsigned char*)p - g_smem); }}
 inline u32 opaque(u32 x) {{ return x; }}
-inline int after(int x, float) {{ return x; }}
 inline void cp16(void* smem, const void* gmem, int src_bytes) {{ memset(smem, 0, 16); if (src_bytes) memcpy(smem, gmem, src_bytes); }}
 inline void cp16(u32 smem, const void* gmem, int src_bytes) {{ cp16(g_smem + smem, gmem, src_bytes); }}
 inline void commit() {{}}
