@@ -15,12 +15,8 @@ use crate::models::{self, GpuModel, GpuOptions, StepRole};
 /// The measured figures of one model under one kernel policy.
 pub struct ModelRow {
     pub policy: &'static str,
-    /// Decode steps with the residual add + RMSNorm fused into the next projection.
-    pub fuse_norm: bool,
-    /// Decode steps with QK-norm + RoPE + the KV-cache write in the attention launch.
-    pub fuse_rope: bool,
-    /// Decode steps' kernels linked by programmatic dependent launch.
-    pub pdl: bool,
+    /// The decode step's fusions and overlap.
+    pub setup: DecodeSetup,
     pub prefill_tokens: usize,
     pub prefill_tok_s: f64,
     pub decode_tokens: usize,
@@ -42,7 +38,7 @@ pub fn measure(
     path: &Path,
     device: usize,
     policy: Policy,
-    fusion: Fusion,
+    setup: DecodeSetup,
     prompt_tokens: usize,
     decode_tokens: usize,
     reps: usize,
@@ -50,7 +46,7 @@ pub fn measure(
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: fusion.norm, fuse_rope: fusion.rope, pdl: fusion.pdl, omit };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: setup.norm, fuse_rope: setup.rope, pdl: setup.pdl, omit };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");
@@ -91,9 +87,7 @@ pub fn measure(
             Policy::GenericOnly => "generic",
             _ => "specialized",
         },
-        fuse_norm: fusion.norm,
-        fuse_rope: fusion.rope,
-        pdl: fusion.pdl,
+        setup,
         prefill_tokens: prompt_tokens,
         prefill_tok_s: prompt_tokens as f64 / prefill_s,
         decode_tokens,
@@ -109,7 +103,7 @@ pub fn measure(
 pub fn breakdown(path: &Path, device: usize, prompt_tokens: usize, decode_tokens: usize) -> Result<(), Box<dyn std::error::Error>> {
     let step = |omit: Option<StepRole>| -> Result<f64, Box<dyn std::error::Error>> {
         eprintln!("memra bench: {} decode step without {}", path.display(), omit.map_or("nothing", StepRole::label));
-        Ok(measure(path, device, Policy::Best, Fusion::ALL, prompt_tokens, decode_tokens, 1, omit)?.decode_step_us)
+        Ok(measure(path, device, Policy::Best, DecodeSetup::ALL, prompt_tokens, decode_tokens, 1, omit)?.decode_step_us)
     };
     let whole = step(None)?;
     let mut rows = Vec::new();
@@ -127,9 +121,9 @@ pub fn breakdown(path: &Path, device: usize, prompt_tokens: usize, decode_tokens
     Ok(())
 }
 
-/// Which decode-step fusions a row runs with, and whether its kernels overlap (PDL).
+/// How a row's decode step runs: which launches are fused, and whether its kernels overlap (PDL).
 #[derive(Clone, Copy, Debug)]
-pub struct Fusion {
+pub struct DecodeSetup {
     /// Residual add + RMSNorm inside the next projection (norm_matvec).
     pub norm: bool,
     /// QK-norm + RoPE + KV write inside the attention launch (attn_decode_rope).
@@ -138,10 +132,11 @@ pub struct Fusion {
     pub pdl: bool,
 }
 
-impl Fusion {
-    pub const ALL: Fusion = Fusion { norm: true, rope: true, pdl: true };
+impl DecodeSetup {
+    pub const ALL: DecodeSetup = DecodeSetup { norm: true, rope: true, pdl: true };
 
-    fn label(self) -> &'static str {
+    /// The fusions' name in the table (PDL has its own column).
+    fn fusions(self) -> &'static str {
         match (self.norm, self.rope) {
             (true, true) => "norm+rope",
             (true, false) => "norm",
@@ -158,15 +153,15 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
     let mut out = Vec::new();
     let mut rows = Vec::new();
     let settings = [
-        (Policy::Best, Fusion::ALL),
-        (Policy::GenericOnly, Fusion::ALL),
-        (Policy::Best, Fusion { pdl: false, ..Fusion::ALL }),
-        (Policy::Best, Fusion { norm: true, rope: false, pdl: false }),
-        (Policy::Best, Fusion { norm: false, rope: false, pdl: false }),
+        (Policy::Best, DecodeSetup::ALL),
+        (Policy::GenericOnly, DecodeSetup::ALL),
+        (Policy::Best, DecodeSetup { pdl: false, ..DecodeSetup::ALL }),
+        (Policy::Best, DecodeSetup { norm: true, rope: false, pdl: false }),
+        (Policy::Best, DecodeSetup { norm: false, rope: false, pdl: false }),
     ];
-    for (policy, fusion) in settings {
-        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}", path.display(), policy, fusion.label(), on_off(fusion.pdl));
-        rows.push(measure(path, device, policy, fusion, prompt_tokens, decode_tokens, 3, None)?);
+    for (policy, setup) in settings {
+        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}", path.display(), policy, setup.fusions(), on_off(setup.pdl));
+        rows.push(measure(path, device, policy, setup, prompt_tokens, decode_tokens, 3, None)?);
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");
@@ -176,16 +171,16 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
         println!(
             "{:<12} {:<14} {:<4} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
             r.policy,
-            Fusion { norm: r.fuse_norm, rope: r.fuse_rope, pdl: r.pdl }.label(),
-            on_off(r.pdl),
+            r.setup.fusions(),
+            on_off(r.setup.pdl),
             r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
         );
         out.push(json!({
             "model": name,
             "kernels": r.policy,
-            "fuse_norm": r.fuse_norm,
-            "fuse_rope": r.fuse_rope,
-            "pdl": r.pdl,
+            "fuse_norm": r.setup.norm,
+            "fuse_rope": r.setup.rope,
+            "pdl": r.setup.pdl,
             "prefill_tokens": r.prefill_tokens,
             "prefill_tok_s": r.prefill_tok_s,
             "decode_tokens": r.decode_tokens,
