@@ -1005,7 +1005,7 @@ impl Prepared {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => e.insert(argmax::alloc_scratch(kernel, rows, n_vocab)?),
                 };
-                argmax::argmax(kernel, &logits.slice(..), &mut idx.slice_mut(..), &mut val.slice_mut(..), &mut scratch.slice_mut(..), rows, n_vocab)
+                argmax::argmax(kernel, &logits.slice(..), &mut idx.slice_mut(..), &mut val.slice_mut(..), &mut scratch.slice_mut(..), rows, n_vocab, None)
             }
             (Shape::Topk { rows, n_vocab, k }, Set::Logits { logits, idx, val }) => {
                 let scratch = match self.scratch.entry(kernel.name()) {

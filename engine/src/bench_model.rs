@@ -76,10 +76,22 @@ pub fn measure(
     }
     let mut token = next(model.as_ref())?;
     let start = Instant::now();
-    for _ in 0..decode_tokens {
-        model.forward(&[token])?;
-        token = next(model.as_ref())?;
+    if setup.device_feed && omit.is_none() {
+        // As `memra run` decodes greedily: each step fed by the previous one on the device,
+        // the host reading the tokens a few steps behind.
+        let steps = model.decode_greedy(token, decode_tokens, &mut |_| true)?;
+        if steps != decode_tokens {
+            return Err(format!("decode stopped after {steps} of {decode_tokens} steps").into());
+        }
+    } else {
+        // Each step waits for the host to read its token and feed the next (a step with
+        // launches left out may feed a stale token and position: the breakdown decodes so).
+        for _ in 0..decode_tokens {
+            model.forward(&[token])?;
+            token = next(model.as_ref())?;
+        }
     }
+    model.sync()?;
     let decode = start.elapsed().as_secs_f64();
     let prefill_s = median(prefill);
     Ok(ModelRow {
@@ -103,14 +115,14 @@ pub fn measure(
 pub fn breakdown(path: &Path, device: usize, prompt_tokens: usize, decode_tokens: usize) -> Result<(), Box<dyn std::error::Error>> {
     let step = |omit: Option<StepRole>| -> Result<f64, Box<dyn std::error::Error>> {
         eprintln!("memra bench: {} decode step without {}", path.display(), omit.map_or("nothing", StepRole::label));
-        Ok(measure(path, device, Policy::Best, DecodeSetup::ALL, prompt_tokens, decode_tokens, 1, omit)?.decode_step_us)
+        Ok(measure(path, device, Policy::Best, DecodeSetup::HOST_FED, prompt_tokens, decode_tokens, 1, omit)?.decode_step_us)
     };
     let whole = step(None)?;
     let mut rows = Vec::new();
     for role in StepRole::ALL {
         rows.push((role, step(Some(role))?));
     }
-    println!("\ndecode step by role (specialized, every fusion, PDL; each row leaves that role's launches out of the captured step):");
+    println!("\ndecode step by role (specialized, every fusion, PDL, host-fed steps; each row leaves that role's launches out of the captured step):");
     println!("{:<14} {:>12} {:>14} {:>8}", "left out", "step us", "role costs us", "share");
     println!("{:<14} {:>12.1} {:>14} {:>8}", "nothing", whole, "-", "-");
     for (role, us) in &rows {
@@ -130,10 +142,15 @@ pub struct DecodeSetup {
     pub rope: bool,
     /// Programmatic dependent launch between the step's kernels (GpuOptions::pdl).
     pub pdl: bool,
+    /// Greedy steps fed by the previous step's argmax on the device and enqueued ahead of the
+    /// host (GpuModel::decode_greedy, as `memra run` decodes); false: each step waits for the
+    /// host to read the last token and upload it.
+    pub device_feed: bool,
 }
 
 impl DecodeSetup {
-    pub const ALL: DecodeSetup = DecodeSetup { norm: true, rope: true, pdl: true };
+    pub const ALL: DecodeSetup = DecodeSetup { norm: true, rope: true, pdl: true, device_feed: true };
+    pub const HOST_FED: DecodeSetup = DecodeSetup { device_feed: false, ..DecodeSetup::ALL };
 
     /// The fusions' name in the table (PDL has its own column).
     fn fusions(self) -> &'static str {
@@ -146,33 +163,36 @@ impl DecodeSetup {
     }
 }
 
-/// Both policies with every fusion and PDL, then the specialized kernels without PDL, without
-/// the attention's RoPE fusion too, and without any fusion (each step's A/B in the same run),
-/// printed as a table; returns the JSON entries (benches/results/SCHEMA.md `models`).
+/// Both policies with every fusion, PDL and device-fed steps, then the specialized kernels with
+/// host-fed steps, without PDL too, without the attention's RoPE fusion too, and without any
+/// fusion (each step's A/B in the same run), printed as a table; returns the JSON entries
+/// (benches/results/SCHEMA.md `models`).
 pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, decode_tokens: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     let mut rows = Vec::new();
     let settings = [
         (Policy::Best, DecodeSetup::ALL),
         (Policy::GenericOnly, DecodeSetup::ALL),
-        (Policy::Best, DecodeSetup { pdl: false, ..DecodeSetup::ALL }),
-        (Policy::Best, DecodeSetup { norm: true, rope: false, pdl: false }),
-        (Policy::Best, DecodeSetup { norm: false, rope: false, pdl: false }),
+        (Policy::Best, DecodeSetup::HOST_FED),
+        (Policy::Best, DecodeSetup { pdl: false, ..DecodeSetup::HOST_FED }),
+        (Policy::Best, DecodeSetup { rope: false, pdl: false, ..DecodeSetup::HOST_FED }),
+        (Policy::Best, DecodeSetup { norm: false, rope: false, pdl: false, ..DecodeSetup::HOST_FED }),
     ];
     for (policy, setup) in settings {
-        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}", path.display(), policy, setup.fusions(), on_off(setup.pdl));
+        eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}, {} feed", path.display(), policy, setup.fusions(), on_off(setup.pdl), setup.feed());
         rows.push(measure(path, device, policy, setup, prompt_tokens, decode_tokens, 3, None)?);
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-    println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} tokens (greedy, one sync per token)");
-    println!("{:<12} {:<14} {:<4} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "pdl", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
+    println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} greedy tokens (feed: device = steps fed on the GPU, read a few behind; host = one sync per token)");
+    println!("{:<12} {:<14} {:<4} {:<6} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "pdl", "feed", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
     for r in &rows {
         let floor_us = r.weight_bytes as f64 / (copy_gbps * 1e9) * 1e6;
         println!(
-            "{:<12} {:<14} {:<4} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
+            "{:<12} {:<14} {:<4} {:<6} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
             r.policy,
             r.setup.fusions(),
             on_off(r.setup.pdl),
+            r.setup.feed(),
             r.prefill_tok_s, r.decode_tok_s, r.decode_step_us, floor_us
         );
         out.push(json!({
@@ -181,6 +201,7 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "fuse_norm": r.setup.norm,
             "fuse_rope": r.setup.rope,
             "pdl": r.setup.pdl,
+            "device_feed": r.setup.device_feed,
             "prefill_tokens": r.prefill_tokens,
             "prefill_tok_s": r.prefill_tok_s,
             "decode_tokens": r.decode_tokens,
@@ -190,17 +211,24 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "decode_floor_us": floor_us,
         }));
     }
-    if let [s, g, p, n, u] = &rows[..] {
+    if let [s, g, h, p, n, u] = &rows[..] {
         println!(
-            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode with PDL / without: {:.2}x; without PDL, every fusion / without the RoPE fusion: {:.2}x, / with none: {:.2}x",
+            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode device-fed / host-fed: {:.2}x; host-fed with PDL / without: {:.2}x; without PDL, every fusion / without the RoPE fusion: {:.2}x, / with none: {:.2}x",
             s.prefill_tok_s / g.prefill_tok_s,
             s.decode_tok_s / g.decode_tok_s,
-            s.decode_tok_s / p.decode_tok_s,
+            s.decode_tok_s / h.decode_tok_s,
+            h.decode_tok_s / p.decode_tok_s,
             p.decode_tok_s / n.decode_tok_s,
             p.decode_tok_s / u.decode_tok_s
         );
     }
     Ok(out)
+}
+
+impl DecodeSetup {
+    fn feed(self) -> &'static str {
+        if self.device_feed { "device" } else { "host" }
+    }
 }
 
 fn on_off(b: bool) -> &'static str {

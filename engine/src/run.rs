@@ -237,18 +237,50 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     let mut decode_time = Duration::ZERO;
     let mut decode_steps = 0usize;
     let mut generated = 0usize;
-    while generated < args.n_predict && (args.ignore_eos || !tokenizer.is_eog(token)) && !stopped() {
-        generated += 1;
-        write!(out, "{}", decoder.push(token)?)?;
-        out.flush()?;
-        if generated == args.n_predict || backend.len() >= max_ctx {
-            break;
+    // Generation; `emit` borrows the output and the stream decoder until the block ends.
+    {
+        // Prints `token` unless generation ends before it; says whether to feed it back.
+        let mut emit = |token: u32| -> Result<bool, Box<dyn Error>> {
+            if generated == args.n_predict || (!args.ignore_eos && tokenizer.is_eog(token)) || stopped() {
+                return Ok(false);
+            }
+            generated += 1;
+            write!(out, "{}", decoder.push(token)?)?;
+            out.flush()?;
+            Ok(generated < args.n_predict)
+        };
+        if emit(token)? {
+            let steps = (args.n_predict - 1).min(max_ctx - backend.len());
+            match &mut backend {
+                // Greedy on the GPU: steps feed each other on the device and run ahead of the printing.
+                Backend::Gpu(model) if greedy => {
+                    let start = Instant::now();
+                    let mut failed = None;
+                    decode_steps = model.decode_greedy(token, steps, &mut |t| {
+                        emit(t).unwrap_or_else(|e| {
+                            failed = Some(e);
+                            false
+                        })
+                    })?;
+                    decode_time = start.elapsed();
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                }
+                _ => {
+                    for _ in 0..steps {
+                        let step = Instant::now();
+                        backend.forward(&[token])?;
+                        token = backend.next(&mut sampler, greedy)?;
+                        decode_time += step.elapsed();
+                        decode_steps += 1;
+                        if !emit(token)? {
+                            break;
+                        }
+                    }
+                }
+            }
         }
-        let step = Instant::now();
-        backend.forward(&[token])?;
-        token = backend.next(&mut sampler, greedy)?;
-        decode_time += step.elapsed();
-        decode_steps += 1;
     }
     writeln!(out, "{}", decoder.finish())?;
     out.flush()?;

@@ -9,7 +9,7 @@
 mod dense_common;
 mod gpu_common;
 
-use cudarc::driver::ValidAsZeroBits;
+use cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use dense_common::{V, bf16_to_f32, variant};
 use gpu_common::{down, gpu, load, nan_buf, up};
 use memra_engine::cuda::{Gpu, Kernel};
@@ -578,7 +578,7 @@ fn check_argmax(gpu: &Gpu, k: &Kernel, rows: usize, n_vocab: usize, rng: &mut Rn
     let mut val = nan_buf(s, rows);
     // Twice: the scratch counters must be back at zero after a launch.
     for round in 0..2 {
-        argmax::argmax(k, &dx.as_view(), &mut idx.as_view_mut(), &mut val.as_view_mut(), &mut scratch.as_view_mut(), rows, n_vocab).unwrap_or_else(|e| panic!("{e}"));
+        argmax::argmax(k, &dx.as_view(), &mut idx.as_view_mut(), &mut val.as_view_mut(), &mut scratch.as_view_mut(), rows, n_vocab, None).unwrap_or_else(|e| panic!("{e}"));
         let (gi, gv) = (down(s, &idx), down(s, &val));
         for r in 0..rows {
             let row = &x[r * n_vocab..(r + 1) * n_vocab];
@@ -586,6 +586,35 @@ fn check_argmax(gpu: &Gpu, k: &Kernel, rows: usize, n_vocab: usize, rng: &mut Rn
             assert_eq!(gi[r], want as i32, "{} n_vocab={n_vocab} row {r} round {round} (MEMRA_SEED={})", k.name(), rng.seed());
             assert_eq!(gv[r].to_bits(), row[want].to_bits(), "{} value of row {r}", k.name());
         }
+    }
+    if rows == 1 {
+        check_decode_feed(gpu, k, &x, &dx, &mut scratch, rng);
+    }
+}
+
+/// argmax's decode feed: the token becomes the next step's input, the position advances, and
+/// the history gets the token at the new position (only inside it: the last position's step
+/// writes no history); every other history entry is left alone.
+fn check_decode_feed(gpu: &Gpu, k: &Kernel, x: &[f32], dx: &CudaSlice<f32>, scratch: &mut CudaSlice<u8>, rng: &mut Rng) {
+    let s = gpu.stream();
+    let n_vocab = x.len();
+    let want = want_topk(x, 1)[0] as i32;
+    let len = 1 + rng.below(40);
+    for p in [0, rng.below(len), len.saturating_sub(2), len - 1] {
+        let poison = vec![i32::MIN; len];
+        let (mut token, mut pos, mut history) = (up(s, &[-7i32]), up(s, &[p as i32]), up(s, &poison));
+        let (mut idx, mut val) = (up(s, &[i32::MIN]), nan_buf(s, 1));
+        let feed = argmax::DecodeFeed { token: &mut token, pos: &mut pos, history: &mut history };
+        argmax::argmax(k, &dx.as_view(), &mut idx.as_view_mut(), &mut val.as_view_mut(), &mut scratch.as_view_mut(), 1, n_vocab, Some(feed)).unwrap_or_else(|e| panic!("{e}"));
+        let what = format!("{} n_vocab={n_vocab} feed at position {p} of {len} (MEMRA_SEED={})", k.name(), rng.seed());
+        assert_eq!(down(s, &idx), vec![want], "{what}: out_idx");
+        assert_eq!(down(s, &token), vec![want], "{what}: next token");
+        assert_eq!(down(s, &pos), vec![p as i32 + 1], "{what}: next position");
+        let mut want_hist = poison.clone();
+        if p + 1 < len {
+            want_hist[p + 1] = want;
+        }
+        assert_eq!(down(s, &history), want_hist, "{what}: history");
     }
 }
 

@@ -7,6 +7,8 @@
 //!   attention split-count changes (graph re-capture);
 //! - the real Gemma 3 270M (when present): 32 greedy tokens equal the CPU path's on several
 //!   prompts (a divergence is allowed only where the verdict allows it);
+//! - greedy decoding with steps fed on the device (`GpuModel::decode_greedy`) hands over the
+//!   host-fed steps' tokens, stops and continues, under both policies, with and without graphs;
 //! - decode steps with a role's launches left out (`memra bench --model --breakdown`) run, and
 //!   the models that cannot leave one out refuse it.
 //!
@@ -76,6 +78,19 @@ fn gpu_gemma3_micro_long_context_and_cache_limits() {
     let err = gpu.forward(&[fixture::MICRO_N_VOCAB as u32]).unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
     let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_greedy_steps_fed_on_the_device_match_host_fed_steps() {
+    let mut rng = Rng::from_env_or_time("gpu_greedy_steps_fed_on_the_device");
+    for arch in ["gemma3", "qwen3", "olmoe"] {
+        let path = micro(arch, rng.seed());
+        for (policy, graphs) in [(Policy::Best, true), (Policy::GenericOnly, false)] {
+            forward::check_greedy_feed(arch, &path, policy, graphs, &mut rng);
+        }
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// `GpuOptions::omit` (`memra bench --model --breakdown`): the gemma3 micro model's decode steps

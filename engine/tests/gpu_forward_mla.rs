@@ -55,6 +55,25 @@ fn gpu_deepseek2_micro_matches_the_cpu_reference() {
     micro_matches_the_cpu_reference("deepseek2");
 }
 
+/// Greedy steps fed on the device (`GpuModel::decode_greedy`) on the MLA stack: glm-dsa with
+/// top_k 16 (the steps cross from dense to sparse attention) and deepseek2, both graph settings.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_mla_greedy_steps_fed_on_the_device_match_host_fed_steps() {
+    let mut rng = Rng::from_env_or_time("gpu_mla_greedy_steps_fed_on_the_device");
+    let base = micro("glm-dsa", rng.seed());
+    let glm = with_u32(&base, "glm-dsa.attention.indexer.top_k", 16);
+    let ds = micro("deepseek2", rng.seed());
+    for (arch, path) in [("glm-dsa", &glm), ("deepseek2", &ds)] {
+        for graphs in [true, false] {
+            forward::check_greedy_feed(arch, path, Policy::Best, graphs, &mut rng);
+        }
+    }
+    for p in [&base, &glm, &ds] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 /// glm-dsa with top_k 64: the decode steps from position 40 to 100 run dense attention (≤ 64
 /// visible keys, where the DSA selection is every key) then the indexer + sparse path; both
 /// graph settings; then a 600-token prompt (split-count changes) and 16 steps.

@@ -12,7 +12,8 @@ pub const FAMILY: &str = "argmax";
 pub const DEFAULT_THREADS: u32 = 256;
 
 /// Kernel parameters in order: `(const float* logits, int* out_idx, float* out_val,
-/// void* scratch, int n_rows, int n_vocab)`.
+/// void* scratch, int n_rows, int n_vocab, int* next_token, int* next_pos, int* history, int history_len)`;
+/// the last three are null or a [`DecodeFeed`].
 #[derive(KernelArgs)]
 #[kernel_args(family = "argmax")]
 pub struct ArgmaxArgs<'a> {
@@ -22,6 +23,21 @@ pub struct ArgmaxArgs<'a> {
     pub scratch: CudaViewMut<'a, u8>,
     pub n_rows: i32,
     pub n_vocab: i32,
+    pub next_token: u64,
+    pub next_pos: u64,
+    pub history: u64,
+    pub history_len: i32,
+}
+
+/// Where a decode step's argmax also goes, so that the next greedy step can be enqueued before
+/// the host has read this one's token: the step's token and position buffers (one element each)
+/// and a token history (one entry per position). The kernel sets p = pos + 1, pos = p,
+/// token = the argmax (0 when every logit is NaN) and, when 0 ≤ p < history.len(), history[p] = the
+/// same.
+pub struct DecodeFeed<'a> {
+    pub token: &'a mut CudaSlice<i32>,
+    pub pos: &'a mut CudaSlice<i32>,
+    pub history: &'a mut CudaSlice<i32>,
 }
 
 pub fn launch_config(threads: u32, n_rows: usize, n_vocab: usize) -> LaunchConfig {
@@ -33,7 +49,8 @@ pub fn alloc_scratch(kernel: &Kernel, n_rows: usize, n_vocab: usize) -> Result<C
     topk::alloc_scratch(kernel, n_rows, n_vocab, 1)
 }
 
-/// Per row: `out_idx[r]` = index of the largest logit (lowest on ties), `out_val[r]` its value.
+/// Per row: `out_idx[r]` = index of the largest logit (lowest on ties), `out_val[r]` its value;
+/// with a `feed` (one row only), row 0's index also feeds the next decode step.
 #[allow(clippy::too_many_arguments)]
 pub fn argmax(
     kernel: &Kernel,
@@ -43,10 +60,24 @@ pub fn argmax(
     scratch: &mut CudaViewMut<'_, u8>,
     n_rows: usize,
     n_vocab: usize,
+    feed: Option<DecodeFeed<'_>>,
 ) -> Result<(), Error> {
     let threads = topk::check(kernel, logits.len(), scratch.len(), n_rows, n_vocab, 1)?;
     checks::check_len(kernel, "out_idx", out_idx.len(), n_rows)?;
     checks::check_len(kernel, "out_val", out_val.len(), n_rows)?;
+    let (next_token, next_pos, history, history_len) = match &feed {
+        Some(f) => {
+            if n_rows != 1 {
+                return Err(checks::invalid(kernel, format!("a decode feed takes one row, not {n_rows}")));
+            }
+            checks::check_len(kernel, "next_token", f.token.len(), 1)?;
+            checks::check_len(kernel, "next_pos", f.pos.len(), 1)?;
+            let token = checks::device_addr(kernel, &*f.token);
+            let (pos, history) = (checks::device_addr(kernel, &*f.pos), checks::device_addr(kernel, &*f.history));
+            (token, pos, history, checks::to_i32(kernel, "history length", f.history.len())?)
+        }
+        None => (0, 0, 0, 0),
+    };
     if n_rows == 0 {
         return Ok(());
     }
@@ -57,7 +88,13 @@ pub fn argmax(
         scratch: scratch.slice_mut(..),
         n_rows: checks::to_i32(kernel, "n_rows", n_rows)?,
         n_vocab: checks::to_i32(kernel, "n_vocab", n_vocab)?,
+        next_token,
+        next_pos,
+        history,
+        history_len,
     };
-    // SAFETY: as topk with k = 1 (sizes, scratch and merge capacity checked; grid.x exact).
+    // SAFETY: as topk with k = 1 (sizes, scratch and merge capacity checked; grid.x exact). A
+    // feed's token and position hold an element each (checked) and the kernel writes the history
+    // only below history_len; all three are device buffers of this context.
     unsafe { launch(kernel, launch_config(threads, n_rows, n_vocab), &mut args) }
 }

@@ -490,7 +490,7 @@ impl Decoder {
         let min_split_rows = attn_decode::min_split_rows(kernels.get(names.attn_decode_rope.unwrap_or(names.attn_decode))?);
         let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, min_split_rows).max(2);
         let step = Bufs::new(&gpu, &cfg, 1, layers.len(), max_split)?;
-        let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
+        let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab, max_ctx)?;
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
         let n_ctx_train = cfg.n_ctx_train;
         if let Some(role) = opts.omit {
@@ -565,7 +565,8 @@ impl Net {
         }
         let last = (t - 1) * e;
         self.lm_head.forward(k, &bufs.h.slice(last..last + e), &mut state.out.logits.slice_mut(..), 1)?;
-        state.out.enqueue_argmax(k.get(self.names.argmax)?)
+        let feed = (t == 1).then_some((&mut bufs.tokens, &mut bufs.pos));
+        state.out.enqueue_argmax(k.get(self.names.argmax)?, feed)
     }
 
     /// A decode step with each residual add + RMSNorm fused into the projection after it
@@ -649,7 +650,7 @@ impl Net {
                 .map_err(|er| err(format!("tensor '{}': {er}", self.lm_head.w.name)))?;
         }
         if self.runs(StepRole::Argmax) {
-            state.out.enqueue_argmax(k.get(self.names.argmax)?)?;
+            state.out.enqueue_argmax(k.get(self.names.argmax)?, Some((&mut bufs.tokens, &mut bufs.pos)))?;
         }
         Ok(())
     }
@@ -864,9 +865,11 @@ impl DecoderStack for Decoder {
         &mut self.state
     }
 
-    fn decode_step(&mut self, token: u32) -> Result<()> {
+    fn decode_step(&mut self, token: Option<u32>) -> Result<()> {
         let pos0 = self.state.len;
-        gpu::upload_tokens(&self.state.gpu, &[token], pos0, &mut self.step.tokens, &mut self.step.pos)?;
+        if let Some(token) = token {
+            gpu::upload_tokens(&self.state.gpu, &[token], pos0, &mut self.step.tokens, &mut self.step.pos)?;
+        }
         let splits = self.net.splits(pos0 + 1)?;
         // The graph bakes every pointer and scalar; token and position live in device buffers,
         // so only a change of split counts needs a new capture.

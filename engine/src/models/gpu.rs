@@ -357,27 +357,35 @@ pub fn check_tokens(tokens: &[u32], n_vocab: usize, len: usize, max_ctx: usize, 
     Ok(())
 }
 
-/// The last position's logits and their device argmax.
+/// The last position's logits, their device argmax, and the greedy tokens decode steps fed
+/// each other on the device.
 pub struct LogitsState {
     pub logits: CudaSlice<f32>,
     pub best_idx: CudaSlice<i32>,
     pub best_val: CudaSlice<f32>,
     pub argmax_scratch: CudaSlice<u8>,
+    /// `history[p]`: the token a decode step's argmax fed to position p (max_ctx + 1 entries:
+    /// the step at the last position feeds one past it). [`GpuModel::decode_greedy`] reads it.
+    pub history: CudaSlice<i32>,
 }
 
 impl LogitsState {
-    pub fn new(gpu: &Gpu, argmax_kernel: &Kernel, n_vocab: usize) -> Result<LogitsState> {
+    pub fn new(gpu: &Gpu, argmax_kernel: &Kernel, n_vocab: usize, max_ctx: usize) -> Result<LogitsState> {
         Ok(LogitsState {
             logits: alloc(gpu, n_vocab, "the logits")?,
             best_idx: alloc(gpu, 1, "argmax")?,
             best_val: alloc(gpu, 1, "argmax")?,
             argmax_scratch: argmax::alloc_scratch(argmax_kernel, 1, n_vocab)?,
+            history: alloc(gpu, max_ctx + 1, "the greedy token history")?,
         })
     }
 
-    /// Enqueues the argmax of `logits` (one row).
-    pub fn enqueue_argmax(&mut self, argmax_kernel: &Kernel) -> Result<()> {
+    /// Enqueues the argmax of `logits` (one row). A decode step passes its token and position
+    /// buffers as `feed`: the argmax then becomes the next step's token there, the position
+    /// advances, and the token goes to `history` (argmax.cuh's decode feed).
+    pub fn enqueue_argmax(&mut self, argmax_kernel: &Kernel, feed: Option<(&mut CudaSlice<i32>, &mut CudaSlice<i32>)>) -> Result<()> {
         let n_vocab = self.logits.len();
+        let feed = feed.map(|(token, pos)| argmax::DecodeFeed { token, pos, history: &mut self.history });
         argmax::argmax(
             argmax_kernel,
             &self.logits.slice(..),
@@ -386,6 +394,7 @@ impl LogitsState {
             &mut self.argmax_scratch.slice_mut(..),
             1,
             n_vocab,
+            feed,
         )?;
         Ok(())
     }
@@ -414,6 +423,10 @@ pub fn upload_tokens(gpu: &Gpu, tokens: &[u32], pos0: usize, ids: &mut CudaSlice
     Ok(())
 }
 
+/// Greedy tokens the host reads at once in [`GpuModel::decode_greedy`] (a stop costs at most
+/// twice this many steps run ahead and taken back).
+pub const GREEDY_READ: usize = 4;
+
 /// What every decoder stack (decoder.rs: GQA, mla.rs: MLA) holds besides its weights and
 /// activations: the device, its cache `C`, the last logits, the filled positions and the load
 /// report. [`DecoderStack`] builds `GpuModel` on it once for all stacks.
@@ -440,8 +453,10 @@ pub trait DecoderStack {
     const PREFILL_CHUNK: usize;
     fn state(&self) -> &StackState<Self::Cache>;
     fn state_mut(&mut self) -> &mut StackState<Self::Cache>;
-    /// Enqueues one token at position `state().len` (the caller advances `len`).
-    fn decode_step(&mut self, token: u32) -> Result<()>;
+    /// Enqueues one decode step at position `state().len` (the caller advances `len`): on
+    /// `token`, or with `None` on the token and position the previous step's argmax fed it on the
+    /// device ([`LogitsState::enqueue_argmax`]).
+    fn decode_step(&mut self, token: Option<u32>) -> Result<()>;
     /// Enqueues up to `PREFILL_CHUNK` tokens at positions `state().len..` (the caller advances
     /// `len`).
     fn prefill_chunk(&mut self, tokens: &[u32]) -> Result<()>;
@@ -452,7 +467,7 @@ impl<S: DecoderStack> GpuModel for S {
         let s = self.state();
         check_tokens(tokens, s.n_vocab, s.len, s.max_ctx, s.n_ctx_train)?;
         if tokens.len() == 1 {
-            self.decode_step(tokens[0])?;
+            self.decode_step(Some(tokens[0]))?;
             self.state_mut().len += 1;
             return Ok(());
         }
@@ -461,6 +476,63 @@ impl<S: DecoderStack> GpuModel for S {
             self.state_mut().len += chunk.len();
         }
         Ok(())
+    }
+
+    /// Steps run ahead of the host: step j + 1 takes its token from step j's argmax on the
+    /// device, so the GPU is not idle while the host reads a token and launches the next step.
+    /// The host reads the tokens from `history`, [`GREEDY_READ`] at a time, and keeps up to
+    /// twice that many steps enqueued beyond the last token it handed over; steps past a stop
+    /// are then taken back (`len` reset: their cache rows are rewritten by later steps).
+    fn decode_greedy(&mut self, first: u32, n: usize, on_token: &mut dyn FnMut(u32) -> bool) -> Result<usize> {
+        let s = self.state();
+        check_tokens(&[first], s.n_vocab, s.len, s.max_ctx, s.n_ctx_train)?;
+        if s.len + n > s.max_ctx {
+            return Err(err(format!(
+                "context full: {} cached + {n} decode steps > {} (the KV cache size; --ctx raises it up to the model's {})",
+                s.len, s.max_ctx, s.n_ctx_train
+            )));
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        let (start, stream) = (s.len, s.gpu.stream().clone());
+        let pinned = || {
+            // SAFETY: read only after a copy into it completed (as_slice waits for it).
+            unsafe { stream.context().alloc_pinned::<i32>(GREEDY_READ) }.map_err(|e| err(format!("allocating pinned memory for the greedy tokens: {e:?}")))
+        };
+        let mut slots = [pinned()?, pinned()?];
+        // Reads enqueued and not yet handed over: (slot, tokens), oldest first.
+        let mut reads: std::collections::VecDeque<(usize, usize)> = Default::default();
+        let (mut enqueued, mut read_to, mut handed, mut next_slot) = (0usize, 0usize, 0usize, 0usize);
+        loop {
+            while enqueued < n && enqueued < handed + 2 * GREEDY_READ {
+                self.decode_step((enqueued == 0).then_some(first))?;
+                self.state_mut().len += 1;
+                enqueued += 1;
+                if enqueued - read_to == GREEDY_READ || enqueued == n {
+                    // Steps read_to..enqueued wrote their tokens at positions start + 1 + step.
+                    let src = self.state().out.history.slice(start + 1 + read_to..start + 1 + enqueued);
+                    stream.memcpy_dtoh(&src, &mut slots[next_slot]).map_err(|e| err(format!("copying greedy tokens to the host: {e:?}")))?;
+                    reads.push_back((next_slot, enqueued - read_to));
+                    (read_to, next_slot) = (enqueued, 1 - next_slot);
+                }
+            }
+            let (slot, count) = reads.pop_front().expect("a read is enqueued for every step enqueued");
+            let tokens = slots[slot].as_slice().map_err(|e| err(format!("waiting for greedy tokens: {e:?}")))?;
+            let mut stop = false;
+            for &t in &tokens[..count] {
+                handed += 1;
+                if !on_token(t.max(0) as u32) {
+                    stop = true;
+                    break;
+                }
+            }
+            if stop || handed == n {
+                break;
+            }
+        }
+        self.state_mut().len = start + handed;
+        Ok(handed)
     }
 
     fn logits(&self) -> Result<Vec<f32>> {

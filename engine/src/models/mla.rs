@@ -724,7 +724,7 @@ impl MlaDecoder {
             "latent cache: {max_ctx} positions, bf16 (index keys f32), {}",
             gpu::mib(cache_bytes)
         ));
-        let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab)?;
+        let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab, max_ctx)?;
         let n_ctx_train = cfg.n_ctx_train;
         let net = Net {
             cfg,
@@ -1145,7 +1145,8 @@ impl Net {
         if let (Some(r), true) = (&self.rank, rows != n_vocab) {
             r.gather_rows(&mut state.out.logits)?;
         }
-        state.out.enqueue_argmax(k.get(self.names.argmax)?)
+        let feed = (t == 1).then_some((&mut b.tokens, &mut b.pos));
+        state.out.enqueue_argmax(k.get(self.names.argmax)?, feed)
     }
 
     /// `o = down(silu(gate h) ⊙ up h)` for `t` rows of `h`.
@@ -1416,10 +1417,12 @@ impl DecoderStack for MlaDecoder {
         &mut self.state
     }
 
-    fn decode_step(&mut self, token: u32) -> Result<()> {
+    fn decode_step(&mut self, token: Option<u32>) -> Result<()> {
         let pos0 = self.state.len;
         let s = &mut self.state;
-        gpu::upload_tokens(&s.gpu, &[token], pos0, &mut self.step.tokens, &mut self.step.pos)?;
+        if let Some(token) = token {
+            gpu::upload_tokens(&s.gpu, &[token], pos0, &mut self.step.tokens, &mut self.step.pos)?;
+        }
         // Token and position live in device buffers; the graph bakes the attention plans.
         let stream = s.gpu.stream().clone();
         let (net, step) = (&self.net, &mut self.step);

@@ -12,7 +12,7 @@ pub mod validate;
 
 use std::path::Path;
 
-pub use gpu::{GpuModelError, Result};
+pub use gpu::{GREEDY_READ, GpuModelError, Result};
 
 use crate::kernels::registry::Policy;
 
@@ -93,6 +93,22 @@ pub trait GpuModel {
     fn logits(&self) -> Result<Vec<f32>>;
     /// The last position's greedy token (computed on the device; waits for the forward).
     fn argmax(&self) -> Result<u32>;
+    /// Greedy decoding: up to `n` steps, the first on `first` at position `len()`, each later
+    /// one on the previous step's greedy token; every step's token goes to `on_token` in order,
+    /// and `false` from it ends decoding there (that token is not fed back). Returns the steps
+    /// taken, which is how far `len()` advanced. The last logits are then unspecified: a stack
+    /// may have run steps ahead and taken them back. Refuses `n` steps past the context.
+    fn decode_greedy(&mut self, first: u32, n: usize, on_token: &mut dyn FnMut(u32) -> bool) -> Result<usize> {
+        let mut token = first;
+        for step in 0..n {
+            self.forward(&[token])?;
+            token = self.argmax()?;
+            if !on_token(token) {
+                return Ok(step + 1);
+            }
+        }
+        Ok(n)
+    }
     /// Waits for all enqueued work.
     fn sync(&self) -> Result<()>;
     /// Positions in the KV cache.

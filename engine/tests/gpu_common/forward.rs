@@ -261,3 +261,66 @@ pub fn micro_matches_the_cpu_reference(arch: &str, settings: &[(Policy, bool)]) 
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// `GpuModel::decode_greedy` on the micro model of `arch` under `policy` (graphs and the fused
+/// launches with `graphs`): steps fed on the device and run ahead of the host hand over the same
+/// tokens as host-fed steps (forward + argmax, bit-identical kernels, so equal tokens); a stop
+/// after k tokens leaves `len()` at prompt + k and a later call continues as if uninterrupted
+/// (the steps run ahead were taken back); steps past the context are refused, nothing changed.
+pub fn check_greedy_feed(arch: &str, path: &Path, policy: Policy, graphs: bool, rng: &mut Rng) {
+    let what = format!("{arch} {policy:?} graphs {graphs} (MEMRA_SEED={})", rng.seed());
+    let mut gpu = load_ctx(arch, path, policy, graphs, 96);
+    let prompt_len = 3 + rng.below(20);
+    let prompt = random_prompt(rng, prompt_len);
+    // Past two reads ahead, and not a whole number of reads.
+    let n = 3 * models::GREEDY_READ + 1 + rng.below(models::GREEDY_READ - 1);
+    gpu.forward(&prompt).unwrap();
+    let first = gpu.argmax().unwrap();
+    let mut want = Vec::new();
+    let mut t = first;
+    for _ in 0..n {
+        gpu.forward(&[t]).unwrap();
+        t = gpu.argmax().unwrap();
+        want.push(t);
+    }
+
+    gpu.reset();
+    gpu.forward(&prompt).unwrap();
+    assert_eq!(gpu.argmax().unwrap(), first, "{what}: prefill again");
+    let mut got = Vec::new();
+    let steps = gpu.decode_greedy(first, n, &mut |t| {
+        got.push(t);
+        true
+    });
+    assert_eq!(steps.unwrap_or_else(|e| panic!("{what}: {e}")), n, "{what}");
+    assert_eq!(got, want, "{what}: device-fed vs host-fed greedy tokens");
+    assert_eq!(gpu.len(), prompt.len() + n, "{what}");
+
+    for k in [1, 1 + rng.below(n - 1)] {
+        gpu.reset();
+        gpu.forward(&prompt).unwrap();
+        let mut got = Vec::new();
+        let steps = gpu
+            .decode_greedy(first, n, &mut |t| {
+                got.push(t);
+                got.len() < k
+            })
+            .unwrap();
+        assert_eq!((steps, &got[..]), (k, &want[..k]), "{what}: stop after {k}");
+        assert_eq!(gpu.len(), prompt.len() + k, "{what}: stop after {k}");
+        let mut rest = Vec::new();
+        gpu.decode_greedy(want[k - 1], n - k, &mut |t| {
+            rest.push(t);
+            true
+        })
+        .unwrap();
+        assert_eq!(rest, want[k..], "{what}: continued after a stop at {k}");
+    }
+
+    let (len, room) = (gpu.len(), gpu.max_ctx() - gpu.len());
+    let err = gpu.decode_greedy(first, room + 1, &mut |_| true).unwrap_err().to_string();
+    assert!(err.contains("context full"), "{what}: {err}");
+    assert_eq!(gpu.len(), len, "{what}: a refused call changes nothing");
+    let steps = gpu.decode_greedy(first, room, &mut |_| true).unwrap();
+    assert_eq!((steps, gpu.len()), (room, gpu.max_ctx()), "{what}: up to the last position");
+}
