@@ -57,11 +57,13 @@ const PATTERN_ROWS: usize = 509;
 /// Relative L2 error a candidate must stay under (f32 path, DESIGN.md).
 const TOLERANCE: f64 = 1e-4;
 const BATCHES: [usize; 2] = [1, 4];
+/// Batch 1 tries tunings of fewer than 32 lanes a row only on rows this short (elements).
+const SHORT_ROW_K: usize = 1024;
 /// Tunings (the first of [`candidate_tunings`]) also run with `xq8` on integer-path types.
 const XQ8_CANDIDATES: usize = 5;
 /// Batch 1: further tunings also run with `xq8` (the deeper / taller ones, more bytes in flight).
-const XQ8_EXTRA_BATCH1: [(u32, u32, u32, u32); 3] =
-    [(256, 32, 4, 4), (512, 32, 2, 4), (128, 32, 4, 4)];
+const XQ8_EXTRA_BATCH1: [(u32, u32, u32, u32); 7] =
+    [(256, 32, 4, 4), (512, 32, 2, 4), (128, 32, 4, 4), (256, 16, 4, 3), (256, 8, 4, 3), (256, 8, 8, 3), (128, 8, 8, 4)];
 const TYPES: [GgmlType; 5] = [
     GgmlType::Q4_K,
     GgmlType::Q8_0,
@@ -183,6 +185,12 @@ pub fn candidate_tunings(batch: usize) -> Vec<MatvecTuning> {
             // leave some SMs two tiles, others none) with the whole row in flight.
             (64, 32, 1, 4),
             (32, 32, 1, 4),
+            // Short rows only (K ≤ SHORT_ROW_K; K = 640 is 20 Q8_0 units, so 32 lanes leave 12
+            // idle): fewer lanes a row, more rows a group (the Gemma 3 LM head).
+            (256, 16, 4, 3),
+            (256, 8, 4, 3),
+            (256, 8, 8, 3),
+            (128, 8, 8, 4),
         ]
     } else {
         &[
@@ -290,7 +298,7 @@ pub fn plan() -> Vec<SweepCase> {
                 let mut candidates = Vec::new();
                 for t in candidates_for(ty, batch)
                     .into_iter()
-                    .filter(|t| fits(ty, t, shape.k))
+                    .filter(|t| fits(ty, t, shape.k) && (batch > 1 || t.lanes == 32 || shape.k <= SHORT_ROW_K))
                 {
                     let g = match generic
                         .iter()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PinnedHostSlice, ValidAsZeroBits};
 use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
 
 use crate::cuda::graph::Graph;
@@ -365,7 +365,8 @@ pub struct LogitsState {
     pub best_val: CudaSlice<f32>,
     pub argmax_scratch: CudaSlice<u8>,
     /// `history[p]`: the token a decode step's argmax fed to position p (max_ctx + 1 entries:
-    /// the step at the last position feeds one past it). [`GpuModel::decode_greedy`] reads it.
+    /// the step at the last position feeds one past it; then GREEDY_READ spare ones, so that
+    /// [`GpuModel::decode_greedy`] always reads whole slots).
     pub history: CudaSlice<i32>,
 }
 
@@ -376,7 +377,7 @@ impl LogitsState {
             best_idx: alloc(gpu, 1, "argmax")?,
             best_val: alloc(gpu, 1, "argmax")?,
             argmax_scratch: argmax::alloc_scratch(argmax_kernel, 1, n_vocab)?,
-            history: alloc(gpu, max_ctx + 1, "the greedy token history")?,
+            history: alloc(gpu, max_ctx + 1 + GREEDY_READ, "the greedy token history")?,
         })
     }
 
@@ -496,11 +497,16 @@ impl<S: DecoderStack> GpuModel for S {
             return Ok(0);
         }
         let (start, stream) = (s.len, s.gpu.stream().clone());
-        let pinned = || {
-            // SAFETY: read only after a copy into it completed (as_slice waits for it).
-            unsafe { stream.context().alloc_pinned::<i32>(GREEDY_READ) }.map_err(|e| err(format!("allocating pinned memory for the greedy tokens: {e:?}")))
+        // Two slots, each a pinned buffer and the event recorded after the copy into it (the
+        // context tracks no events of its own: Gpu::new disables that).
+        let slot = || -> Result<(PinnedHostSlice<i32>, CudaEvent)> {
+            let driver = |what: &str, e: DriverError| err(format!("{what} for the greedy tokens: {e:?}"));
+            // SAFETY: read only after its event says the copy into it completed.
+            let buf = unsafe { stream.context().alloc_pinned::<i32>(GREEDY_READ) }.map_err(|e| driver("allocating pinned memory", e))?;
+            let event = stream.context().new_event(None).map_err(|e| driver("creating an event", e))?;
+            Ok((buf, event))
         };
-        let mut slots = [pinned()?, pinned()?];
+        let mut slots = [slot()?, slot()?];
         // Reads enqueued and not yet handed over: (slot, tokens), oldest first.
         let mut reads: std::collections::VecDeque<(usize, usize)> = Default::default();
         let (mut enqueued, mut read_to, mut handed, mut next_slot) = (0usize, 0usize, 0usize, 0usize);
@@ -510,15 +516,21 @@ impl<S: DecoderStack> GpuModel for S {
                 self.state_mut().len += 1;
                 enqueued += 1;
                 if enqueued - read_to == GREEDY_READ || enqueued == n {
-                    // Steps read_to..enqueued wrote their tokens at positions start + 1 + step.
-                    let src = self.state().out.history.slice(start + 1 + read_to..start + 1 + enqueued);
-                    stream.memcpy_dtoh(&src, &mut slots[next_slot]).map_err(|e| err(format!("copying greedy tokens to the host: {e:?}")))?;
+                    // Steps read_to..enqueued wrote their tokens at positions start + 1 + step;
+                    // a whole slot is copied (the history has GREEDY_READ spare entries).
+                    let at = start + 1 + read_to;
+                    let src = self.state().out.history.slice(at..at + GREEDY_READ);
+                    let (buf, event) = &mut slots[next_slot];
+                    stream.memcpy_dtoh(&src, buf).map_err(|e| err(format!("copying greedy tokens to the host: {e:?}")))?;
+                    event.record(&stream).map_err(|e| err(format!("recording the greedy tokens' copy: {e:?}")))?;
                     reads.push_back((next_slot, enqueued - read_to));
                     (read_to, next_slot) = (enqueued, 1 - next_slot);
                 }
             }
             let (slot, count) = reads.pop_front().expect("a read is enqueued for every step enqueued");
-            let tokens = slots[slot].as_slice().map_err(|e| err(format!("waiting for greedy tokens: {e:?}")))?;
+            let (buf, event) = &slots[slot];
+            event.synchronize().map_err(|e| err(format!("waiting for greedy tokens: {e:?}")))?;
+            let tokens = buf.as_slice().map_err(|e| err(format!("reading greedy tokens: {e:?}")))?;
             let mut stop = false;
             for &t in &tokens[..count] {
                 handed += 1;
