@@ -486,7 +486,7 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int n_hg = (G + HP_CAP - 1) / HP_CAP;
     const int b = blockIdx.z, sp = blockIdx.y;
     const int kvh = blockIdx.x / n_hg, hg = blockIdx.x % n_hg;
-    // Until pdl_entry() (attn_detail::block) the block reads only the host-written positions and
+    // Until pdl_entry() (attn_detail::block) the block reads only the positions (no kernel of the step writes them) and
     // the key rows no kernel of this step writes, and does the prologue's constant work.
     if (b >= n_seq || kvh >= n_kv) {
         pdl_entry();

@@ -38,7 +38,8 @@ constexpr int WARP_SIZE = 32;
 //
 // Most kernels call it as their first statement (the MEMRA_DEFINE_* macros). A few do useful
 // work before it, while the previous kernel still runs: they may only read what no kernel of the
-// step writes (weights, norm weights, the host-written positions) and only touch other memory
+// step writes (weights, norm weights, the positions: written by the host or by the previous
+// step's argmax, a separate graph launch, argmax.cuh's decode feed) and only touch other memory
 // as L2 prefetch hints; everything else waits. Every block calls it exactly once, before it
 // writes global memory or returns, so the grid completes only after its predecessors did.
 __device__ __forceinline__ void pdl_entry() {
