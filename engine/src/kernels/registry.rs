@@ -116,26 +116,43 @@ pub fn select_in_with(
         Policy::RequireSpecialized => select_in(variants, family, request, true),
         Policy::GenericOnly => {
             // Only the generic members take part; the reason says the choice was forced.
-            let generic: Vec<&'static KernelVariant> = variants.iter().filter(|v| v.family == family && v.is_generic()).collect();
-            let mut chosen = None;
-            for v in generic {
-                let fits = v.params.iter().all(|(k, baked)| match request.iter().find(|(rk, _)| rk == k) {
-                    Some((_, model)) => model == baked,
-                    None => true,
-                });
-                if fits {
-                    if chosen.is_some() {
-                        // Ambiguous: let the full rule explain it.
-                        return select_in(variants, family, request, false);
+            let fits = |v: &KernelVariant| {
+                v.params.iter().all(|(k, baked)| request.iter().find(|(rk, _)| rk == k).is_none_or(|(_, model)| model == baked))
+            };
+            let generic: Vec<&'static KernelVariant> = variants.iter().filter(|v| v.family == family && v.is_generic() && fits(v)).collect();
+            let forced = |v: &'static KernelVariant, why: String| Selection { variant: v, specialized: false, reason: format!("{family}: generic {} (generic variants forced{why})", v.name) };
+            let best = select_in(variants, family, request, false);
+            // Where the rule would pick a specialized variant, its generic twin: the same choices
+            // (type, tuning, integer path) with the dims at run time, so that a generic run
+            // differs from a specialized one by the specialization alone.
+            if let Ok(b) = &best {
+                if b.specialized {
+                    let twins: Vec<&'static KernelVariant> =
+                        generic.iter().copied().filter(|g| g.params.iter().all(|(k, baked)| b.variant.param(k) == Some(*baked))).collect();
+                    if let [twin] = twins[..] {
+                        return Ok(forced(twin, format!(": the twin of {}", b.variant.name)));
                     }
-                    chosen = Some(v);
                 }
             }
-            match chosen {
-                Some(v) => Ok(Selection { variant: v, specialized: false, reason: format!("{family}: generic {} (generic variants forced)", v.name) }),
-                None => select_in(variants, family, request, false).and_then(|s| {
-                    Err(Error::Selection { detail: format!("{family}: no generic variant fits (the rule would pick {})", s.variant.name) })
+            match generic[..] {
+                [only] => Ok(forced(only, String::new())),
+                [] => Err(Error::Selection {
+                    detail: match best {
+                        Ok(s) => format!("{family}: no generic variant fits (the rule would pick {})", s.variant.name),
+                        Err(e) => format!("{family}: no generic variant fits ({e})"),
+                    },
                 }),
+                _ => {
+                    // Several tunings fit and none is the twin: the family's default tuning.
+                    let untuned: Vec<&'static KernelVariant> = generic.iter().copied().filter(|v| !TUNED.contains(&v.name)).collect();
+                    match untuned[..] {
+                        [default] => Ok(forced(default, String::new())),
+                        _ => {
+                            let names: Vec<&str> = generic.iter().map(|v| v.name).collect();
+                            Err(Error::Selection { detail: format!("{family}: {} generic variants fit and none is the default tuning: {}", generic.len(), names.join(", ")) })
+                        }
+                    }
+                }
             }
         }
     }
@@ -257,6 +274,45 @@ mod tests {
         let best = select_in_with(FIXTURE, "matvec", &[("k", Param::Int(640)), ("n", Param::Int(1024)), ("qtype", Param::Sym("q4_k"))], Policy::Best).unwrap();
         assert_eq!(best.variant.name, "matvec__k640_n1024_q4_k");
         assert!(select_in_with(FIXTURE, "matvec", &[("qtype", Param::Sym("q6_k"))], Policy::GenericOnly).is_err());
+    }
+
+    static TWINS: &[KernelVariant] = &[
+        KernelVariant { name: "matvec__k1024_n640__q4_k_rows_per_group1_stages4", family: "matvec", arch: Some("gemma3"), params: &[("k", Param::Int(1024)), ("n", Param::Int(640)), ("qtype", Param::Sym("q4_k")), ("rows_per_group", Param::Int(1)), ("stages", Param::Int(4))], source: SRC },
+        KernelVariant { name: "matvec__k640_n2048__q4_k", family: "matvec", arch: Some("gemma3"), params: &[("k", Param::Int(640)), ("n", Param::Int(2048)), ("qtype", Param::Sym("q4_k")), ("rows_per_group", Param::Int(2)), ("stages", Param::Int(3))], source: SRC },
+        KernelVariant { name: "matvec__generic__q4_k", family: "matvec", arch: None, params: &[("qtype", Param::Sym("q4_k")), ("rows_per_group", Param::Int(2)), ("stages", Param::Int(3))], source: SRC },
+        KernelVariant { name: "matvec__generic__q4_k_rows_per_group1_stages4", family: "matvec", arch: None, params: &[("qtype", Param::Sym("q4_k")), ("rows_per_group", Param::Int(1)), ("stages", Param::Int(4))], source: SRC },
+    ];
+
+    /// `--generic` runs the generic twin of what the rule picks (same tuning), never a
+    /// specialized variant, so a generic run differs from a specialized one by the dims alone.
+    #[test]
+    fn generic_only_takes_the_twin_with_the_same_tuning() {
+        let q4 = Param::Sym("q4_k");
+        let tuned = [("k", Param::Int(1024)), ("n", Param::Int(640)), ("qtype", q4)];
+        assert_eq!(select_in(TWINS, "matvec", &tuned, false).unwrap().variant.name, "matvec__k1024_n640__q4_k_rows_per_group1_stages4");
+        let s = select_in_with(TWINS, "matvec", &tuned, Policy::GenericOnly).unwrap();
+        assert_eq!(s.variant.name, "matvec__generic__q4_k_rows_per_group1_stages4");
+        assert!(!s.specialized && s.reason.contains("twin of matvec__k1024_n640"), "{}", s.reason);
+        let plain = [("k", Param::Int(640)), ("n", Param::Int(2048)), ("qtype", q4)];
+        let s = select_in_with(TWINS, "matvec", &plain, Policy::GenericOnly).unwrap();
+        assert_eq!((s.variant.name, s.specialized), ("matvec__generic__q4_k", false));
+    }
+
+    /// The build's own variants: for every specialized variant, a model of exactly its dims gets
+    /// a generic variant under `--generic`, and the one with its tuning where the build has one.
+    #[test]
+    fn generic_only_never_picks_a_specialized_variant() {
+        for v in VARIANTS.iter().filter(|v| !v.is_generic()) {
+            let knobs: Vec<&str> = VARIANTS.iter().filter(|g| g.family == v.family && g.is_generic()).flat_map(|g| g.params.iter().map(|(k, _)| *k)).collect();
+            let request: Vec<(&str, Param)> = v.params.iter().filter(|(k, p)| matches!(p, Param::Sym(_)) || !knobs.contains(k)).copied().collect();
+            let Ok(best) = select_in(VARIANTS, v.family, &request, false) else { continue };
+            let Ok(s) = select_in_with(VARIANTS, v.family, &request, Policy::GenericOnly) else { continue };
+            assert!(!s.specialized && s.variant.is_generic(), "{}: --generic picked {}", v.name, s.variant.name);
+            let twin = VARIANTS.iter().any(|g| g.family == v.family && g.is_generic() && g.params.iter().all(|(k, p)| best.variant.param(k) == Some(*p)));
+            if best.specialized && twin {
+                assert!(s.variant.params.iter().all(|(k, p)| best.variant.param(k) == Some(*p)), "{}: --generic picked {}, not the twin of {}", v.name, s.variant.name, best.variant.name);
+            }
+        }
     }
 
     #[test]
