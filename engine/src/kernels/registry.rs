@@ -125,13 +125,11 @@ pub fn select_in_with(
             // Where the rule would pick a specialized variant, its generic twin: the same choices
             // (type, tuning, integer path) with the dims at run time, so that a generic run
             // differs from a specialized one by the specialization alone.
-            if let Ok(b) = &best {
-                if b.specialized {
-                    let twins: Vec<&'static KernelVariant> =
-                        generic.iter().copied().filter(|g| g.params.iter().all(|(k, baked)| b.variant.param(k) == Some(*baked))).collect();
-                    if let [twin] = twins[..] {
-                        return Ok(forced(twin, format!(": the twin of {}", b.variant.name)));
-                    }
+            if let Some(b) = best.as_ref().ok().filter(|b| b.specialized) {
+                let twins: Vec<&'static KernelVariant> =
+                    generic.iter().copied().filter(|g| g.params.iter().all(|(k, baked)| b.variant.param(k) == Some(*baked))).collect();
+                if let [twin] = twins[..] {
+                    return Ok(forced(twin, format!(": the twin of {}", b.variant.name)));
                 }
             }
             match generic[..] {
