@@ -487,7 +487,7 @@ impl<S: DecoderStack> GpuModel for S {
     fn decode_greedy(&mut self, first: u32, n: usize, on_token: &mut dyn FnMut(u32) -> bool) -> Result<usize> {
         let s = self.state();
         check_tokens(&[first], s.n_vocab, s.len, s.max_ctx, s.n_ctx_train)?;
-        if s.len + n > s.max_ctx {
+        if n > s.max_ctx - s.len {
             return Err(err(format!(
                 "context full: {} cached + {n} decode steps > {} (the KV cache size; --ctx raises it up to the model's {})",
                 s.len, s.max_ctx, s.n_ctx_train
@@ -510,41 +510,45 @@ impl<S: DecoderStack> GpuModel for S {
         // Reads enqueued and not yet handed over: (slot, tokens), oldest first.
         let mut reads: std::collections::VecDeque<(usize, usize)> = Default::default();
         let (mut enqueued, mut read_to, mut handed, mut next_slot) = (0usize, 0usize, 0usize, 0usize);
-        loop {
-            while enqueued < n && enqueued < handed + 2 * GREEDY_READ {
-                self.decode_step((enqueued == 0).then_some(first))?;
-                self.state_mut().len += 1;
-                enqueued += 1;
-                if enqueued - read_to == GREEDY_READ || enqueued == n {
-                    // Steps read_to..enqueued wrote their tokens at positions start + 1 + step;
-                    // a whole slot is copied (the history has GREEDY_READ spare entries).
-                    let at = start + 1 + read_to;
-                    let src = self.state().out.history.slice(at..at + GREEDY_READ);
-                    let (buf, event) = &mut slots[next_slot];
-                    stream.memcpy_dtoh(&src, buf).map_err(|e| err(format!("copying greedy tokens to the host: {e:?}")))?;
-                    event.record(&stream).map_err(|e| err(format!("recording the greedy tokens' copy: {e:?}")))?;
-                    reads.push_back((next_slot, enqueued - read_to));
-                    (read_to, next_slot) = (enqueued, 1 - next_slot);
+        // On an error too, `len` ends at the tokens handed over (the steps after them are undone).
+        let mut run = || -> Result<()> {
+            loop {
+                while enqueued < n && enqueued < handed + 2 * GREEDY_READ {
+                    self.decode_step((enqueued == 0).then_some(first))?;
+                    self.state_mut().len += 1;
+                    enqueued += 1;
+                    if enqueued - read_to == GREEDY_READ || enqueued == n {
+                        // Steps read_to..enqueued wrote their tokens at positions start + 1 + step;
+                        // a whole slot is copied (the history has GREEDY_READ spare entries).
+                        let at = start + 1 + read_to;
+                        let src = self.state().out.history.slice(at..at + GREEDY_READ);
+                        let (buf, event) = &mut slots[next_slot];
+                        stream.memcpy_dtoh(&src, buf).map_err(|e| err(format!("copying greedy tokens to the host: {e:?}")))?;
+                        event.record(&stream).map_err(|e| err(format!("recording the greedy tokens' copy: {e:?}")))?;
+                        reads.push_back((next_slot, enqueued - read_to));
+                        (read_to, next_slot) = (enqueued, 1 - next_slot);
+                    }
+                }
+                let (slot, count) = reads.pop_front().expect("a read is enqueued for every step enqueued");
+                let (buf, event) = &slots[slot];
+                event.synchronize().map_err(|e| err(format!("waiting for greedy tokens: {e:?}")))?;
+                let tokens = buf.as_slice().map_err(|e| err(format!("reading greedy tokens: {e:?}")))?;
+                let mut stop = false;
+                for &t in &tokens[..count] {
+                    handed += 1;
+                    if !on_token(t.max(0) as u32) {
+                        stop = true;
+                        break;
+                    }
+                }
+                if stop || handed == n {
+                    return Ok(());
                 }
             }
-            let (slot, count) = reads.pop_front().expect("a read is enqueued for every step enqueued");
-            let (buf, event) = &slots[slot];
-            event.synchronize().map_err(|e| err(format!("waiting for greedy tokens: {e:?}")))?;
-            let tokens = buf.as_slice().map_err(|e| err(format!("reading greedy tokens: {e:?}")))?;
-            let mut stop = false;
-            for &t in &tokens[..count] {
-                handed += 1;
-                if !on_token(t.max(0) as u32) {
-                    stop = true;
-                    break;
-                }
-            }
-            if stop || handed == n {
-                break;
-            }
-        }
+        };
+        let outcome = run();
         self.state_mut().len = start + handed;
-        Ok(handed)
+        outcome.map(|()| handed)
     }
 
     fn logits(&self) -> Result<Vec<f32>> {
