@@ -75,6 +75,21 @@ __device__ __forceinline__ float4 fma4(const float4& a, float w, const float4& c
     return make_float4(fmaf(a.x, w, c.x), fmaf(a.y, w, c.y), fmaf(a.z, w, c.z), fmaf(a.w, w, c.w));
 }
 
+// *p += v at GPU scope with acquire-release order; returns the old value. The split hand-off:
+// after a __syncthreads() over the block's partial writes, one thread's release publishes them
+// all (release is cumulative), and the block drawing the last ticket acquires every other
+// block's (its threads read them after a __syncthreads()). One ordered atomic a block in place of
+// a __threadfence() in every thread. (Host emulation: std::atomic, sequentially consistent.)
+__device__ __forceinline__ u32 atomic_add_acq_rel(u32* p, u32 v) {
+#if defined(__CUDA_ARCH__)
+    u32 old;
+    asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+#else
+    return atomicAdd(p, v);
+#endif
+}
+
 // Weight of a partial with running max m in a merge whose max is M (M finite).
 __device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf() ? 0.0f : exp2f(m - M); }
 
@@ -384,15 +399,14 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
     }
     if (n_split == 1) return;
 
-    // Last block of this head group combines every split.
+    // Last block of this head group combines every split (the partials handed over by one
+    // acquire-release ticket a block: atomic_add_acq_rel).
     __shared__ int s_last;
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(&counters[head_base], 1u) == (u32)(n_split - 1);
+    if (threadIdx.x == 0) s_last = atomic_add_acq_rel(&counters[head_base], 1u) == (u32)(n_split - 1);
     __syncthreads();
     if (!s_last) return;
-    __threadfence();
-    // The partials come from other blocks (each fenced before its counter add): read them at L2
+    // The partials come from other blocks (each released by its ticket): read them at L2
     // (ld.global.cg), never through a possibly stale L1 line. First a warp per head finds the
     // head's max and sum over the splits (one online pass per lane, then a butterfly) and, when
     // they fit in `smem` (free now), each split's weight; then a thread takes 4 adjacent
