@@ -152,6 +152,11 @@ impl DecodeSetup {
     pub const ALL: DecodeSetup = DecodeSetup { norm: true, rope: true, pdl: true, device_feed: true };
     pub const HOST_FED: DecodeSetup = DecodeSetup { device_feed: false, ..DecodeSetup::ALL };
 
+    /// The feed column of the table.
+    fn feed(self) -> &'static str {
+        if self.device_feed { "device" } else { "host" }
+    }
+
     /// The fusions' name in the table (PDL has its own column).
     fn fusions(self) -> &'static str {
         match (self.norm, self.rope) {
@@ -223,12 +228,6 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
         );
     }
     Ok(out)
-}
-
-impl DecodeSetup {
-    fn feed(self) -> &'static str {
-        if self.device_feed { "device" } else { "host" }
-    }
 }
 
 fn on_off(b: bool) -> &'static str {

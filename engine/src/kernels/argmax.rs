@@ -13,7 +13,7 @@ pub const DEFAULT_THREADS: u32 = 256;
 
 /// Kernel parameters in order: `(const float* logits, int* out_idx, float* out_val,
 /// void* scratch, int n_rows, int n_vocab, int* next_token, int* next_pos, int* history, int history_len)`;
-/// the last three are null or a [`DecodeFeed`].
+/// the last four are a [`DecodeFeed`] (its three buffers and the history's length), or null and 0.
 #[derive(KernelArgs)]
 #[kernel_args(family = "argmax")]
 pub struct ArgmaxArgs<'a> {
