@@ -140,17 +140,14 @@ pub fn select_in_with(
                         Err(e) => format!("{family}: no generic variant fits ({e})"),
                     },
                 }),
-                _ => {
-                    // Several tunings fit and none is the twin: the family's default tuning.
-                    let untuned: Vec<&'static KernelVariant> = generic.iter().copied().filter(|v| !TUNED.contains(&v.name)).collect();
-                    match untuned[..] {
-                        [default] => Ok(forced(default, String::new())),
-                        _ => {
-                            let names: Vec<&str> = generic.iter().map(|v| v.name).collect();
-                            Err(Error::Selection { detail: format!("{family}: {} generic variants fit and none is the default tuning: {}", generic.len(), names.join(", ")) })
-                        }
+                // Several tunings fit and none is the twin: the family's default tuning.
+                _ => match default_tuning(&generic) {
+                    Some(default) => Ok(forced(default, String::new())),
+                    None => {
+                        let names: Vec<&str> = generic.iter().map(|v| v.name).collect();
+                        Err(Error::Selection { detail: format!("{family}: {} generic variants fit and none is the default tuning: {}", generic.len(), names.join(", ")) })
                     }
-                }
+                },
             }
         }
     }
@@ -191,9 +188,10 @@ pub fn select_in(
         let mut top: Vec<&'static KernelVariant> = candidates.into_iter().filter(|v| score(v) == best).collect();
         // Equal fits that differ in tuning alone (a spec entry tuned its own shapes): the
         // family's default tuning, when exactly one has it.
-        let untuned: Vec<&'static KernelVariant> = top.iter().copied().filter(|v| !TUNED.contains(&v.name)).collect();
-        if top.len() > 1 && untuned.len() == 1 {
-            top = untuned;
+        if top.len() > 1
+            && let Some(default) = default_tuning(&top)
+        {
+            top = vec![default];
         }
         if top.len() > 1 {
             let names: Vec<&str> = top.iter().map(|v| v.name).collect();
@@ -242,6 +240,15 @@ pub fn select_in(
                 detail: format!("{family}: nothing fits {wanted}: {why_not}; generic: {}", generic_conflicts.join("; ")),
             })
         }
+    }
+}
+
+/// The one variant of `candidates` with the family's default tuning (not in codegen's `TUNED`:
+/// no spec entry tuned it), if exactly one has it: the tie-break between equal fits.
+fn default_tuning(candidates: &[&'static KernelVariant]) -> Option<&'static KernelVariant> {
+    match candidates.iter().filter(|v| !TUNED.contains(&v.name)).collect::<Vec<_>>()[..] {
+        [&default] => Some(default),
+        _ => None,
     }
 }
 

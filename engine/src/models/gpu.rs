@@ -348,10 +348,15 @@ pub fn check_tokens(tokens: &[u32], n_vocab: usize, len: usize, max_ctx: usize, 
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
         return Err(err(format!("token id {bad} is out of range (n_vocab {n_vocab})")));
     }
-    if len + tokens.len() > max_ctx {
+    check_room(len, tokens.len(), "new positions", max_ctx, n_ctx_train)
+}
+
+/// Refuses `wanted` more positions (`what`, for the message) after `len` cached ones when the
+/// cache holds `max_ctx` (the sum cannot overflow).
+fn check_room(len: usize, wanted: usize, what: &str, max_ctx: usize, n_ctx_train: usize) -> Result<()> {
+    if len.checked_add(wanted).is_none_or(|end| end > max_ctx) {
         return Err(err(format!(
-            "context full: {len} cached + {} new positions > {max_ctx} (the KV cache size; --ctx raises it up to the model's {n_ctx_train})",
-            tokens.len()
+            "context full: {len} cached + {wanted} {what} > {max_ctx} (the KV cache size; --ctx raises it up to the model's {n_ctx_train})"
         )));
     }
     Ok(())
@@ -487,12 +492,7 @@ impl<S: DecoderStack> GpuModel for S {
     fn decode_greedy(&mut self, first: u32, n: usize, on_token: &mut dyn FnMut(u32) -> bool) -> Result<usize> {
         let s = self.state();
         check_tokens(&[first], s.n_vocab, s.len, s.max_ctx, s.n_ctx_train)?;
-        if n > s.max_ctx - s.len {
-            return Err(err(format!(
-                "context full: {} cached + {n} decode steps > {} (the KV cache size; --ctx raises it up to the model's {})",
-                s.len, s.max_ctx, s.n_ctx_train
-            )));
-        }
+        check_room(s.len, n, "decode steps", s.max_ctx, s.n_ctx_train)?;
         if n == 0 {
             return Ok(0);
         }
@@ -507,9 +507,11 @@ impl<S: DecoderStack> GpuModel for S {
             Ok((buf, event))
         };
         let mut slots = [slot()?, slot()?];
-        // Reads enqueued and not yet handed over: (slot, tokens), oldest first.
-        let mut reads: std::collections::VecDeque<(usize, usize)> = Default::default();
-        let (mut enqueued, mut read_to, mut handed, mut next_slot) = (0usize, 0usize, 0usize, 0usize);
+        // Read r copies the tokens of steps r * GREEDY_READ.. (a whole slot, fewer at n) into
+        // slot r % 2: every read but the last is whole, so a read starts at a multiple of
+        // GREEDY_READ and its slot follows from that step.
+        let slot_of = |step: usize| step / GREEDY_READ % 2;
+        let (mut enqueued, mut read_to, mut handed) = (0usize, 0usize, 0usize);
         // On an error too, `len` ends at the tokens handed over (the steps after them are undone).
         let mut run = || -> Result<()> {
             loop {
@@ -522,15 +524,18 @@ impl<S: DecoderStack> GpuModel for S {
                         // a whole slot is copied (the history has GREEDY_READ spare entries).
                         let at = start + 1 + read_to;
                         let src = self.state().out.history.slice(at..at + GREEDY_READ);
-                        let (buf, event) = &mut slots[next_slot];
+                        let (buf, event) = &mut slots[slot_of(read_to)];
                         stream.memcpy_dtoh(&src, buf).map_err(|e| err(format!("copying greedy tokens to the host: {e:?}")))?;
                         event.record(&stream).map_err(|e| err(format!("recording the greedy tokens' copy: {e:?}")))?;
-                        reads.push_back((next_slot, enqueued - read_to));
-                        (read_to, next_slot) = (enqueued, 1 - next_slot);
+                        read_to = enqueued;
                     }
                 }
-                let (slot, count) = reads.pop_front().expect("a read is enqueued for every step enqueued");
-                let (buf, event) = &slots[slot];
+                // The oldest read not handed over starts at `handed` (the reads before it were
+                // whole and handed over whole), and it is enqueued: the loop above ran to n or
+                // to a whole read past it.
+                debug_assert!(handed.is_multiple_of(GREEDY_READ) && handed < read_to, "a read is enqueued for every step enqueued");
+                let count = GREEDY_READ.min(n - handed);
+                let (buf, event) = &slots[slot_of(handed)];
                 event.synchronize().map_err(|e| err(format!("waiting for greedy tokens: {e:?}")))?;
                 let tokens = buf.as_slice().map_err(|e| err(format!("reading greedy tokens: {e:?}")))?;
                 let mut stop = false;
