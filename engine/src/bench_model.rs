@@ -46,7 +46,7 @@ pub fn measure(
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: setup.norm, fuse_rope: setup.rope, pdl: setup.pdl, omit };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: setup.norm, fuse_rope: setup.rope, fuse_combine: true, pdl: setup.pdl, omit };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");

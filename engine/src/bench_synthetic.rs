@@ -295,6 +295,7 @@ mod gpu {
             fuse_ffn: true,
             fuse_norm: true,
             fuse_rope: true,
+            fuse_combine: true,
             pdl: true,
             omit: None,
         };
@@ -358,6 +359,7 @@ mod gpu {
             fuse_ffn: true,
             fuse_norm: true,
             fuse_rope: true,
+            fuse_combine: true,
             pdl: true,
             omit: None,
         };
@@ -400,6 +402,7 @@ mod gpu {
             fuse_ffn: true,
             fuse_norm: true,
             fuse_rope: true,
+            fuse_combine: true,
             pdl: true,
             omit: None,
         };

@@ -69,6 +69,10 @@ pub struct RunArgs {
     /// the attention launch's prologue.
     #[arg(long)]
     pub no_fuse_rope: bool,
+    /// Combine each decode step's attention splits in the attention launch's last block instead
+    /// of inside the output projection after it.
+    #[arg(long)]
+    pub no_fuse_combine: bool,
     /// Launch a captured decode step's kernels one after another instead of linking them by
     /// programmatic dependent launch (sm_90+: each kernel starts while the previous one
     /// finishes and loads its weights meanwhile).
@@ -182,7 +186,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
             (_, true) => Policy::GenericOnly,
             _ => Policy::Best,
         };
-        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope, pdl: !args.no_pdl, omit: None };
+        let opts = GpuOptions { device: args.device, policy, max_ctx: args.ctx, graphs: !args.no_graphs, fuse_ffn: !args.no_fuse, fuse_norm: !args.no_fuse_norm, fuse_rope: !args.no_fuse_rope, fuse_combine: !args.no_fuse_combine, pdl: !args.no_pdl, omit: None };
         let model = match args.gpus {
             1 => models::load_gpu(path, &arch, &opts)?,
             n => crate::parallel::sharded::load_file(path, &arch, n as usize, &opts)?,

@@ -155,6 +155,32 @@ template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int
     const unsigned* ctr = (const unsigned*)work.data();
     for (int i = 0; i < (n_seq * nh + 3) / 4 * 4; ++i) if (ctr[i] != 0) { fprintf(stderr, "counter %d left at %u\n", i, ctr[i]); exit(3); }
     for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
+    // out = null (combine_matvec's input): the partials alone, every split's, combined here in
+    // double must give the launch's own output. The partials are poisoned first.
+    if (work_floats >= (n_seq * nh + 3) / 4 * 4 + n_seq * nh * n_split * (hd + 2)) {
+        const int c0 = (n_seq * nh + 3) / 4 * 4;
+        std::fill(work.begin() + c0, work.begin() + work_floats, NAN);
+        run_grid({(unsigned)(nkv * nhg), (unsigned)n_split, (unsigned)n_seq}, K::THREADS, 0, [&] {
+            attn_decode_impl<K>((const float*)q.data(), k.data(), v.data(), (const int*)pos.data(), nullptr, work.data(), n_seq, hd, nh, nkv, max_ctx, window, n_split, scale); });
+        const float* acc = work.data() + c0;
+        const float* ml = acc + (size_t)n_seq * nh * n_split * hd;
+        for (int r = 0; r < n_seq * nh; ++r) {
+            double M = -INFINITY;
+            for (int s = 0; s < n_split; ++s) M = std::max(M, (double)ml[2 * (r * n_split + s)]);
+            for (int d = 0; d < hd; ++d) {
+                double A = 0.0, L = 0.0;
+                for (int s = 0; s < n_split; ++s) {
+                    const double m = ml[2 * (r * n_split + s)], w = m == -INFINITY ? 0.0 : std::exp2(m - M);
+                    A += w * acc[(size_t)(r * n_split + s) * hd + d];
+                    L += w * ml[2 * (r * n_split + s) + 1];
+                }
+                const double got = L > 0.0 ? A / L : (L == 0.0 ? 0.0 : NAN), want = out[(size_t)r * hd + d];
+                const bool ok = std::isnan(want) ? std::isnan(got) : std::fabs(got - want) <= 1e-5 * (1.0 + std::fabs(want));
+                if (!ok) { fprintf(stderr, "partials of row %d elem %d combine to %g, the launch wrote %g\n", r, d, got, want); exit(3); }
+            }
+        }
+        for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size (partials)\n", i); exit(3); }
+    }
     FILE* fo = fopen(f[4], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
 template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split, int pos, int work_split, int work_floats, float scale, int eb, char** f) {

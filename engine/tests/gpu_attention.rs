@@ -27,11 +27,12 @@ mod dense_common;
 mod gpu_common;
 mod mla_common;
 
-use cudarc::driver::ValidAsZeroBits;
+use cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use dense_common::{V, bf16_to_f32, variant};
 use gpu_common::{down, gpu, load_all, nan_buf, shard, up};
 use memra_engine::cuda::{Gpu, Kernel};
 use memra_engine::kernels::attn_decode::{self, AttnDecodeParams};
+use memra_engine::kernels::combine_matvec;
 use memra_engine::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
 use memra_engine::kernels::mla_decode::{self, MlaDecodeParams};
 use memra_engine::kernels::qk_norm_rope::CacheElem;
@@ -262,7 +263,46 @@ fn check_attn<C: HostCache>(
                 );
                 assert_close(&what, &got[..q.len()], &want, rng);
             }
+            if n_seq == 1 {
+                check_partials_combined(gpu, k, g, (&dq, &dk, &dv, &dpos), &mut work, &p, &want, rng);
+            }
         }
+    }
+}
+
+/// The launch for partials (`out` null) and combine_matvec after it, specialized and generic,
+/// over an f32 identity weight: `y` must be the attention's output. The partials are poisoned
+/// first (every split, 1 too, must write its own), y with padding past its end.
+#[allow(clippy::too_many_arguments)]
+fn check_partials_combined<C: HostCache>(
+    gpu: &Gpu,
+    attn: &Kernel,
+    g: Gqa,
+    (dq, dk, dv, dpos): (&CudaSlice<f32>, &CudaSlice<C>, &CudaSlice<C>, &CudaSlice<i32>),
+    work: &mut CudaSlice<f32>,
+    p: &AttnDecodeParams,
+    want: &[f32],
+    rng: &Rng,
+) {
+    let s = gpu.stream();
+    let k = g.n_head * g.hd;
+    let identity: Vec<f32> = (0..k * k).map(|i| if i / k == i % k { 1.0 } else { 0.0 }).collect();
+    let w = up(s, &identity.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    let dims = [("k", V::I(k as i64)), ("n", V::I(k as i64)), ("head_dim", V::I(g.hd as i64)), ("qtype", V::S("f32"))];
+    let combines = load_all(gpu, &[variant("combine_matvec", &dims), variant("combine_matvec", &dims[3..])]);
+    for combine in &combines {
+        let used = attn_decode::work_floats(1, g.n_head, g.hd, p.n_split);
+        let ctr = g.n_head.next_multiple_of(4);
+        s.memcpy_htod(&vec![f32::NAN; used - ctr], &mut work.slice_mut(ctr..used)).expect("poison");
+        attn_decode::attn_decode_partials(attn, &dq.as_view(), &dk.as_view(), &dv.as_view(), &dpos.as_view(), &mut work.as_view_mut(), p)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut dy = nan_buf(s, k + 5);
+        combine_matvec::combine_matvec(combine, &w.slice(..), &work.slice(..used), &mut dy.slice_mut(..k), k, k, g.hd, p.n_split)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let got = down(s, &dy);
+        let what = format!("{} (partials) + {} {g:?} n_split={}", attn.name(), combine.name(), p.n_split);
+        assert_close(&what, &got[..k], want, rng);
+        assert!(got[k..].iter().all(|v| v.is_nan()), "{what}: y written past its end");
     }
 }
 

@@ -13,7 +13,7 @@
 
 mod emu_common;
 
-use emu_common::{Builder, GRID_RUNNER, PRELUDE, f32_bytes, read_f32};
+use emu_common::{Builder, GRID_RUNNER, NORM_HOST, PRELUDE, f32_bytes, read_f32};
 use memra_gguf::{GgmlType, quant};
 use memra_reference::{Rng, act, linear, norm, q8, rel_err};
 
@@ -62,22 +62,6 @@ int main(int argc, char** argv) {
     return 9; }
 "#;
 
-/// Host stand-ins the prologue needs beyond emu_common's prelude: a block-wide sum through a
-/// shared array (one block runs at a time) and rsqrtf.
-const HOST_EXTRA: &str = r#"
-namespace memra {
-inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
-template <int THREADS> inline float block_sum(float v) {
-    static float partial[1024];
-    __syncthreads();
-    partial[threadIdx.x] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < THREADS; ++i) s += partial[i];
-    return s;
-}
-}
-"#;
 
 fn emulator_source() -> String {
     let reductions = emu_common::warp_reductions();
@@ -85,7 +69,7 @@ fn emulator_source() -> String {
     let moe_body = emu_common::template_body("moe_matvec.cuh", "#define MEMRA_DEFINE_MOE_MATVEC");
     let nm_body = emu_common::template_body("norm_matvec.cuh", "#define MEMRA_DEFINE_NORM_MATVEC");
     format!(
-        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{glu}\n}}\n{HOST_EXTRA}{}{moe_body}{nm_body}{GRID_RUNNER}{DRIVER}",
+        "{PRELUDE}#include <algorithm>\n#include <string>\nnamespace memra {{\n{reductions}\n{glu}\n}}\n{NORM_HOST}{}{moe_body}{nm_body}{GRID_RUNNER}{DRIVER}",
         emu_common::matvec_host_body()
     )
 }

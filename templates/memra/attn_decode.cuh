@@ -17,6 +17,9 @@
 //   out [n_seq, n_head, hd] f32. Sequence b attends with query position p = pos[b] to keys
 //   s ∈ [0, p] with p − s < window (window 0 = no window): out = Σ_s softmax(scale·q·k_s)·v_s.
 //   p ∉ [0, max_ctx) writes NaN to that sequence's output (a visible slip, never a fault).
+//   out = null: every block leaves its split's partials in `work` (n_split = 1 too) and none
+//   combines them; the o-projection does (combine_matvec.cuh). p ∉ [0, max_ctx) then leaves NaN
+//   partials (acc NaN, m 0, l 1), so the combined row is NaN.
 // Work split: G = n_head / n_kv q heads share a kv head; a block processes HP = (G ≤ 4 ? G : 4)
 //   heads (generic: G rounded up to 1, 2, 4) of one kv head, so each K/V row is read once
 //   per head group. The visible keys are cut into n_split equal chunks (grid.y). n_split = 1:
@@ -380,13 +383,16 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
     __syncthreads();
 
     const i64 head_base = (i64)at.b * n_head + at.h0;  // row of out / work for head 0 of this block
+    // out = null: every split's partials stay in work for the o-projection (combine_matvec.cuh)
+    // to combine, even with one split; no ticket, no combine here.
+    const bool direct = n_split == 1 && out != nullptr;
     for (int idx = threadIdx.x; idx < nh * HD; idx += THREADS) {
         const int h = idx / HD, d = idx % HD;
         float A = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) A = fmaf(s_acc[(w * HP + h) * HD + d], s_m[w * HP + h], A);
         const float L = s_ml[1][h];
-        if (n_split == 1) {
+        if (direct) {
             out[(head_base + h) * HD + d] = L > 0.0f ? A / L : 0.0f;
         } else {
             const i64 part = (head_base + h) * n_split + sp;
@@ -397,7 +403,7 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
             }
         }
     }
-    if (n_split == 1) return;
+    if (direct || out == nullptr) return;
 
     // Last block of this head group combines every split (the partials handed over by one
     // acquire-release ticket a block: atomic_add_acq_rel).
@@ -509,11 +515,26 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int h0 = kvh * G + hg * HP_CAP;
     const int nh = min(HP_CAP, G - hg * HP_CAP);
 
+    const i64 n_part = (i64)n_seq * n_head * n_split;
+    u32* counters = reinterpret_cast<u32*>(work);
+    float* work_acc = work + ((i64)n_seq * n_head + 3) / 4 * 4;  // 16-byte aligned partials
+    float* work_ml = work_acc + n_part * hd;
     const int p = pos[b];
     if (p < 0 || p >= max_ctx) {
         pdl_entry();
-        if (sp == 0) {
-            for (int i = threadIdx.x; i < nh * hd; i += Cfg::THREADS) out[((i64)b * n_head + h0) * hd + i] = __int_as_float(0x7fc00000);
+        const float nan = __int_as_float(0x7fc00000);
+        if (out == nullptr) {  // a NaN partial of every split (m 0, l 1): the combined row is NaN
+            const i64 part0 = ((i64)b * n_head + h0) * n_split + sp;
+            for (int i = threadIdx.x; i < nh * hd; i += Cfg::THREADS) {
+                const i64 part = part0 + (i64)(i / hd) * n_split;
+                work_acc[part * hd + i % hd] = nan;
+                if (i % hd == 0) {
+                    work_ml[part * 2] = 0.0f;
+                    work_ml[part * 2 + 1] = 1.0f;
+                }
+            }
+        } else if (sp == 0) {
+            for (int i = threadIdx.x; i < nh * hd; i += Cfg::THREADS) out[((i64)b * n_head + h0) * hd + i] = nan;
         }
         return;
     }
@@ -523,10 +544,6 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     const int c0 = lo + sp * chunk;
     const int c1 = min(c0 + chunk, p + 1);
     const float sl2 = scale * attn_detail::LOG2E;
-    const i64 n_part = (i64)n_seq * n_head * n_split;
-    u32* counters = reinterpret_cast<u32*>(work);
-    float* work_acc = work + ((i64)n_seq * n_head + 3) / 4 * 4;  // 16-byte aligned partials
-    float* work_ml = work_acc + n_part * hd;
     // One merge buffer for every instantiation (separate __shared__ arrays would add up).
     constexpr int W = Cfg::THREADS / WARP_SIZE;
     constexpr int HP_MAX = HP_SPEC != 0 ? HP_SPEC : HP_CAP;

@@ -2,7 +2,7 @@
 //! `[n_seq, max_ctx, n_kv, head_dim]`, causal with an optional sliding window, split over the keys
 //! (flash-decoding) with a last-block combine (templates/memra/attn_decode.cuh).
 
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DeviceSlice, LaunchConfig};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, SyncOnDrop};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks::{self, GRID_Y_MAX};
@@ -26,7 +26,8 @@ pub struct AttnDecodeArgs<'a, C: CacheElem> {
     pub k_cache: CudaView<'a, C>,
     pub v_cache: CudaView<'a, C>,
     pub pos: CudaView<'a, i32>,
-    pub out: CudaViewMut<'a, f32>,
+    /// Device address of the output rows; 0 (null) leaves the partials in `work` ([`attn_decode_partials`]).
+    pub out: u64,
     pub work: CudaViewMut<'a, f32>,
     pub n_seq: i32,
     pub head_dim: i32,
@@ -59,7 +60,7 @@ pub fn head_groups(n_head: usize, n_kv: usize) -> usize {
     (n_head / n_kv.max(1)).div_ceil(HEADS_PER_BLOCK).max(1)
 }
 
-/// f32 slots of the workspace for `n_split > 1`: u32 counters (padded to 16 bytes) then partials.
+/// f32 slots of the workspace for `n_split > 1` (or a launch for partials): u32 counters (padded to 16 bytes) then partials.
 /// Allocate it zeroed; it serves every split count up to `n_split` at these `n_seq`/`n_head`/
 /// `head_dim` (the counters sit at the front, and each launch leaves them at zero).
 pub fn work_floats(n_seq: usize, n_head: usize, head_dim: usize, n_split: usize) -> usize {
@@ -120,19 +121,49 @@ pub fn attn_decode<C: CacheElem>(
     work: &mut CudaViewMut<'_, f32>,
     p: &AttnDecodeParams,
 ) -> Result<(), Error> {
+    launch_decode(kernel, q, k_cache, v_cache, pos, Some(out), work, p)
+}
+
+/// [`attn_decode`] that leaves every split's partials in `work` (at least [`work_floats`] slots,
+/// `n_split = 1` too) and combines none: the o-projection does
+/// ([`crate::kernels::combine_matvec`]). No output rows are written.
+pub fn attn_decode_partials<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, C>,
+    v_cache: &CudaView<'_, C>,
+    pos: &CudaView<'_, i32>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &AttnDecodeParams,
+) -> Result<(), Error> {
+    launch_decode(kernel, q, k_cache, v_cache, pos, None, work, p)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_decode<C: CacheElem>(
+    kernel: &Kernel,
+    q: &CudaView<'_, f32>,
+    k_cache: &CudaView<'_, C>,
+    v_cache: &CudaView<'_, C>,
+    pos: &CudaView<'_, i32>,
+    out: Option<&mut CudaViewMut<'_, f32>>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &AttnDecodeParams,
+) -> Result<(), Error> {
     let threads = checks::threads(kernel, DEFAULT_THREADS)?;
     check_gqa::<C>(kernel, p.head_dim, p.n_head, p.n_kv, p.window)?;
-    check_launch(kernel, p, &LaunchBuffers { out: out.len(), k_cache, v_cache, pos: pos.len(), work: work.len() })?;
+    check_launch(kernel, p, &LaunchBuffers { out: out.as_ref().map(|o| o.len()), k_cache, v_cache, pos: pos.len(), work: work.len() })?;
     checks::check_len(kernel, "q", q.len(), p.n_seq * p.n_head * p.head_dim)?;
     if p.n_seq == 0 {
         return Ok(());
     }
+    let (out, _out_guard) = out_ptr(kernel, out);
     let mut args = AttnDecodeArgs {
         q: q.slice(..),
         k_cache: k_cache.slice(..),
         v_cache: v_cache.slice(..),
         pos: pos.slice(..),
-        out: out.slice_mut(..),
+        out,
         work: work.slice_mut(..),
         n_seq: checks::to_i32(kernel, "n_seq", p.n_seq)?,
         head_dim: checks::to_i32(kernel, "head_dim", p.head_dim)?,
@@ -143,16 +174,30 @@ pub fn attn_decode<C: CacheElem>(
         n_split: checks::to_i32(kernel, "n_split", p.n_split)?,
         scale: p.scale,
     };
-    // SAFETY: q/out hold n_seq·n_head·hd floats, the caches n_seq·max_ctx·n_kv·hd elements of the
-    // variant's cache type, pos n_seq ints, and work the partials + counters when n_split > 1
-    // (all checked above); the kernel reads cache rows < max_ctx only (positions outside
-    // [0, max_ctx) produce NaN, not a read); the dims match the baked ones; the block size is THREADS.
+    // SAFETY: q (and out when given) hold n_seq·n_head·hd floats, the caches n_seq·max_ctx·n_kv·hd
+    // elements of the variant's cache type, pos n_seq ints, and work the partials + counters
+    // when n_split > 1 or out is null (all checked above; out's guard lives past the launch);
+    // the kernel reads cache rows < max_ctx only (positions outside [0, max_ctx) produce NaN,
+    // not a read); the dims match the baked ones; the block size is THREADS.
     unsafe { launch(kernel, launch_config(threads, p), &mut args) }
+}
+
+/// The `out` kernel argument: the rows' device address (with the guard that must outlive the
+/// launch), or null for a launch that leaves its partials in `work`.
+pub(crate) fn out_ptr<'g>(kernel: &'g Kernel, out: Option<&'g mut CudaViewMut<'_, f32>>) -> (u64, Option<SyncOnDrop<'g>>) {
+    match out {
+        Some(o) => {
+            let (ptr, guard) = o.device_ptr_mut(kernel.stream());
+            (ptr, Some(guard))
+        }
+        None => (0, None),
+    }
 }
 
 /// A decode launch's caches (their lengths and alignment are checked) and its other buffers' lengths.
 pub(crate) struct LaunchBuffers<'a, K, V> {
-    pub out: usize,
+    /// `None`: a launch for partials (no output rows).
+    pub out: Option<usize>,
     pub k_cache: &'a K,
     pub v_cache: &'a V,
     pub pos: usize,
@@ -176,11 +221,13 @@ pub(crate) fn check_launch<C: CacheElem, K: DevicePtr<C> + DeviceSlice<C>, V: De
         .checked_mul(p.max_ctx)
         .and_then(|v| v.checked_mul(p.n_kv * p.head_dim))
         .ok_or_else(|| checks::invalid(kernel, "cache size overflows"))?;
-    checks::check_len(kernel, "out", b.out, p.n_seq * p.n_head * p.head_dim)?;
+    if let Some(out) = b.out {
+        checks::check_len(kernel, "out", out, p.n_seq * p.n_head * p.head_dim)?;
+    }
     checks::check_len(kernel, "k_cache", b.k_cache.len(), cache_n)?;
     checks::check_len(kernel, "v_cache", b.v_cache.len(), cache_n)?;
     checks::check_len(kernel, "pos", b.pos, p.n_seq)?;
-    if p.n_split > 1 {
+    if p.n_split > 1 || b.out.is_none() {
         checks::check_len(kernel, "work", b.work, work_floats(p.n_seq, p.n_head, p.head_dim, p.n_split))?;
     }
     checks::check_aligned16(kernel, "k_cache", b.k_cache)?;

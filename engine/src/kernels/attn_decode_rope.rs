@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaView, CudaViewMut};
 
 use crate::cuda::{Error, Kernel};
-use crate::kernels::attn_decode::{AttnDecodeParams, LaunchBuffers, check_gqa, check_launch, launch_config};
+use crate::kernels::attn_decode::{AttnDecodeParams, LaunchBuffers, check_gqa, check_launch, launch_config, out_ptr};
 use crate::kernels::checks;
 use crate::kernels::launch::{KernelArgs, launch};
 use crate::kernels::qk_norm_rope::{CacheElem, check_n_rot, norm_weights};
@@ -27,7 +27,8 @@ pub struct AttnDecodeRopeArgs<'a, C: CacheElem> {
     pub k_cache: CudaViewMut<'a, C>,
     pub v_cache: CudaViewMut<'a, C>,
     pub pos: CudaView<'a, i32>,
-    pub out: CudaViewMut<'a, f32>,
+    /// Device address of the output rows; 0 (null) leaves the partials in `work` ([`attn_decode_rope_partials`]).
+    pub out: u64,
     pub work: CudaViewMut<'a, f32>,
     pub n_seq: i32,
     pub head_dim: i32,
@@ -79,13 +80,42 @@ pub fn attn_decode_rope<C: CacheElem>(
     work: &mut CudaViewMut<'_, f32>,
     p: &AttnDecodeRopeParams,
 ) -> Result<(), Error> {
+    launch_decode_rope(kernel, new, k_cache, v_cache, pos, Some(out), work, p)
+}
+
+/// [`attn_decode_rope`] that leaves every split's partials in `work` (`n_split = 1` too) and
+/// combines none: the o-projection does ([`crate::kernels::combine_matvec`]). The caches are
+/// written as by [`attn_decode_rope`]; no output rows are.
+pub fn attn_decode_rope_partials<C: CacheElem>(
+    kernel: &Kernel,
+    new: &NewTokens<'_, '_>,
+    k_cache: &mut CudaViewMut<'_, C>,
+    v_cache: &mut CudaViewMut<'_, C>,
+    pos: &CudaView<'_, i32>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &AttnDecodeRopeParams,
+) -> Result<(), Error> {
+    launch_decode_rope(kernel, new, k_cache, v_cache, pos, None, work, p)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_decode_rope<C: CacheElem>(
+    kernel: &Kernel,
+    new: &NewTokens<'_, '_>,
+    k_cache: &mut CudaViewMut<'_, C>,
+    v_cache: &mut CudaViewMut<'_, C>,
+    pos: &CudaView<'_, i32>,
+    out: Option<&mut CudaViewMut<'_, f32>>,
+    work: &mut CudaViewMut<'_, f32>,
+    p: &AttnDecodeRopeParams,
+) -> Result<(), Error> {
     let threads = checks::threads(kernel, DEFAULT_THREADS)?;
     let a = &p.attn;
     let hd = a.head_dim;
     check_gqa::<C>(kernel, hd, a.n_head, a.n_kv, a.window)?;
     check_n_rot(kernel, p.n_rot, hd)?;
     checks::check_dim(kernel, "n_rot", p.n_rot)?;
-    check_launch(kernel, a, &LaunchBuffers { out: out.len(), k_cache: &*k_cache, v_cache: &*v_cache, pos: pos.len(), work: work.len() })?;
+    check_launch(kernel, a, &LaunchBuffers { out: out.as_ref().map(|o| o.len()), k_cache: &*k_cache, v_cache: &*v_cache, pos: pos.len(), work: work.len() })?;
     let (q_row, kv_row) = (a.n_head * hd, a.n_kv * hd);
     checks::check_len(kernel, "q", new.q.len(), a.n_seq * q_row)?;
     checks::check_len(kernel, "k", new.k.len(), a.n_seq * kv_row)?;
@@ -94,6 +124,7 @@ pub fn attn_decode_rope<C: CacheElem>(
     if a.n_seq == 0 {
         return Ok(());
     }
+    let (out, _out_guard) = out_ptr(kernel, out);
     let i = |what: &str, v: usize| checks::to_i32(kernel, what, v);
     let mut args = AttnDecodeRopeArgs {
         q: new.q.slice(..),
@@ -104,7 +135,7 @@ pub fn attn_decode_rope<C: CacheElem>(
         k_cache: k_cache.slice_mut(..),
         v_cache: v_cache.slice_mut(..),
         pos: pos.slice(..),
-        out: out.slice_mut(..),
+        out,
         work: work.slice_mut(..),
         n_seq: i("n_seq", a.n_seq)?,
         head_dim: i("head_dim", hd)?,
@@ -119,9 +150,9 @@ pub fn attn_decode_rope<C: CacheElem>(
         freq_scale: p.freq_scale,
         eps: p.eps,
     };
-    // SAFETY: q, k, v, out hold n_seq rows of their widths, the caches n_seq·max_ctx·n_kv·hd
-    // elements of the variant's cache type, pos n_seq ints, work the partials + counters when
-    // n_split > 1, norm weights their mode's length (all checked above); the kernel reads and
+    // SAFETY: q, k, v (and out when given; its guard lives past the launch) hold n_seq rows of
+    // their widths, the caches n_seq·max_ctx·n_kv·hd elements of the variant's cache type, pos
+    // n_seq ints, work the partials + counters when n_split > 1 or out is null, norm weights their mode's length (all checked above); the kernel reads and
     // writes cache rows < max_ctx only (positions outside [0, max_ctx) produce NaN, no access);
     // the dims match the baked ones; the block size is THREADS.
     unsafe { launch(kernel, launch_config(threads, a), &mut args) }

@@ -20,6 +20,7 @@ pub mod topk;
 pub mod matmul;
 pub mod matvec;
 pub mod norm_matvec;
+pub mod combine_matvec;
 pub mod quantize_q8;
 
 // MoE families (H-moe).

@@ -36,7 +36,7 @@ use crate::kernels::registry::Param;
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use crate::kernels::norm_matvec::{self, NormMatvecWeights, Residual};
-use crate::kernels::{add_rmsnorm, argmax, embed, geglu, moe_router, rmsnorm, swiglu};
+use crate::kernels::{add_rmsnorm, argmax, combine_matvec, embed, geglu, moe_router, rmsnorm, swiglu};
 
 /// Where the norms sit (spec capability `norm`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,6 +193,9 @@ struct Layer {
     qkv: Vec<QkvRun>,
     qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     attn_output: Linear,
+    /// The o-projection's combine_matvec variant: decode steps with at most its `max_splits`
+    /// attention splits combine them in the projection (`GpuOptions::fuse_combine`).
+    combine: Option<&'static str>,
     post_attention_norm: Option<CudaSlice<f32>>,
     ffn_norm: CudaSlice<f32>,
     ffn: Ffn,
@@ -388,6 +391,10 @@ impl Decoder {
                     Ffn::Moe { router, gate, up, down, swiglu, down_kernel, grouped }
                 }
             };
+            let combine = match opts.fuse_combine {
+                true => Some(plan_combine(&mut plan, &attn_output.w, hd)?),
+                false => None,
+            };
             let mut qkv = Vec::new();
             for (run, ty) in qkv_runs(&[l.attn_q, l.attn_k, l.attn_v], cfg.widen_qkv) {
                 let infos: Vec<TensorInfo<'_>> = run.iter().map(|&(_, t)| t).collect();
@@ -422,6 +429,7 @@ impl Decoder {
                 qkv,
                 qk_norm,
                 attn_output,
+                combine,
                 post_attention_norm: l.post_attention_norm.as_ref().map(f32s).transpose()?,
                 ffn_norm: f32s(&l.ffn_norm)?,
                 ffn,
@@ -708,43 +716,54 @@ impl Net {
     }
 
     /// QK-norm + RoPE + the KV-cache write of `q`, `k`, `v`, attention over the cache, and the
-    /// output projection into `o`, for `t` tokens.
+    /// output projection into `o`, for `t` tokens. A decode step with few enough splits leaves
+    /// them to the projection (combine_matvec) instead of the attention's last block.
     #[allow(clippy::too_many_arguments)]
     fn attention(&self, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, t: usize, pos0: usize, n_split: usize) -> Result<()> {
         let c = &self.cfg;
         let (e, hd, eps) = (c.n_embd, c.head_dim, c.eps);
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
+        let combine = match l.combine {
+            Some(name) if t == 1 && n_split <= combine_matvec::max_splits(k.get(name)?)? => Some(k.get(name)?),
+            _ => None,
+        };
         if let (1, Some(name)) = (t, self.names.attn_decode_rope) {
             if self.runs(StepRole::Attention) {
-                self.attend_step(k.get(name)?, state, bufs, l, il, n_split)?;
+                self.attend_step(k.get(name)?, state, bufs, l, il, n_split, combine.is_some())?;
             }
-            if !self.runs(StepRole::OutProj) {
-                return Ok(());
-            }
-            let Bufs { att, o, .. } = &mut *bufs;
-            return l.attn_output.forward(k, &att.slice(..qd), &mut o.slice_mut(..e), 1);
+        } else {
+            let Bufs { pos, qkv, att, work, .. } = &mut *bufs;
+            let (mut q, mut kv) = qkv.split_at_mut(t * qd);
+            let (mut kb, v) = kv.split_at_mut(t * kvd);
+            let mut p = QkNormRopeParams::packed(t, hd, c.n_head, c.n_kv, c.n_rot, state.cache.max_ctx, l.rope_base, eps);
+            p.freq_scale = l.rope_scale;
+            let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
+            qk_norm_rope::qk_norm_rope(
+                k.get(self.names.qk_norm_rope)?,
+                &mut q,
+                &mut kb,
+                &v.slice(..t * kvd),
+                norm_w.as_ref().map(|(a, b)| (a, b)),
+                &pos.slice(..t),
+                &mut state.cache.k[il].slice_mut(..),
+                &mut state.cache.v[il].slice_mut(..),
+                &p,
+            )?;
+            let att = if combine.is_some() { None } else { Some(att) };
+            self.attend(&state.cache, l, il, &q.slice(..), pos, att, work, t, pos0, n_split)?;
         }
-        let Bufs { pos, qkv, att, o, work, .. } = &mut *bufs;
-        let (mut q, mut kv) = qkv.split_at_mut(t * qd);
-        let (mut kb, v) = kv.split_at_mut(t * kvd);
-        let mut p = QkNormRopeParams::packed(t, hd, c.n_head, c.n_kv, c.n_rot, state.cache.max_ctx, l.rope_base, eps);
-        p.freq_scale = l.rope_scale;
-        let norm_w = l.qk_norm.as_ref().map(|(qw, kw)| (qw.slice(..), kw.slice(..)));
-        qk_norm_rope::qk_norm_rope(
-            k.get(self.names.qk_norm_rope)?,
-            &mut q,
-            &mut kb,
-            &v.slice(..t * kvd),
-            norm_w.as_ref().map(|(a, b)| (a, b)),
-            &pos.slice(..t),
-            &mut state.cache.k[il].slice_mut(..),
-            &mut state.cache.v[il].slice_mut(..),
-            &p,
-        )?;
-        self.attend(&state.cache, l, il, &q.slice(..), pos, att, work, t, pos0, n_split)?;
-        l.attn_output.forward(k, &att.slice(..t * qd), &mut o.slice_mut(..t * e), t)?;
-        Ok(())
+        if !self.runs(StepRole::OutProj) {
+            return Ok(());
+        }
+        let Bufs { att, o, work, .. } = &mut *bufs;
+        match combine {
+            Some(kernel) => {
+                let (w, work) = (l.attn_output.w.data.slice(..), self.layer_work(work, il));
+                Ok(combine_matvec::combine_matvec(kernel, &w, &work.slice(..), &mut o.slice_mut(..e), qd, e, hd, n_split)?)
+            }
+            None => l.attn_output.forward(k, &att.slice(..t * qd), &mut o.slice_mut(..t * e), t),
+        }
     }
 
     /// The FFN of `t` rows of `h` into `o`.
@@ -797,8 +816,10 @@ impl Net {
     }
 
     /// A decode step's QK-norm + RoPE, KV-cache write and attention in one launch
-    /// (attn_decode_rope), from the raw q, k, v rows in `bufs.qkv` into `bufs.att`.
-    fn attend_step(&self, kernel: &Kernel, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, n_split: usize) -> Result<()> {
+    /// (attn_decode_rope), from the raw q, k, v rows in `bufs.qkv` into `bufs.att`, or with
+    /// `partials` into the layer's workspace only (combine_matvec combines them).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_step(&self, kernel: &Kernel, state: &mut State, bufs: &mut Bufs, l: &Layer, il: usize, n_split: usize, partials: bool) -> Result<()> {
         let c = &self.cfg;
         let (hd, qd, kvd) = (c.head_dim, c.n_head * c.head_dim, c.n_kv * c.head_dim);
         let Bufs { pos, qkv, att, work, .. } = &mut *bufs;
@@ -809,7 +830,11 @@ impl Net {
         let p = AttnDecodeRopeParams { attn, n_rot: c.n_rot, freq_base: l.rope_base, freq_scale: l.rope_scale, eps: c.eps };
         let mut work = self.layer_work(work, il);
         let cache = &mut state.cache;
-        attn_decode_rope::attn_decode_rope(kernel, &new, &mut cache.k[il].slice_mut(..), &mut cache.v[il].slice_mut(..), &pos.slice(..1), &mut att.slice_mut(..qd), &mut work, &p)?;
+        let (kc, vc, pos) = (&mut cache.k[il].slice_mut(..), &mut cache.v[il].slice_mut(..), &pos.slice(..1));
+        match partials {
+            true => attn_decode_rope::attn_decode_rope_partials(kernel, &new, kc, vc, pos, &mut work, &p)?,
+            false => attn_decode_rope::attn_decode_rope(kernel, &new, kc, vc, pos, &mut att.slice_mut(..qd), &mut work, &p)?,
+        }
         Ok(())
     }
 
@@ -821,7 +846,8 @@ impl Net {
     }
 
     /// Attention of `t` query rows at positions `pos0..` over the layer's cache: the split-K
-    /// decode kernel for one row, the tensor-core prefill kernel for more.
+    /// decode kernel for one row, the tensor-core prefill kernel for more. `att: None` (one row)
+    /// leaves the splits' partials in the layer's workspace for combine_matvec.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -830,7 +856,7 @@ impl Net {
         il: usize,
         q: &CudaView<'_, f32>,
         pos: &CudaSlice<i32>,
-        att: &mut CudaSlice<f32>,
+        att: Option<&mut CudaSlice<f32>>,
         work: &mut CudaSlice<f32>,
         t: usize,
         pos0: usize,
@@ -841,14 +867,18 @@ impl Net {
         let qd = n_head * hd;
         let (kc, vc) = (cache.k[il].slice(..), cache.v[il].slice(..));
         let scale = c.attn_scale;
-        if t > 1 {
-            let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, pos0, window: l.window, scale };
-            attn_prefill::attn_prefill(self.kernels.get(self.names.attn_prefill)?, &q.slice(..t * qd), &kc, &vc, &mut att.slice_mut(..t * qd), &p)?;
-            return Ok(());
-        }
+        let q = q.slice(..t * qd);
         let p = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, window: l.window, n_split, scale };
-        let mut work = self.layer_work(work, il);
-        attn_decode::attn_decode(self.kernels.get(self.names.attn_decode)?, &q.slice(..qd), &kc, &vc, &pos.slice(..1), &mut att.slice_mut(..qd), &mut work, &p)?;
+        let (kernel, mut work, pos) = (self.kernels.get(self.names.attn_decode)?, self.layer_work(work, il), pos.slice(..1));
+        match att {
+            Some(att) if t > 1 => {
+                let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, pos0, window: l.window, scale };
+                attn_prefill::attn_prefill(self.kernels.get(self.names.attn_prefill)?, &q, &kc, &vc, &mut att.slice_mut(..t * qd), &p)?
+            }
+            Some(att) => attn_decode::attn_decode(kernel, &q, &kc, &vc, &pos, &mut att.slice_mut(..qd), &mut work, &p)?,
+            None if t == 1 => attn_decode::attn_decode_partials(kernel, &q, &kc, &vc, &pos, &mut work, &p)?,
+            None => return Err(err("attention partials are a decode step's (one token)")),
+        }
         Ok(())
     }
 }
@@ -951,6 +981,15 @@ fn qkv_runs<'f>(parts: &[TensorInfo<'f>; 3], widen: bool) -> Vec<(Vec<(usize, Te
     out
 }
 
+/// The combine_matvec variant for the o-projection `w` (`head_dim`-wide heads).
+fn plan_combine(plan: &mut KernelPlan, w: &DeviceTensor, head_dim: usize) -> Result<&'static str> {
+    let named = |e: String| err(format!("tensor '{}': {e}", w.name));
+    let qtype = gpu::qtype_token(combine_matvec::FAMILY, w.ty).map_err(|e| named(e.to_string()))?;
+    let int = |v: usize| Param::Int(v as i64);
+    let req = [("k", int(w.k)), ("n", int(w.n)), ("head_dim", int(head_dim)), ("qtype", Param::Sym(qtype))];
+    plan.want(combine_matvec::FAMILY, &req).map_err(|e| named(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -980,3 +1019,4 @@ mod tests {
         assert_eq!(shape(&qkv_runs(&odd, true)), vec![(vec![0], Q8_0), (vec![1, 2], Q8_0)]);
     }
 }
+

@@ -35,6 +35,10 @@ pub struct GpuOptions {
     /// Run a decode step's QK-norm + RoPE + KV-cache write inside its attention launch
     /// (attn_decode_rope) instead of a qk_norm_rope launch before it.
     pub fuse_rope: bool,
+    /// Combine a decode step's attention splits inside the output projection (combine_matvec:
+    /// the attention leaves its partials) instead of in the attention's last block, up to the
+    /// variant's `max_splits`.
+    pub fuse_combine: bool,
     /// Link a captured decode step's kernels by programmatic dependent launch (sm_90+, graphs
     /// only): each kernel starts while the previous one finishes, and the projections and the
     /// attention load their weights and first cache rows before waiting for it.
@@ -47,7 +51,7 @@ pub struct GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true, fuse_rope: true, pdl: true, omit: None }
+        GpuOptions { device: 0, policy: Policy::Best, max_ctx: None, graphs: true, fuse_ffn: true, fuse_norm: true, fuse_rope: true, fuse_combine: true, pdl: true, omit: None }
     }
 }
 

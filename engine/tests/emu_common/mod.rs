@@ -91,6 +91,23 @@ inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
 
 /// Runs `body` as a grid of `grid` blocks of `threads` threads, blocks one after another, with
 /// `smem` bytes of (0xCD-filled) dynamic shared memory per block.
+/// Host stand-ins norm_matvec.cuh's prologue needs beyond the prelude: a block-wide sum through a
+/// shared array (one block runs at a time) and rsqrtf.
+pub const NORM_HOST: &str = r#"
+namespace memra {
+inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
+template <int THREADS> inline float block_sum(float v) {
+    static float partial[1024];
+    __syncthreads();
+    partial[threadIdx.x] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < THREADS; ++i) s += partial[i];
+    return s;
+}
+}
+"#;
+
 pub const GRID_RUNNER: &str = r#"
 static void run_grid(Dim3 grid, int threads, unsigned smem, const std::function<void()>& body) {
     // grid.z 0 (left out of a {x, y} initializer) counts as 1.
