@@ -49,6 +49,9 @@ template <class Cfg> struct CombineRows : matvec_detail::DenseRows<NormMatvecGeo
     // the previous kernel: read at L2 (ld.global.cg).
     template <class G, class Preload> __device__ __forceinline__ void prologue(const Preload&, float* x, int K) const {
         constexpr int UE = G::U::UE;
+        // Splits whose loads are in flight at once. The generic variants, with more live
+        // registers (dims at run time) under the same register cap, spill at 8.
+        constexpr int UNROLL = Cfg::K != 0 ? 8 : 4;
         static_assert(UE % 4 == 0, "4 adjacent elements share a padded unit");
         for (int i = 4 * threadIdx.x; i < K; i += 4 * THREADS) {
             const int h = i / hd, d = i - h * hd;
@@ -56,7 +59,7 @@ template <class Cfg> struct CombineRows : matvec_detail::DenseRows<NormMatvecGeo
             const float2* m = ml + (i64)h * n_split;
             float M = attn_detail::neg_inf(), L = 0.0f;
             float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
+#pragma unroll UNROLL
             for (int s = 0; s < n_split; ++s) {
                 const float2 pm = __ldcg(m + s);
                 const float4 pa = __ldcg(a + (i64)s * (hd / 4));
