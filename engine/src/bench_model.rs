@@ -46,7 +46,7 @@ pub fn measure(
 ) -> Result<ModelRow, Box<dyn std::error::Error>> {
     let arch = GgufFile::open(path)?.architecture()?.to_string();
     let max_ctx = prompt_tokens + decode_tokens + 1;
-    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: setup.norm, fuse_rope: setup.rope, fuse_combine: true, pdl: setup.pdl, omit };
+    let opts = GpuOptions { device, policy, max_ctx: Some(max_ctx), graphs: true, fuse_ffn: true, fuse_norm: setup.norm, fuse_rope: setup.rope, fuse_combine: setup.combine, pdl: setup.pdl, omit };
     let mut model: Box<dyn GpuModel> = models::load_gpu(path, &arch, &opts)?;
     for line in model.report() {
         eprintln!("  {line}");
@@ -140,6 +140,8 @@ pub struct DecodeSetup {
     pub norm: bool,
     /// QK-norm + RoPE + KV write inside the attention launch (attn_decode_rope).
     pub rope: bool,
+    /// The attention's split combine inside the o-projection (combine_matvec).
+    pub combine: bool,
     /// Programmatic dependent launch between the step's kernels (GpuOptions::pdl).
     pub pdl: bool,
     /// Greedy steps fed by the previous step's argmax on the device and enqueued ahead of the
@@ -149,7 +151,7 @@ pub struct DecodeSetup {
 }
 
 impl DecodeSetup {
-    pub const ALL: DecodeSetup = DecodeSetup { norm: true, rope: true, pdl: true, device_feed: true };
+    pub const ALL: DecodeSetup = DecodeSetup { norm: true, rope: true, combine: true, pdl: true, device_feed: true };
     pub const HOST_FED: DecodeSetup = DecodeSetup { device_feed: false, ..DecodeSetup::ALL };
 
     /// The feed column of the table.
@@ -158,19 +160,16 @@ impl DecodeSetup {
     }
 
     /// The fusions' name in the table (PDL has its own column).
-    fn fusions(self) -> &'static str {
-        match (self.norm, self.rope) {
-            (true, true) => "norm+rope",
-            (true, false) => "norm",
-            (false, true) => "rope",
-            (false, false) => "none",
-        }
+    fn fusions(self) -> String {
+        let on: Vec<&str> = [(self.norm, "norm"), (self.rope, "rope"), (self.combine, "combine")].into_iter().filter_map(|(f, n)| f.then_some(n)).collect();
+        if on.is_empty() { "none".into() } else { on.join("+") }
     }
 }
 
 /// Both policies with every fusion, PDL and device-fed steps, then the specialized kernels with
-/// host-fed steps, without PDL too, without the attention's RoPE fusion too, and without any
-/// fusion (each step's A/B in the same run), printed as a table; returns the JSON entries
+/// host-fed steps, without the combine fusion, without PDL, without the attention's RoPE and
+/// combine fusions too, and without any fusion (each step's A/B in the same run), printed as a
+/// table; returns the JSON entries
 /// (benches/results/SCHEMA.md `models`).
 pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, decode_tokens: usize) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
@@ -179,9 +178,10 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
         (Policy::Best, DecodeSetup::ALL),
         (Policy::GenericOnly, DecodeSetup::ALL),
         (Policy::Best, DecodeSetup::HOST_FED),
+        (Policy::Best, DecodeSetup { combine: false, ..DecodeSetup::HOST_FED }),
         (Policy::Best, DecodeSetup { pdl: false, ..DecodeSetup::HOST_FED }),
-        (Policy::Best, DecodeSetup { rope: false, pdl: false, ..DecodeSetup::HOST_FED }),
-        (Policy::Best, DecodeSetup { norm: false, rope: false, pdl: false, ..DecodeSetup::HOST_FED }),
+        (Policy::Best, DecodeSetup { rope: false, combine: false, pdl: false, ..DecodeSetup::HOST_FED }),
+        (Policy::Best, DecodeSetup { norm: false, rope: false, combine: false, pdl: false, ..DecodeSetup::HOST_FED }),
     ];
     for (policy, setup) in settings {
         eprintln!("memra bench: {} with {:?} kernels, decode fusions: {}, PDL {}, {} feed", path.display(), policy, setup.fusions(), on_off(setup.pdl), setup.feed());
@@ -189,11 +189,11 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     println!("\nmodel {name}: prefill {prompt_tokens} tokens, decode {decode_tokens} greedy tokens (feed: device = steps fed on the GPU, read a few behind; host = one sync per token)");
-    println!("{:<12} {:<14} {:<4} {:<6} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "pdl", "feed", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
+    println!("{:<12} {:<17} {:<4} {:<6} {:>14} {:>14} {:>12} {:>16}", "kernels", "decode fusions", "pdl", "feed", "prefill tok/s", "decode tok/s", "step us", "decode floor us");
     for r in &rows {
         let floor_us = r.weight_bytes as f64 / (copy_gbps * 1e9) * 1e6;
         println!(
-            "{:<12} {:<14} {:<4} {:<6} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
+            "{:<12} {:<17} {:<4} {:<6} {:>14.0} {:>14.1} {:>12.1} {:>16.1}",
             r.policy,
             r.setup.fusions(),
             on_off(r.setup.pdl),
@@ -205,6 +205,7 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "kernels": r.policy,
             "fuse_norm": r.setup.norm,
             "fuse_rope": r.setup.rope,
+            "fuse_combine": r.setup.combine,
             "pdl": r.setup.pdl,
             "device_feed": r.setup.device_feed,
             "prefill_tokens": r.prefill_tokens,
@@ -216,12 +217,13 @@ pub fn run(path: &Path, device: usize, copy_gbps: f64, prompt_tokens: usize, dec
             "decode_floor_us": floor_us,
         }));
     }
-    if let [s, g, h, p, n, u] = &rows[..] {
+    if let [s, g, h, c, p, n, u] = &rows[..] {
         println!(
-            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode device-fed / host-fed: {:.2}x; host-fed with PDL / without: {:.2}x; without PDL, every fusion / without the RoPE fusion: {:.2}x, / with none: {:.2}x",
+            "specialized/generic: prefill {:.2}x, decode {:.2}x; decode device-fed / host-fed: {:.2}x; host-fed with the combine fusion / without: {:.2}x; host-fed with PDL / without: {:.2}x; without PDL, every fusion / without the RoPE and combine fusions: {:.2}x, / with none: {:.2}x",
             s.prefill_tok_s / g.prefill_tok_s,
             s.decode_tok_s / g.decode_tok_s,
             s.decode_tok_s / h.decode_tok_s,
+            h.decode_tok_s / c.decode_tok_s,
             h.decode_tok_s / p.decode_tok_s,
             p.decode_tok_s / n.decode_tok_s,
             p.decode_tok_s / u.decode_tok_s

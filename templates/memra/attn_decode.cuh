@@ -192,11 +192,13 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
             r.v[u][j] = ld ? ld16(vb + e_off) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
-    // Rows base + u·STEP + warp·RPW + sub of [c0, c1), except `skip` (zeros), into r.
+    // The key row of slot u in this lane group's step from `base`.
+    auto row_at = [&](int base, int u) { return base + u * STEP + warp * RPW + sub; };
+    // Rows row_at(base, u) of [c0, c1), except `skip` (zeros), into r.
     auto issue = [&](Rows<U, CPL>& r, int base, int skip) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int s = base + u * STEP + warp * RPW + sub;
+            const int s = row_at(base, u);
             load(r, u, s, s < c1 && s != skip);
         }
     };
@@ -224,7 +226,7 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
         if (at.holds_p) {  // row p, left out before the wait, is now in the cache
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int s = c0 + u * STEP + warp * RPW + sub;
+                const int s = row_at(c0, u);
                 if (s == p) load(cur, u, s, true);
             }
         }
@@ -262,7 +264,7 @@ __device__ __forceinline__ void block(const float* __restrict__ q_glob, const Pr
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int s = base + u * STEP + warp * RPW + sub;
+            const int s = row_at(base, u);
             ok[u] = s < c1;
             if constexpr (Pre::ON) {
                 if (ok[u] && s == new_s) {
