@@ -133,7 +133,7 @@ static std::vector<unsigned char> slurp(const char* path) {
     FILE* f = fopen(path, "rb"); if (!f) { perror(path); exit(2); }
     fseek(f, 0, SEEK_END); long n = ftell(f); fseek(f, 0, SEEK_SET);
     std::vector<unsigned char> v(n + 16); if (fread(v.data(), 1, n, f) != (size_t)n) exit(2); fclose(f); return v; }
-template <int HD, int NH, int NKV, CacheType C> struct ACfg { static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 128; };
+template <int HD, int NH, int NKV, CacheType C, int HPB = 4> struct ACfg { static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 128, HEADS_PER_BLOCK = HPB; };
 template <int NH, int KVL, int RP, CacheType C> struct MCfg { static constexpr int N_HEAD = NH, KV_LORA = KVL, ROPE = RP; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = 256; };
 // attn: kind=0 cfg n_seq hd nh nkv window n_split max_ctx work_split work_floats q k v pos out
 // mla:  kind=1 cfg nh kvl rope max_ctx n_split pos work_split work_floats q c out
@@ -144,7 +144,7 @@ template <class K> void attn(int n_seq, int hd, int nh, int nkv, int window, int
     auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]), pos = slurp(f[3]);
     std::vector<float> out(n_seq * nh * hd), work((size_t)work_floats + 16, 0.0f);
     std::fill(work.begin() + work_floats, work.end(), -7.0f);
-    int G = nh / nkv, nhg = (G + 3) / 4;
+    int G = nh / nkv, nhg = (G + K::HEADS_PER_BLOCK - 1) / K::HEADS_PER_BLOCK;
     const int splits[3] = {work_split, n_split, n_split};
     for (int s : splits) {
         std::fill(out.begin(), out.end(), NAN);
@@ -246,17 +246,17 @@ template <class K> void mla_batch(int nh, int kvl, int rope, int max_ctx, int n_
     for (int i = work_floats; i < work_floats + 16; ++i) if (work[i] != -7.0f) { fprintf(stderr, "work[%d] written past the wrapper's size\n", i); exit(3); }
     FILE* fo = fopen(f[3], "wb"); fwrite(out.data(), 4, out.size(), fo); fclose(fo);
 }
-template <int HD, int NH, int NKV, int NR, RopeMode M, QkNorm N, CacheType C> struct RCfg {
+template <int HD, int NH, int NKV, int NR, RopeMode M, QkNorm N, CacheType C, int HPB = 4> struct RCfg {
     static constexpr int HEAD_DIM = HD, N_HEAD = NH, N_KV = NKV, N_ROT = NR;
     static constexpr RopeMode ROPE_MODE = M; static constexpr QkNorm QK_NORM = N; static constexpr CacheType CACHE_T = C;
-    static constexpr int THREADS = 256, MIN_SPLIT_ROWS = 32; };
+    static constexpr int THREADS = 256, MIN_SPLIT_ROWS = 32, HEADS_PER_BLOCK = HPB; };
 // rope: kind=3 cfg n_seq hd nh nkv n_rot window n_split max_ctx work_floats scale base eps
 //       q k v qw kw kc vc pos out; out = the attention output, then both caches as f32 values.
 template <class K> void rope(int n_seq, int hd, int nh, int nkv, int n_rot, int window, int n_split, int max_ctx, int work_floats,
                              float scale, float base, float eps, char** f) {
     auto q = slurp(f[0]), k = slurp(f[1]), v = slurp(f[2]), qw = slurp(f[3]), kw = slurp(f[4]), kc = slurp(f[5]), vc = slurp(f[6]), pos = slurp(f[7]);
     std::vector<float> out(n_seq * nh * hd, NAN), work((size_t)work_floats + 16, 0.0f);
-    int G = nh / nkv, nhg = (G + 3) / 4;
+    int G = nh / nkv, nhg = (G + K::HEADS_PER_BLOCK - 1) / K::HEADS_PER_BLOCK;
     run_grid({(unsigned)(nkv * nhg), (unsigned)n_split, (unsigned)n_seq}, K::THREADS, 0, [&] {
         const attn_detail::RopePrologue<K> pre{(const float*)q.data(), (const float*)k.data(), (const float*)v.data(), (const float*)qw.data(),
                                                (const float*)kw.data(), kc.data(), vc.data(), n_rot, base, 1.0f, eps};
@@ -282,6 +282,8 @@ int main(int argc, char** argv) {
         case 0: rope<RCfg<256, 4, 1, 256, RM::Neox, QN::PerHead, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
         case 1: rope<RCfg<0, 0, 0, 0, RM::Neox, QN::Full, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
         case 2: rope<RCfg<0, 0, 0, 0, RM::Interleaved, QN::None, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
+        case 3: rope<RCfg<256, 4, 1, 256, RM::Neox, QN::PerHead, B::BF16, 2>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
+        case 4: rope<RCfg<0, 0, 0, 0, RM::Neox, QN::Full, B::BF16, 1>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, base, eps, f); break;
         default: return 4;
         }
         return 0;
@@ -296,6 +298,9 @@ int main(int argc, char** argv) {
         case 1: attn<ACfg<0, 0, 0, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
         case 2: attn<ACfg<128, 32, 8, B::BF16>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
         case 3: attn<ACfg<0, 0, 0, B::F32>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        case 4: attn<ACfg<256, 4, 1, B::BF16, 2>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        case 5: attn<ACfg<0, 0, 0, B::BF16, 2>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
+        case 6: attn<ACfg<0, 0, 0, B::BF16, 1>>(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], scale, f); break;
         default: return 4;
         }
     } else if (kind == 2) {
@@ -816,6 +821,12 @@ fn attn_decode_emulated_on_host_threads_matches_reference() {
     attn_case(bin, &mut rng, 2, 128, 32, 8, 0, 2, 3, &[37, 11], false); // a batch
     attn_case(bin, &mut rng, 1, 128, 16, 2, 0, 3, 6, &[50], false); // two head groups
     attn_case(bin, &mut rng, 3, 64, 2, 1, 0, 2, 4, &[33], true);
+    // Fewer heads a block (HEADS_PER_BLOCK): 4: gemma3 on 2 blocks; 5: generic, 2 a block
+    // (groups of 3 and 4: a block of 2 and one of 1 or 2); 6: generic, 1 a block.
+    attn_case(bin, &mut rng, 4, 256, 4, 1, 16, 3, 3, &[49], false);
+    attn_case(bin, &mut rng, 5, 256, 6, 2, 5, 2, 2, &[20], false);
+    attn_case(bin, &mut rng, 5, 128, 32, 8, 0, 2, 3, &[37, 11], false);
+    attn_case(bin, &mut rng, 6, 64, 16, 1, 0, 2, 2, &[40], false);
 }
 
 #[test]
@@ -826,7 +837,7 @@ fn attn_decode_rope_emulated_on_host_threads_matches_reference() {
     };
     let mut rng = Rng::from_env_or_time("attn_decode_rope_emulated_on_host_threads_matches_reference");
     // cfg 0: gemma3 4/1/256 NeoX, per-head norm, bf16; 1: generic NeoX, full norm, bf16;
-    // 2: generic interleaved, no norm, f32 cache.
+    // 2: generic interleaved, no norm, f32 cache; 3 and 4: below.
     let gemma = RopeCase { cfg: 0, hd: 256, nh: 4, nkv: 1, n_rot: 256, mode: Some(RopeMode::Neox), norm: "per_head", f32_cache: false };
     rope_case(bin, &mut rng, &gemma, 16, 3, &[49]); // window; the new row in the last split
     rope_case(bin, &mut rng, &gemma, 0, 3, &[0]); // the new row is the only key; empty splits
@@ -837,6 +848,13 @@ fn attn_decode_rope_emulated_on_host_threads_matches_reference() {
     rope_case(bin, &mut rng, &full_small, 7, 2, &[12, 40]); // group of 3, a window
     let plain = RopeCase { cfg: 2, hd: 128, nh: 8, nkv: 8, n_rot: 32, mode: Some(RopeMode::Norm), norm: "none", f32_cache: true };
     rope_case(bin, &mut rng, &plain, 0, 2, &[17]);
+    // Fewer heads a block: 3: gemma3 on 2 blocks (only head group 0's block writes the new row);
+    // 4: generic, 1 head a block.
+    let gemma_two = RopeCase { cfg: 3, ..gemma };
+    rope_case(bin, &mut rng, &gemma_two, 16, 3, &[49]);
+    rope_case(bin, &mut rng, &gemma_two, 0, 1, &[21, 5]);
+    let full_one = RopeCase { cfg: 4, ..full };
+    rope_case(bin, &mut rng, &full_one, 0, 2, &[30]);
 }
 
 #[test]

@@ -215,14 +215,7 @@ fn check_attn<C: HostCache>(
         .max()
         .unwrap();
     for k in kernels {
-        let auto = attn_decode::splits_for(
-            longest,
-            n_seq,
-            g.n_head,
-            g.n_kv,
-            SMS,
-            attn_decode::min_split_rows(k),
-        );
+        let auto = attn_decode::SplitRule::of(k).unwrap_or_else(|e| panic!("{e}")).splits(longest, n_seq, g.n_head, g.n_kv, SMS);
         let splits = gqa_split_counts(auto);
         let most = *splits.iter().max().unwrap();
         let mut work = s
@@ -309,11 +302,15 @@ fn check_partials_combined<C: HostCache>(
 fn attn_kernels(gpu: &Gpu, g: Gqa, cache_t: &'static str) -> Vec<Kernel> {
     let mut spec: Vec<(&str, V)> = gqa_dims(g).to_vec();
     spec.push(("cache_t", V::S(cache_t)));
+    let mut two: Vec<(&str, V)> = spec.clone();
+    two.push(("heads_per_block", V::I(2)));
     load_all(
         gpu,
         &[
             variant("attn_decode", &spec),
             variant("attn_decode", &[("cache_t", V::S(cache_t))]),
+            // Two q heads a block (gemma3's spec; Qwen3-8B's groups of 4 on 2 blocks each).
+            variant("attn_decode", &two),
         ],
     )
 }
@@ -558,7 +555,7 @@ fn check_attn_rope<C: HostCache>(gpu: &Gpu, kernels: &[Kernel], c: &RopeCase, po
     let new = NewTokens { q: &q_view, k: &k_view, v: &v_view, norm_w: (c.norm != "none").then_some((&qw_view, &kw_view)) };
     let longest = positions.iter().map(|&p| g.window.map_or(p + 1, |w| w.min(p + 1))).max().unwrap();
     for kernel in kernels {
-        let auto = attn_decode::splits_for(longest, n_seq, g.n_head, g.n_kv, SMS, attn_decode::min_split_rows(kernel));
+        let auto = attn_decode::SplitRule::of(kernel).unwrap_or_else(|e| panic!("{e}")).splits(longest, n_seq, g.n_head, g.n_kv, SMS);
         let splits = gqa_split_counts(auto);
         let most = *splits.iter().max().unwrap();
         let mut work = s.alloc_zeros::<f32>(attn_decode::work_floats(n_seq, g.n_head, g.hd, most)).expect("alloc");
@@ -593,7 +590,14 @@ fn check_attn_rope<C: HostCache>(gpu: &Gpu, kernels: &[Kernel], c: &RopeCase, po
 }
 
 fn rope_kernels(gpu: &Gpu, c: &RopeCase, cache_t: &'static str) -> Vec<Kernel> {
-    load_all(gpu, &[variant("attn_decode_rope", &c.spec(cache_t, true)), variant("attn_decode_rope", &c.spec(cache_t, false))])
+    let mut two = c.spec(cache_t, true);
+    two.push(("heads_per_block", V::I(2)));
+    let mut one = c.spec(cache_t, false);
+    one.push(("heads_per_block", V::I(1)));
+    // Also two q heads a block (gemma3's spec) and, generic, one: head group 0's block alone
+    // writes the new row.
+    let all = [c.spec(cache_t, true), c.spec(cache_t, false), two, one];
+    load_all(gpu, &all.iter().map(|p| variant("attn_decode_rope", p)).collect::<Vec<_>>())
 }
 
 const GEMMA3_ROPE: RopeCase = RopeCase { g: GEMMA3, n_rot: 256, mode: "neox", norm: "per_head", base: 10000.0 };

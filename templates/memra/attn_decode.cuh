@@ -9,6 +9,7 @@
 //   THREADS         int              threads per block (multiple of 32; 128 recommended)
 //   MIN_SPLIT_ROWS  int              host-side split rule only: the fewest keys per split the
 //                                    wrapper chooses (the kernel takes n_split at run time)
+//   HEADS_PER_BLOCK int              most q heads a block carries: 1, 2 or 4 (below)
 // Kernel parameters:
 //   (const float* q, const void* k_cache, const void* v_cache, const int* pos, float* out,
 //    float* work, int n_seq, int head_dim, int n_head, int n_kv, int max_ctx, int window,
@@ -20,9 +21,10 @@
 //   out = null: every block leaves its split's partials in `work` (n_split = 1 too) and none
 //   combines them; the o-projection does (combine_matvec.cuh). p ∉ [0, max_ctx) then leaves NaN
 //   partials (acc NaN, m 0, l 1), so the combined row is NaN.
-// Work split: G = n_head / n_kv q heads share a kv head; a block processes HP = (G ≤ 4 ? G : 4)
-//   heads (generic: G rounded up to 1, 2, 4) of one kv head, so each K/V row is read once
-//   per head group. The visible keys are cut into n_split equal chunks (grid.y). n_split = 1:
+// Work split: G = n_head / n_kv q heads share a kv head; a block processes HP = min(G, HPB)
+//   heads (HPB = HEADS_PER_BLOCK; generic: rounded up to 1, 2, 4) of one kv head, so each K/V
+//   row is read once per head group. Fewer heads a block: more blocks re-read the rows (from L2)
+//   but each one's chain of instructions is shorter. The visible keys are cut into n_split equal chunks (grid.y). n_split = 1:
 //   the block writes out directly and `work` is unused (may be null). n_split > 1: each block
 //   writes (max, sum, unnormalized accumulator) to `work`; the last block of a head group (an
 //   atomic counter) combines them and resets the counter to 0.
@@ -32,7 +34,7 @@
 //   n_split: a workspace sized for S splits serves every n_split ≤ S at the same n_seq and n_head
 //   (with counters after the partials, a launch with more splits wrote partials over the
 //   counters of one with fewer, whose combine then never ran or ran early).
-// Geometry: n_hg = ceil(G / 4); grid (n_kv · n_hg, n_split, n_seq), block THREADS, no dynamic
+// Geometry: n_hg = ceil(G / HPB); grid (n_kv · n_hg, n_split, n_seq), block THREADS, no dynamic
 //   shared memory (static: (THREADS/32)·HP·(hd + 2)·4 bytes ≤ 40 KiB, e.g. THREADS 128 at hd 256).
 // Inside a block: K and V rows are read with 16-byte loads; a row is split over LPR = min(32,
 // hd/VEC) lanes (VEC = 8 bf16 or 4 f32), so a warp takes 32/LPR rows at once, two such rows per
@@ -45,8 +47,9 @@ namespace memra {
 namespace attn_detail {
 
 constexpr float LOG2E = 1.4426950408889634f;
-// Most q heads one block carries in registers (q and accumulator: 2·HP·hd/LPR floats a lane);
-// larger groups are split over blocks that re-read K/V (from L2).
+// Most q heads one block can carry in registers (q and accumulator: 2·HP·hd/LPR floats a lane);
+// a Cfg's HEADS_PER_BLOCK (1, 2 or 4) sets its own cap; larger groups are split over blocks
+// that re-read K/V (from L2).
 constexpr int HP_CAP = 4;
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -477,12 +480,14 @@ __device__ __forceinline__ void dispatch_hp(const float* q, const Pre& pre, cons
     block<C, HD, HPV, HP_MAX, HD_MAX, THREADS>(q, pre, at, kc, vc, out, wa, wm, ctr, smem, n_head, n_kv, max_ctx, c0, c1, n_split, sp, sl2)
     if constexpr (HP_SPEC != 0) {
         MEMRA_ATTN_BLOCK(HP_SPEC);
-    } else if (at.nh <= 1) {
+    } else if (HP_MAX == 1 || at.nh <= 1) {
         MEMRA_ATTN_BLOCK(1);
-    } else if (at.nh <= 2) {
-        MEMRA_ATTN_BLOCK(2);
-    } else {
-        MEMRA_ATTN_BLOCK(4);
+    } else if constexpr (HP_MAX >= 2) {
+        if (HP_MAX == 2 || at.nh <= 2) {
+            MEMRA_ATTN_BLOCK(2);
+        } else if constexpr (HP_MAX >= 4) {
+            MEMRA_ATTN_BLOCK(4);
+        }
     }
 #undef MEMRA_ATTN_BLOCK
 }
@@ -500,7 +505,8 @@ __device__ __forceinline__ void attn_decode_impl(const float* q, const void* k_c
     constexpr bool G_FIXED = Cfg::N_HEAD != 0 && Cfg::N_KV != 0;
     static_assert(!G_FIXED || Cfg::N_HEAD % (Cfg::N_KV == 0 ? 1 : Cfg::N_KV) == 0, "N_HEAD must be a multiple of N_KV");
     constexpr int G_SPEC = G_FIXED ? Cfg::N_HEAD / Cfg::N_KV : 0;
-    constexpr int HP_CAP = attn_detail::HP_CAP;
+    constexpr int HP_CAP = Cfg::HEADS_PER_BLOCK;
+    static_assert(HP_CAP == 1 || HP_CAP == 2 || HP_CAP == attn_detail::HP_CAP, "HEADS_PER_BLOCK is 1, 2 or 4");
     constexpr int HP_SPEC = G_SPEC == 0 ? 0 : (G_SPEC < HP_CAP ? G_SPEC : HP_CAP);
     const int hd = dim_or<Cfg::HEAD_DIM>(head_dim_rt);
     const int n_head = dim_or<Cfg::N_HEAD>(n_head_rt), n_kv = dim_or<Cfg::N_KV>(n_kv_rt);

@@ -209,7 +209,7 @@ pub(super) fn launch(
 ) -> Result<(), Error> {
     match (*shape, set) {
         (Shape::AttnDecode { n_head, n_kv, head_dim, ctx }, ExtraSet::Attn { q, k, v, pos, out }) => {
-            let n_split = attn_decode::splits_for(ctx, 1, n_head, n_kv, sms, attn_decode::min_split_rows(kernel));
+            let n_split = attn_decode::SplitRule::of(kernel)?.splits(ctx, 1, n_head, n_kv, sms);
             let p = attn_decode::AttnDecodeParams {
                 n_seq: 1,
                 head_dim,
@@ -233,7 +233,7 @@ pub(super) fn launch(
             )
         }
         (Shape::AttnDecodeRope { n_head, n_kv, head_dim, n_rot, ctx }, ExtraSet::AttnRope { q, k, v, w, kc, vc, pos, out }) => {
-            let n_split = attn_decode::splits_for(ctx, 1, n_head, n_kv, sms, attn_decode::min_split_rows(kernel));
+            let n_split = attn_decode::SplitRule::of(kernel)?.splits(ctx, 1, n_head, n_kv, sms);
             let attn = attn_decode::AttnDecodeParams { n_seq: 1, head_dim, n_head, n_kv, max_ctx: ctx, window: None, n_split, scale: 1.0 / (head_dim as f32).sqrt() };
             let p = AttnDecodeRopeParams { attn, n_rot, freq_base: FREQ_BASE, freq_scale: 1.0, eps: 1e-6 };
             let ws = workspace(work, kernel, attn_decode::work_floats(1, n_head, head_dim, n_split))?;

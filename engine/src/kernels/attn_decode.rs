@@ -13,8 +13,7 @@ pub const FAMILY: &str = "attn_decode";
 /// templates/README.md defaults.
 pub const DEFAULT_THREADS: u32 = 128;
 pub const DEFAULT_MIN_SPLIT_ROWS: usize = 32;
-/// Most q heads one block carries (`HP_CAP` in the template).
-pub const HEADS_PER_BLOCK: usize = 4;
+pub const DEFAULT_HEADS_PER_BLOCK: usize = 4;
 /// Head sizes the template implements.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
@@ -55,11 +54,6 @@ pub struct AttnDecodeParams {
     pub scale: f32,
 }
 
-/// Head groups per kv head (blocks along grid.x per kv head).
-pub fn head_groups(n_head: usize, n_kv: usize) -> usize {
-    (n_head / n_kv.max(1)).div_ceil(HEADS_PER_BLOCK).max(1)
-}
-
 /// f32 slots of the workspace for `n_split > 1` (or a launch for partials): u32 counters (padded to 16 bytes) then partials.
 /// Allocate it zeroed; it serves every split count up to `n_split` at these `n_seq`/`n_head`/
 /// `head_dim` (the counters sit at the front, and each launch leaves them at zero).
@@ -72,32 +66,50 @@ pub fn work_floats(n_seq: usize, n_head: usize, head_dim: usize, n_split: usize)
 /// (one kv head; H200): 39 µs with 128 splits, 48 µs with 264.
 pub const MAX_SPLITS: usize = 128;
 
-/// A split count for keys up to `max_len`: enough blocks for ~2 waves on `sm_count`
-/// multiprocessors, at least `min_split_rows` keys per split, at most [`MAX_SPLITS`].
-pub fn splits_for(
-    max_len: usize,
-    n_seq: usize,
-    n_head: usize,
-    n_kv: usize,
-    sm_count: usize,
-    min_split_rows: usize,
-) -> usize {
-    let groups = (n_seq * n_kv * head_groups(n_head, n_kv)).max(1);
-    let want = (2 * sm_count).div_ceil(groups);
-    let most = max_len.div_ceil(min_split_rows.max(1));
-    want.min(most).min(MAX_SPLITS).clamp(1, GRID_Y_MAX as usize)
+/// How a decode-attention variant (attn_decode, attn_decode_rope) cuts its work, on the host:
+/// its tune fields `min_split_rows` and `heads_per_block` (README defaults when not baked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitRule {
+    /// The fewest keys per split.
+    pub min_split_rows: usize,
+    /// The most q heads a block carries (1, 2 or 4).
+    pub heads_per_block: usize,
 }
 
-/// The variant's `min_split_rows` (README default when not baked).
-pub fn min_split_rows(kernel: &Kernel) -> usize {
-    checks::baked_int(kernel.variant(), "min_split_rows")
-        .map_or(DEFAULT_MIN_SPLIT_ROWS, |v| v.max(1) as usize)
+impl SplitRule {
+    pub const DEFAULT: SplitRule = SplitRule { min_split_rows: DEFAULT_MIN_SPLIT_ROWS, heads_per_block: DEFAULT_HEADS_PER_BLOCK };
+
+    /// The rule `kernel` was built with.
+    pub fn of(kernel: &Kernel) -> Result<SplitRule, Error> {
+        let v = kernel.variant();
+        let min_split_rows = checks::baked_int(v, "min_split_rows").map_or(DEFAULT_MIN_SPLIT_ROWS, |r| r.max(1) as usize);
+        let heads_per_block = match checks::baked_int(v, "heads_per_block") {
+            None => DEFAULT_HEADS_PER_BLOCK,
+            Some(h @ (1 | 2 | 4)) => h as usize,
+            Some(h) => return Err(checks::invalid(kernel, format!("heads_per_block={h} is not 1, 2 or 4"))),
+        };
+        Ok(SplitRule { min_split_rows, heads_per_block })
+    }
+
+    /// Head groups per kv head (blocks along grid.x per kv head).
+    pub fn head_groups(self, n_head: usize, n_kv: usize) -> usize {
+        (n_head / n_kv.max(1)).div_ceil(self.heads_per_block.max(1)).max(1)
+    }
+
+    /// A split count for keys up to `max_len`: enough blocks for ~2 waves on `sm_count`
+    /// multiprocessors, at least `min_split_rows` keys per split, at most [`MAX_SPLITS`].
+    pub fn splits(self, max_len: usize, n_seq: usize, n_head: usize, n_kv: usize, sm_count: usize) -> usize {
+        let groups = (n_seq * n_kv * self.head_groups(n_head, n_kv)).max(1);
+        let want = (2 * sm_count).div_ceil(groups);
+        let most = max_len.div_ceil(self.min_split_rows.max(1));
+        want.min(most).min(MAX_SPLITS).clamp(1, GRID_Y_MAX as usize)
+    }
 }
 
-pub fn launch_config(threads: u32, p: &AttnDecodeParams) -> LaunchConfig {
+pub fn launch_config(threads: u32, rule: SplitRule, p: &AttnDecodeParams) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
-            (p.n_kv * head_groups(p.n_head, p.n_kv)) as u32,
+            (p.n_kv * rule.head_groups(p.n_head, p.n_kv)) as u32,
             p.n_split as u32,
             p.n_seq as u32,
         ),
@@ -179,7 +191,7 @@ fn launch_decode<C: CacheElem>(
     // when n_split > 1 or out is null (all checked above; out's guard lives past the launch);
     // the kernel reads cache rows < max_ctx only (positions outside [0, max_ctx) produce NaN,
     // not a read); the dims match the baked ones; the block size is THREADS.
-    unsafe { launch(kernel, launch_config(threads, p), &mut args) }
+    unsafe { launch(kernel, launch_config(threads, SplitRule::of(kernel)?, p), &mut args) }
 }
 
 /// The `out` kernel argument: the rows' device address (with the guard that must outlive the
@@ -274,13 +286,20 @@ mod tests {
     fn split_rule_fills_the_machine_but_keeps_chunks_long() {
         // gemma3: 1 kv head, 4 q heads -> 1 group; 264 blocks wanted, 40000 / 256 = 157 allowed,
         // MAX_SPLITS caps it.
-        assert_eq!(splits_for(40000, 1, 4, 1, 132, 256), MAX_SPLITS);
-        assert_eq!(splits_for(4000, 1, 4, 1, 132, 256), 16);
+        let r = SplitRule { min_split_rows: 256, ..SplitRule::DEFAULT };
+        assert_eq!(r.splits(40000, 1, 4, 1, 132), MAX_SPLITS);
+        assert_eq!(r.splits(4000, 1, 4, 1, 132), 16);
         // Qwen3-8B: 8 groups -> 33 splits.
-        assert_eq!(splits_for(40000, 1, 32, 8, 132, 256), 33);
-        assert_eq!(splits_for(1, 1, 32, 8, 132, 256), 1);
-        assert_eq!(head_groups(32, 8), 1);
-        assert_eq!(head_groups(64, 8), 2);
+        assert_eq!(r.splits(40000, 1, 32, 8, 132), 33);
+        assert_eq!(r.splits(1, 1, 32, 8, 132), 1);
+        assert_eq!(r.head_groups(32, 8), 1);
+        assert_eq!(r.head_groups(64, 8), 2);
+        // Two heads a block: gemma3's 4 q heads on 2 blocks, so half the splits fill the machine.
+        let two = SplitRule { heads_per_block: 2, ..r };
+        assert_eq!(two.head_groups(4, 1), 2);
+        assert_eq!(two.head_groups(3, 1), 2);
+        assert_eq!((r.splits(400_000, 1, 4, 1, 50), two.splits(400_000, 1, 4, 1, 50)), (100, 50));
+        assert_eq!(SplitRule { heads_per_block: 1, ..r }.head_groups(32, 8), 4);
         assert_eq!(work_floats(1, 4, 256, 3), 4 + 4 * 3 * 258);
         assert_eq!(work_floats(2, 6, 128, 5), 12 + 2 * 6 * 5 * 130);
         assert_eq!(work_floats(1, 2, 64, 2), 4 + 2 * 2 * 66);

@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaView, CudaViewMut};
 
 use crate::cuda::{Error, Kernel};
-use crate::kernels::attn_decode::{AttnDecodeParams, LaunchBuffers, check_gqa, check_launch, launch_config, out_ptr};
+use crate::kernels::attn_decode::{AttnDecodeParams, LaunchBuffers, SplitRule, check_gqa, check_launch, launch_config, out_ptr};
 use crate::kernels::checks;
 use crate::kernels::launch::{KernelArgs, launch};
 use crate::kernels::qk_norm_rope::{CacheElem, check_n_rot, norm_weights};
@@ -155,5 +155,5 @@ fn launch_decode_rope<C: CacheElem>(
     // n_seq ints, work the partials + counters when n_split > 1 or out is null, norm weights their mode's length (all checked above); the kernel reads and
     // writes cache rows < max_ctx only (positions outside [0, max_ctx) produce NaN, no access);
     // the dims match the baked ones; the block size is THREADS.
-    unsafe { launch(kernel, launch_config(threads, a), &mut args) }
+    unsafe { launch(kernel, launch_config(threads, SplitRule::of(kernel)?, a), &mut args) }
 }

@@ -28,7 +28,7 @@ use super::{GpuOptions, StepRole};
 use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::gpu::{self, DecoderStack, DeviceTensor, KernelPlan, KvCache, Linear, LogitsState, Result, StackState, StepGraph, err, upload_f32};
 use crate::cuda::{Gpu, Kernel, Kernels};
-use crate::kernels::attn_decode::{self, AttnDecodeParams};
+use crate::kernels::attn_decode::{self, AttnDecodeParams, SplitRule};
 use crate::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
 use crate::kernels::attn_prefill::{self, AttnPrefillParams};
 use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
@@ -284,8 +284,8 @@ struct Net {
     kernels: Kernels,
     names: Names,
     sm_count: usize,
-    /// Fewest keys per decode-attention split: the decode attention variant's `min_split_rows`.
-    min_split_rows: usize,
+    /// How decode steps split their attention: the decode attention variant's rule.
+    split_rule: SplitRule,
     /// One expert id 0: the fused dense FFN runs the expert kernel on a single "expert".
     zero_id: CudaSlice<i32>,
     /// The LM head's norm_matvec variant when decode steps fuse the norms.
@@ -495,8 +495,8 @@ impl Decoder {
         let cache = KvCache::new(&gpu, layers.len(), max_ctx, n_kv, hd)?;
         report.push(format!("KV cache: {max_ctx} positions, bf16, {}", gpu::mib(cache.bytes())));
 
-        let min_split_rows = attn_decode::min_split_rows(kernels.get(names.attn_decode_rope.unwrap_or(names.attn_decode))?);
-        let max_split = attn_decode::splits_for(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count, min_split_rows).max(2);
+        let split_rule = SplitRule::of(kernels.get(names.attn_decode_rope.unwrap_or(names.attn_decode))?)?;
+        let max_split = split_rule.splits(max_ctx.next_power_of_two(), 1, n_head, n_kv, sm_count).max(2);
         let step = Bufs::new(&gpu, &cfg, 1, layers.len(), max_split)?;
         let out = LogitsState::new(&gpu, kernels.get(names.argmax)?, n_vocab, max_ctx)?;
         let zero_id = gpu::alloc(&gpu, 1, "expert id")?;
@@ -513,7 +513,7 @@ impl Decoder {
                 )));
             }
         }
-        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, min_split_rows, zero_id, lm_head_norm, omit: opts.omit };
+        let net = Net { cfg, layers, token_embd, lm_head, output_norm, kernels, names, sm_count, split_rule, zero_id, lm_head_norm, omit: opts.omit };
         report.push(format!("loaded in {:.2} s", start.elapsed().as_secs_f64()));
         let state = State { gpu, cache, out, len: 0, max_ctx, n_ctx_train, n_vocab, weight_bytes: bytes, report };
         Ok(Decoder { net, state, step, graph: StepGraph::new(opts.graphs, opts.pdl) })
@@ -544,7 +544,7 @@ impl Net {
                 // Split for the next power of two of the visible keys: the count then changes
                 // (and a captured decode graph is re-captured) only log2(context) times.
                 let visible = l.window.map_or(len, |w| w.min(len)).max(1).next_power_of_two();
-                attn_decode::splits_for(visible, 1, c.n_head, c.n_kv, self.sm_count, self.min_split_rows)
+                self.split_rule.splits(visible, 1, c.n_head, c.n_kv, self.sm_count)
             })
             .collect())
     }
