@@ -1104,26 +1104,20 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     // STAGES-deep pipeline over the block's steps: step s (chunk s % n_chunks of its tile)
     // lives in slot s % STAGES; cp.async group g = step g (with early weights, group 0 also
     // holds the weights of the other first steps: they were issued before the wait).
-    if constexpr (SrcEarlyWeights<Src>::value) {
+    constexpr bool EARLY = SrcEarlyWeights<Src>::value;
+    if constexpr (EARLY) {
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s)
             if (s < steps) issue_w(s);
     }
     const auto pre = early_preload(src);
     (void)pre;  // read by X_IN_SMEM sources' prologue only
-    if constexpr (SrcEarlyWeights<Src>::value) {
-        pdl_entry();
+    if constexpr (EARLY) pdl_entry();
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < steps) issue_x(s, s % n_chunks);
-            async::commit();
-        }
-    } else {
-#pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < steps) issue_x(s, issue_w(s));
-            async::commit();
-        }
+    for (int s = 0; s < STAGES - 1; ++s) {
+        // Step s's chunk: issued above (early weights), else now.
+        if (s < steps) issue_x(s, EARLY ? s % n_chunks : issue_w(s));
+        async::commit();
     }
     // With XQ8 = 2 a source's own x row (f32, unpadded) sits after the q8 row it becomes.
     float* const x_own = reinterpret_cast<float*>(matvec_smem + G::SMEM + (G::XQ8_FUSED ? G::xf_row(K) : 0));
