@@ -106,11 +106,14 @@ def parse_shape(family, shape, dtype):
         if not m:
             raise ValueError(f"shape {shape!r} is not k<K>_n<N>_<glu> for family {family}")
         return dict(k=int(m[1]), n=int(m[2]), glu=m[3])
+    if family == "combine_matvec":
+        k, n, d, s = ints(r"k(\d+)_n(\d+)_d(\d+)_s(\d+)")
+        return dict(k=k, n=n, d=d, s=s)
     raise ValueError(f"no torch peer for family {family!r}")
 
 
 def peer_dtype(family, dtype):
-    if family in ("matvec", "matmul", "embed", "moe_matvec", "norm_matvec"):
+    if family in ("matvec", "matmul", "embed", "moe_matvec", "norm_matvec", "combine_matvec"):
         return "bf16"  # quantized weights: the dequantized bf16 weight
     if family in ("attn_decode", "attn_decode_rope", "attn_prefill", "mla_decode", "mla_sparse_decode", "dsa_indexer", "dsa_index_key"):
         return "bf16"  # bf16 caches and bf16 q (memra's q is f32, its caches bf16)
@@ -178,6 +181,10 @@ def plan_bytes_flops(family, d):
         paired = 1 if d["glu"] == "none" else 2
         # bf16 weights; x, delta and both norms' weights read, the residual written (f32), y.
         return 2 * paired * n * k + 4 * 5 * k + 4 * n, 2 * paired * n * k
+    if family == "combine_matvec":
+        k, n, hd, s = d["k"], d["n"], d["d"], d["s"]
+        # bf16 weights; every split's f32 partials (acc, m, l per head) read once, y.
+        return 2 * n * k + 4 * (k // hd) * s * (hd + 2) + 4 * n, 2 * n * k
     raise ValueError(family)
 
 
@@ -406,6 +413,18 @@ def make_ops(torch, family, d):
                 return r, g
             return r, act(g.float()) * torch.matmul(w_up, h).float()
         return (x, delta, dw, nw, w, w_up), {"torch_eager": fn}, fn
+    if family == "combine_matvec":
+        k, n, hd, s = d["k"], d["n"], d["d"], d["s"]
+        heads = k // hd
+        acc, m, l = randn(heads, s, hd), randn(heads, s), randn(heads, s).abs() + 0.5
+        w = randn(n, k, dtype=bf16) * 0.02
+
+        def fn(acc, m, l, w):
+            # Flash-decoding's split merge (base-2 maxima, as memra's partials), then the projection.
+            wt = torch.exp2(m - m.amax(dim=1, keepdim=True))
+            x = (acc * wt[:, :, None]).sum(1) / (l * wt).sum(1, keepdim=True)
+            return torch.matmul(w, x.reshape(k).to(bf16))
+        return (acc, m, l, w), {"torch_eager": fn}, fn
     raise ValueError(f"no torch peer for family {family!r}")
 
 

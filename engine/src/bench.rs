@@ -49,6 +49,9 @@
 //! - norm_matvec (one token, as a decode step launches it: post-normed delta, new residual
 //!   written): W (twice when gate/up are paired) + x, delta, delta_w, norm_w and x_out (5 · 4K)
 //!   + y (4N); FLOPs 2·K·N (twice when paired).
+//! - combine_matvec (one token, the o-projection with the attention's split combine): W + the
+//!   partials (4·H·n_split·(hd + 2), H = K / hd) + y (4N); FLOPs 2·K·N. Split counts 8 and 32
+//!   (the most the engine hands it, `combine_matvec::DEFAULT_MAX_SPLITS`).
 //!
 //! Shapes come from the registry: a specialized variant's baked params (k/n/qtype for matvec and
 //! matmul, n for the norms, n_ff, n_vocab, n_embd, heads and head sizes, k of the DSA top-k,
@@ -77,7 +80,7 @@ use crate::cuda::{Error, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param};
 use crate::kernels::swiglu::GluLayout;
 use crate::kernels::{
-    add_rmsnorm, argmax, attn_decode, attn_decode_rope, attn_prefill, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
+    add_rmsnorm, argmax, attn_decode, attn_decode_rope, attn_prefill, combine_matvec, dsa_index_key, dsa_indexer, dsa_topk, embed, geglu, matmul, matvec, mla_decode,
     mla_sparse_decode, moe_matvec, moe_router, norm_matvec, qk_norm_rope, rmsnorm, swiglu, topk,
 };
 
@@ -296,6 +299,15 @@ pub enum Shape {
         k: usize,
         n: usize,
     },
+    /// A decode output projection combining the attention's `n_split` splits of `k / head_dim`
+    /// heads in its prologue (random partials).
+    CombineMatvec {
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+        head_dim: usize,
+        n_split: usize,
+    },
     /// `t` tokens' products over `n_used` experts each of `n_expert` (all `t·n_used` distinct).
     MoeMatvec {
         ty: GgmlType,
@@ -343,6 +355,7 @@ impl Shape {
             Shape::MoeRouter { .. } => moe_router::FAMILY,
             Shape::MoeMatvec { .. } => moe_matvec::FAMILY,
             Shape::NormMatvec { .. } => norm_matvec::FAMILY,
+            Shape::CombineMatvec { .. } => combine_matvec::FAMILY,
         }
     }
 
@@ -374,13 +387,16 @@ impl Shape {
             }
             Shape::MoeMatvec { mode, t, k, n, n_expert, n_used, .. } => format!("t{t}_k{k}_n{n}_e{n_expert}_u{n_used}_{}", mode.token()),
             Shape::NormMatvec { glu, k, n, .. } => format!("k{k}_n{n}_{}", glu.token()),
+            Shape::CombineMatvec { k, n, head_dim, n_split, .. } => format!("k{k}_n{n}_d{head_dim}_s{n_split}"),
         }
     }
 
     /// The weight type for matvec/matmul/embed, `f32` for the activation-only families.
     pub fn dtype(&self) -> String {
         match self {
-            Shape::Matvec { ty, .. } | Shape::Matmul { ty, .. } | Shape::Embed { ty, .. } | Shape::MoeMatvec { ty, .. } | Shape::NormMatvec { ty, .. } => {
+            Shape::Matvec { ty, .. } | Shape::Matmul { ty, .. } | Shape::Embed { ty, .. } | Shape::MoeMatvec { ty, .. }
+            | Shape::NormMatvec { ty, .. }
+            | Shape::CombineMatvec { ty, .. } => {
                 ty.name().to_ascii_lowercase()
             }
             // The cache type of the attention / DSA families (the benched variants read bf16).
@@ -440,13 +456,17 @@ impl Shape {
             Shape::NormMatvec { ty, glu, k, n } => {
                 weight_bytes(ty, k, n) * if glu == norm_matvec::Glu::None { 1 } else { 2 } + f * (5 * k + n) as u64
             }
+            // W, every split's partials (acc and m, l per head) read once, y.
+            Shape::CombineMatvec { ty, k, n, head_dim, n_split } => {
+                weight_bytes(ty, k, n) + f * ((k / head_dim.max(1)) * n_split * (head_dim + 2) + n) as u64
+            }
         }
     }
 
     /// Floating-point operations of one launch where they matter (the matrix families).
     pub fn flops(&self) -> Option<u64> {
         match *self {
-            Shape::Matvec { k, n, .. } => Some(2 * (k * n) as u64),
+            Shape::Matvec { k, n, .. } | Shape::CombineMatvec { k, n, .. } => Some(2 * (k * n) as u64),
             Shape::Matmul { t, k, n, .. } => Some(2 * (t * k) as u64 * n as u64),
             // q·k and p·v per (head, visible key).
             Shape::AttnDecode { n_head, head_dim, ctx, .. } | Shape::AttnDecodeRope { n_head, head_dim, ctx, .. } => {
@@ -585,6 +605,9 @@ fn arch_int(arch: &str, family: &str, key: &str) -> Option<usize> {
 /// latency-bound; 4096 and 32768: peers-attention.json's), of dense MLA (GLM-5 at 32k and 128k),
 /// and of the DSA step (128k visible keys).
 pub const ATTN_DECODE_CTX: [usize; 3] = [640, 4096, 32768];
+/// Split counts of the combine_matvec cases: a short context's and the most the engine hands
+/// the projection.
+pub const COMBINE_SPLITS: [usize; 2] = [8, combine_matvec::DEFAULT_MAX_SPLITS];
 pub const MLA_DECODE_CTX: [usize; 2] = [32768, 131072];
 pub const DSA_CTX: usize = 131072;
 
@@ -791,6 +814,14 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 };
                 push(&mut cases, Shape::NormMatvec { ty, glu, k, n }, a, v, None, false);
             }
+            "combine_matvec" => {
+                let (Some(k), Some(n), Some(head_dim), Some(ty)) = (int(v, "k"), int(v, "n"), int(v, "head_dim"), sym_type(v)) else {
+                    continue;
+                };
+                for n_split in COMBINE_SPLITS {
+                    push(&mut cases, Shape::CombineMatvec { ty, k, n, head_dim, n_split }, a, v, None, false);
+                }
+            }
             // Not wired yet (module doc): qk_norm_rope.
             _ => {}
         }
@@ -906,6 +937,12 @@ enum Set {
         x_out: CudaSlice<f32>,
         y: CudaSlice<f32>,
     },
+    /// combine_matvec: W, attn_decode's workspace with random partials, y.
+    Combine {
+        w: CudaSlice<u8>,
+        work: CudaSlice<f32>,
+        y: CudaSlice<f32>,
+    },
     /// Attention, DSA and MoE families (bench/attn_moe.rs).
     Extra(attn_moe::ExtraSet),
 }
@@ -961,6 +998,10 @@ impl Prepared {
                     x_out: alloc(s, k)?,
                     y: alloc(s, n)?,
                 },
+                Shape::CombineMatvec { ty, k, n, head_dim, n_split } => {
+                    let floats = attn_decode::work_floats(1, k / head_dim.max(1), head_dim, n_split);
+                    Set::Combine { w: fill.weights(ty, k, n)?, work: fill.f32s(floats)?, y: alloc(s, n)? }
+                }
                 _ => unreachable!("attn_moe::make_set builds the sets of the other shapes"),
             });
         }
@@ -1023,6 +1064,9 @@ impl Prepared {
                 let weights = norm_matvec::NormMatvecWeights { w: &wv, w_up: uv.as_ref() };
                 let add = norm_matvec::Residual { delta: &dv, delta_w: Some(&dwv) };
                 norm_matvec::norm_matvec(kernel, &weights, &x.slice(..), Some(add), &norm_w.slice(..), Some(&mut x_out.slice_mut(..)), &mut y.slice_mut(..), k, n, 1e-6)
+            }
+            (Shape::CombineMatvec { k, n, head_dim, n_split, .. }, Set::Combine { w, work, y }) => {
+                combine_matvec::combine_matvec(kernel, &w.slice(..), &work.slice(..), &mut y.slice_mut(..), k, n, head_dim, n_split)
             }
             (shape, Set::Extra(set)) => attn_moe::launch(kernel, &shape, set, &mut self.shared, &mut self.work, self.sm_count),
             _ => unreachable!("Prepared::new builds the set that matches its shape"),
@@ -1828,6 +1872,26 @@ mod tests {
         // Q5_0 rows of 640 = 20 blocks × 22 B; gate and up.
         assert_eq!(geglu.bytes(), 2 * 20 * 22 * 2048 + 4 * (5 * 640 + 2048));
         assert_eq!(geglu.flops(), Some(2 * 2 * 640 * 2048));
+    }
+
+    #[test]
+    fn gemma3_plan_times_the_combining_o_projection() {
+        if !registry::SPECIALIZED_FOR.iter().any(|(a, _)| *a == "gemma3") {
+            eprintln!("built without model-gemma3: nothing to check");
+            return;
+        }
+        let cases = plan(Some("gemma3"), Some(combine_matvec::FAMILY));
+        for n_split in COMBINE_SPLITS {
+            let label = format!("k1024_n640_d256_s{n_split}");
+            let c = cases.iter().find(|c| c.shape.label() == label).unwrap_or_else(|| panic!("gemma3 plan lacks combine_matvec {label}"));
+            let (s, g) = (c.specialized.unwrap(), c.generic.unwrap_or_else(|| panic!("{label}: no generic twin")));
+            // The twin runs the same tuning with the dims at run time.
+            assert_eq!((g.param("rows_per_group"), g.param("stages")), (s.param("rows_per_group"), s.param("stages")), "{label}");
+        }
+        let shape = Shape::CombineMatvec { ty: GgmlType::Q4_K, k: 1024, n: 640, head_dim: 256, n_split: 8 };
+        // Q4_K rows of 1024 = 4 blocks × 144 B; 4 heads × 8 splits × (256 + 2) partial floats.
+        assert_eq!(shape.bytes(), 4 * 144 * 640 + 4 * (4 * 8 * 258 + 640));
+        assert_eq!(shape.flops(), Some(2 * 1024 * 640));
     }
 
     #[test]

@@ -548,6 +548,13 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             k: 640,
             n: 2048,
         },
+        Shape::CombineMatvec {
+            ty: GgmlType::Q4_K,
+            k: 1024,
+            n: 640,
+            head_dim: 256,
+            n_split: 8,
+        },
     ];
     for s in &shapes {
         match s {
@@ -570,7 +577,8 @@ fn one_shape_per_family() -> Vec<memra_engine::bench::Shape> {
             | Shape::MlaSparseDecode { .. }
             | Shape::MoeRouter { .. }
             | Shape::MoeMatvec { .. }
-            | Shape::NormMatvec { .. } => {}
+            | Shape::NormMatvec { .. }
+            | Shape::CombineMatvec { .. } => {}
         }
     }
     shapes

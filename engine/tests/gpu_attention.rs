@@ -40,6 +40,7 @@ use mla_common::{Query, mla_reference};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::mla::{MlaAttnInputs, MlaDims, mla_attention_absorbed};
 use memra_reference::rope::{Rope, RopeMode, rope_heads};
+use memra_gguf::{GgmlType, quant};
 use memra_reference::{Rng, norm, rel_err};
 
 const TOL: f64 = 1e-3;
@@ -263,9 +264,12 @@ fn check_attn<C: HostCache>(
     }
 }
 
-/// The launch for partials (`out` null) and combine_matvec after it, specialized and generic,
-/// over an f32 identity weight: `y` must be the attention's output. The partials are poisoned
-/// first (every split, 1 too, must write its own), y with padding past its end.
+/// The launch for partials (`out` null) and combine_matvec after it, specialized and generic:
+/// over an f32 identity weight `y` must be the attention's output; over a fresh random quantized
+/// weight of 67 rows (its type taken in turn from the split count: Q8_0, Q5_0, Q4_K where the
+/// row allows, Q6_K), `W·` that output (assert_dot_close against the dequantized bytes). The
+/// partials are poisoned first (every split, 1 too, must write its own), y with padding past its
+/// end.
 #[allow(clippy::too_many_arguments)]
 fn check_partials_combined<C: HostCache>(
     gpu: &Gpu,
@@ -275,27 +279,42 @@ fn check_partials_combined<C: HostCache>(
     work: &mut CudaSlice<f32>,
     p: &AttnDecodeParams,
     want: &[f32],
-    rng: &Rng,
+    rng: &mut Rng,
 ) {
     let s = gpu.stream();
     let k = g.n_head * g.hd;
     let identity: Vec<f32> = (0..k * k).map(|i| if i / k == i % k { 1.0 } else { 0.0 }).collect();
-    let w = up(s, &identity.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
-    let dims = [("k", V::I(k as i64)), ("n", V::I(k as i64)), ("head_dim", V::I(g.hd as i64)), ("qtype", V::S("f32"))];
-    let combines = load_all(gpu, &[variant("combine_matvec", &dims), variant("combine_matvec", &dims[3..])]);
-    for combine in &combines {
-        let used = attn_decode::work_floats(1, g.n_head, g.hd, p.n_split);
-        let ctr = g.n_head.next_multiple_of(4);
-        s.memcpy_htod(&vec![f32::NAN; used - ctr], &mut work.slice_mut(ctr..used)).expect("poison");
-        attn_decode::attn_decode_partials(attn, &dq.as_view(), &dk.as_view(), &dv.as_view(), &dpos.as_view(), &mut work.as_view_mut(), p)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut dy = nan_buf(s, k + 5);
-        combine_matvec::combine_matvec(combine, &w.slice(..), &work.slice(..used), &mut dy.slice_mut(..k), k, k, g.hd, p.n_split)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let got = down(s, &dy);
-        let what = format!("{} (partials) + {} {g:?} n_split={}", attn.name(), combine.name(), p.n_split);
-        assert_close(&what, &got[..k], want, rng);
-        assert!(got[k..].iter().all(|v| v.is_nan()), "{what}: y written past its end");
+    let identity = identity.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    let k_quants = [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().filter(|_| k % 256 == 0);
+    let types: Vec<GgmlType> = [GgmlType::Q8_0, GgmlType::Q5_0].into_iter().chain(k_quants).collect();
+    let ty = types[p.n_split % types.len()];
+    let n = 67;
+    let quantized = gpu_common::random_weight(ty, k, n, rng);
+    let dense = quant::dequantize(ty, &quantized, k * n).unwrap_or_else(|e| panic!("dequantize {ty:?}: {e}"));
+    let want_y: Vec<f32> = dense.chunks(k).map(|row| row.iter().zip(want).map(|(w, x)| *w as f64 * *x as f64).sum::<f64>() as f32).collect();
+    let terms = gpu_common::dot_terms(ty, &quantized, k, n, want, 1, None);
+    for (w, ty, n) in [(identity, GgmlType::F32, k), (quantized, ty, n)] {
+        let w = up(s, &w);
+        let qtype = gpu_common::token(ty);
+        let dims = [("k", V::I(k as i64)), ("n", V::I(n as i64)), ("head_dim", V::I(g.hd as i64)), ("qtype", V::S(qtype))];
+        let combines = load_all(gpu, &[variant("combine_matvec", &dims), variant("combine_matvec", &dims[3..])]);
+        for combine in &combines {
+            let used = attn_decode::work_floats(1, g.n_head, g.hd, p.n_split);
+            let ctr = g.n_head.next_multiple_of(4);
+            s.memcpy_htod(&vec![f32::NAN; used - ctr], &mut work.slice_mut(ctr..used)).expect("poison");
+            attn_decode::attn_decode_partials(attn, &dq.as_view(), &dk.as_view(), &dv.as_view(), &dpos.as_view(), &mut work.as_view_mut(), p)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut dy = nan_buf(s, n + 5);
+            combine_matvec::combine_matvec(combine, &w.slice(..), &work.slice(..used), &mut dy.slice_mut(..n), k, n, g.hd, p.n_split)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let got = down(s, &dy);
+            let what = format!("{} (partials) + {} {g:?} n_split={}", attn.name(), combine.name(), p.n_split);
+            match ty {
+                GgmlType::F32 => assert_close(&what, &got[..n], want, rng),
+                _ => gpu_common::assert_dot_close(&what, &got[..n], &want_y, &terms, TOL, rng),
+            }
+            assert!(got[n..].iter().all(|v| v.is_nan()), "{what}: y written past its end");
+        }
     }
 }
 

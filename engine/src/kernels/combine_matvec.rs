@@ -66,8 +66,12 @@ pub fn combine_matvec(
     if head_dim == 0 || !head_dim.is_multiple_of(4) || !k.is_multiple_of(head_dim) {
         return Err(checks::invalid(kernel, format!("k={k} is not a whole number of heads of head_dim={head_dim} (a multiple of 4)")));
     }
-    if n_split == 0 || i32::try_from(n_split).is_err() {
-        return Err(checks::invalid(kernel, format!("n_split={n_split} is outside 1..=i32::MAX")));
+    // As i32 before any size arithmetic: the kernel takes i32s, and the workspace size below
+    // cannot overflow then.
+    let (k_i, n_i) = (checks::to_i32(kernel, "k", k)?, checks::to_i32(kernel, "n", n)?);
+    let (head_dim_i, n_split_i) = (checks::to_i32(kernel, "head_dim", head_dim)?, checks::to_i32(kernel, "n_split", n_split)?);
+    if n_split == 0 {
+        return Err(checks::invalid(kernel, "n_split=0: there are no partials to combine".to_string()));
     }
     matvec::check_weight(kernel, ty, w.len(), k, n)?;
     checks::check_aligned16(kernel, "w", w)?;
@@ -89,10 +93,10 @@ pub fn combine_matvec(
         w: w.slice(..),
         work: work.slice(..),
         y: y.slice_mut(..),
-        k: checks::to_i32(kernel, "k", k)?,
-        n: checks::to_i32(kernel, "n", n)?,
-        head_dim: checks::to_i32(kernel, "head_dim", head_dim)?,
-        n_split: checks::to_i32(kernel, "n_split", n_split)?,
+        k: k_i,
+        n: n_i,
+        head_dim: head_dim_i,
+        n_split: n_split_i,
     };
     // SAFETY: w holds n rows of row_bytes(qtype, k) bytes, 16-byte aligned; work the counters
     // and the partials of k / head_dim heads × n_split splits (16-byte aligned: float4 reads),

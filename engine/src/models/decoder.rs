@@ -187,15 +187,22 @@ pub struct DecoderSpec<'f> {
     pub output: Option<TensorInfo<'f>>,
 }
 
+/// A combine_matvec variant and the most splits it combines: decode steps with more leave the
+/// combine to the attention's last block.
+struct Combine {
+    kernel: &'static str,
+    /// The variant's `max_splits`, read once its module is loaded (0 until then).
+    max_splits: usize,
+}
+
 struct Layer {
     attn_norm: CudaSlice<f32>,
     /// q, k and v, stacked by runs of equal type.
     qkv: Vec<QkvRun>,
     qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     attn_output: Linear,
-    /// The o-projection's combine_matvec variant: decode steps with at most its `max_splits`
-    /// attention splits combine them in the projection (`GpuOptions::fuse_combine`).
-    combine: Option<&'static str>,
+    /// The o-projection's combine_matvec variant (`GpuOptions::fuse_combine`).
+    combine: Option<Combine>,
     post_attention_norm: Option<CudaSlice<f32>>,
     ffn_norm: CudaSlice<f32>,
     ffn: Ffn,
@@ -392,7 +399,7 @@ impl Decoder {
                 }
             };
             let combine = match opts.fuse_combine {
-                true => Some(plan_combine(&mut plan, &attn_output.w, hd)?),
+                true => Some(Combine { kernel: plan_combine(&mut plan, &attn_output.w, hd)?, max_splits: 0 }),
                 false => None,
             };
             let mut qkv = Vec::new();
@@ -491,6 +498,9 @@ impl Decoder {
         report.extend(plan.report());
         let compile = Instant::now();
         let kernels = plan.load(&gpu)?;
+        for c in layers.iter_mut().filter_map(|l| l.combine.as_mut()) {
+            c.max_splits = combine_matvec::max_splits(kernels.get(c.kernel)?)?;
+        }
         report.push(format!("kernels ready in {:.2} s", compile.elapsed().as_secs_f64()));
         let cache = KvCache::new(&gpu, layers.len(), max_ctx, n_kv, hd)?;
         report.push(format!("KV cache: {max_ctx} positions, bf16, {}", gpu::mib(cache.bytes())));
@@ -724,8 +734,8 @@ impl Net {
         let (e, hd, eps) = (c.n_embd, c.head_dim, c.eps);
         let (qd, kvd) = (c.n_head * hd, c.n_kv * hd);
         let k = &self.kernels;
-        let combine = match l.combine {
-            Some(name) if t == 1 && n_split <= combine_matvec::max_splits(k.get(name)?)? => Some(k.get(name)?),
+        let combine = match &l.combine {
+            Some(c) if t == 1 && n_split <= c.max_splits => Some(k.get(c.kernel)?),
             _ => None,
         };
         if let (1, Some(name)) = (t, self.names.attn_decode_rope) {
@@ -868,16 +878,16 @@ impl Net {
         let (kc, vc) = (cache.k[il].slice(..), cache.v[il].slice(..));
         let scale = c.attn_scale;
         let q = q.slice(..t * qd);
+        if t > 1 {
+            let att = att.ok_or_else(|| err("attention partials are a decode step's (one token)"))?;
+            let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, pos0, window: l.window, scale };
+            return Ok(attn_prefill::attn_prefill(self.kernels.get(self.names.attn_prefill)?, &q, &kc, &vc, &mut att.slice_mut(..t * qd), &p)?);
+        }
         let p = AttnDecodeParams { n_seq: 1, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, window: l.window, n_split, scale };
         let (kernel, mut work, pos) = (self.kernels.get(self.names.attn_decode)?, self.layer_work(work, il), pos.slice(..1));
         match att {
-            Some(att) if t > 1 => {
-                let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: cache.max_ctx, pos0, window: l.window, scale };
-                attn_prefill::attn_prefill(self.kernels.get(self.names.attn_prefill)?, &q, &kc, &vc, &mut att.slice_mut(..t * qd), &p)?
-            }
             Some(att) => attn_decode::attn_decode(kernel, &q, &kc, &vc, &pos, &mut att.slice_mut(..qd), &mut work, &p)?,
-            None if t == 1 => attn_decode::attn_decode_partials(kernel, &q, &kc, &vc, &pos, &mut work, &p)?,
-            None => return Err(err("attention partials are a decode step's (one token)")),
+            None => attn_decode::attn_decode_partials(kernel, &q, &kc, &vc, &pos, &mut work, &p)?,
         }
         Ok(())
     }
