@@ -51,6 +51,18 @@ pub const QTYPES: &[GgmlType] = &[
     GgmlType::BF16,
 ];
 
+/// The QTypes with an integer dot product (`qunit::Unit<Q>::INT_DOT` in matvec.cuh): the only
+/// weights a tuning field `xq8` (x as int8 blocks, products by __dp4a) applies to.
+pub const INT_DOT_QTYPES: &[GgmlType] = &[
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
 impl FieldType {
     fn parse(s: &str) -> Option<FieldType> {
         Some(match s.trim_matches('`') {

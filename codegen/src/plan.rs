@@ -10,7 +10,7 @@ use memra_gguf::quant::common_lossless_type;
 
 use crate::dims::{ModelDims, TensorInstance};
 use crate::expr::NameValue;
-use crate::families::{Catalogue, Family, FieldKind, FieldType, QTYPES, qtype_token};
+use crate::families::{Catalogue, Family, FieldKind, FieldType, INT_DOT_QTYPES, QTYPES, qtype_token};
 use crate::source::Loc;
 use crate::spec::{
     ArchSpec, KernelParam, KernelSpec, LM_HEAD, ParamValue, Router, TiedEmbeddings,
@@ -350,11 +350,27 @@ fn bake(
             default,
         });
     }
+    without_xq8_where_no_int_path(&mut params);
     Ok(KernelVariant {
         family: family.name.clone(),
         archs: vec![spec.arch.clone()],
         params,
     })
+}
+
+/// A kernel entry's tuning covers all its tensors, whatever their type; `xq8` (the integer path)
+/// exists only for [`INT_DOT_QTYPES`], so a variant of another type keeps the f32 path (its
+/// kernel would trap, the engine refuse it at launch).
+fn without_xq8_where_no_int_path(params: &mut [Param]) {
+    let int_dot = match params.iter().find(|p| p.key == "qtype").map(|p| &p.value) {
+        Some(ParamVal::Sym(q)) => INT_DOT_QTYPES.iter().any(|t| qtype_token(*t) == q),
+        _ => return,
+    };
+    if let Some(p) = params.iter_mut().find(|p| p.key == "xq8")
+        && !int_dot
+    {
+        p.value = ParamVal::Int(0);
+    }
 }
 
 fn kind_word(kind: FieldKind) -> &'static str {
@@ -487,7 +503,8 @@ pub fn plan_generic(
                     .cloned()
                     .collect::<Vec<Param>>()
             });
-            for params in combos.into_iter().chain(twins) {
+            for mut params in combos.into_iter().chain(twins) {
+                without_xq8_where_no_int_path(&mut params);
                 push_unique(
                     &mut out,
                     KernelVariant {

@@ -75,3 +75,47 @@ fn stacked_entries_plan_runs_of_equal_or_widened_types() {
     }
     assert!(names.iter().any(|n| n.starts_with("matvec__k640_n1024__q8_0")), "the widened q's own matvec: {names:?}");
 }
+
+/// An entry's `xq8` (the integer path) reaches only the weight types that have one: gemma3's LM
+/// head entry over a BF16 or F16 `token_embd` plans the f32 path, over Q8_0 the integer one.
+#[test]
+fn xq8_applies_only_to_types_with_an_integer_path() {
+    use memra_gguf::GgmlType;
+    let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
+    let spec = ArchSpec::load(&root().join("specs/gemma3.toml")).unwrap();
+    for (ty, xq8) in [(GgmlType::Q8_0, 1), (GgmlType::BF16, 0), (GgmlType::F16, 0), (GgmlType::Q4_1, 0)] {
+        let mut d = dims::from_preset(&spec, None).unwrap();
+        let embd = d.tensors.iter_mut().find(|t| t.name == "token_embd.weight").expect("gemma3 has token_embd");
+        embd.ggml_type = ty;
+        let plan = plan::plan_arch(&spec, &d, &catalogue).unwrap_or_else(|e| panic!("{ty:?}: {e}"));
+        let head = plan
+            .variants
+            .iter()
+            .find(|v| v.family == "norm_matvec" && v.param("n").map(|n| n.to_string()) == Some("262144".into()))
+            .unwrap_or_else(|| panic!("{ty:?}: no norm_matvec LM head planned"));
+        assert_eq!(head.param("xq8").map(|v| v.to_string()), Some(xq8.to_string()), "{ty:?}: {}", head.name());
+    }
+}
+
+/// No generic variant takes the integer path on a type without one (it would trap): with an
+/// `xq8` tuning in some spec, its generic values reach only the int-path types.
+#[test]
+fn no_generic_variant_pairs_xq8_with_a_type_without_an_integer_path() {
+    use memra_codegen::families::{INT_DOT_QTYPES, qtype_token};
+    let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
+    let mut specialized = Vec::new();
+    for arch in ["glm-dsa", "gemma3", "qwen3"] {
+        let spec = ArchSpec::load(&root().join(format!("specs/{arch}.toml"))).unwrap();
+        let d = dims::from_preset(&spec, None).unwrap();
+        specialized.extend(plan::plan_arch(&spec, &d, &catalogue).unwrap().variants);
+    }
+    assert!(specialized.iter().any(|v| v.param("xq8").is_some_and(|x| x.to_string() != "0")), "no spec plans xq8 any more: pick another");
+    let (generic, _) = plan::plan_generic(&catalogue, &specialized);
+    let mut int_path = 0;
+    for v in generic.iter().filter(|v| v.param("xq8").is_some_and(|x| x.to_string() != "0")) {
+        let q = v.param("qtype").map(|q| q.to_string()).unwrap_or_default();
+        assert!(INT_DOT_QTYPES.iter().any(|t| qtype_token(*t) == q), "{}: xq8 on {q}", v.name());
+        int_path += 1;
+    }
+    assert!(int_path > 0, "no generic xq8 variant at all");
+}

@@ -571,6 +571,9 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
         return (found, false);
     }
     let d = matvec::MatvecTuning::default();
+    // The integer path exists for some types only: the others keep the f32 path, as codegen
+    // plans an entry's tensors of such types (plan::without_xq8_where_no_int_path).
+    let xq8 = if matvec::int_dot(ty) { int(base, "xq8").unwrap_or(0) } else { 0 };
     let get = |key: &str, default: u32| int(base, key).map(|v| v as u32).unwrap_or(default);
     let tune = matvec::MatvecTuning {
         batch: get("batch", d.batch),
@@ -579,12 +582,27 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
         rows_per_group: get("rows_per_group", d.rows_per_group),
         stages: get("stages", d.stages),
         accumulate: get("accumulate", 0) == 1,
-        xq8: get("xq8", 0) >= 1,
-        fuse_x: get("xq8", 0) == 2,
+        xq8: xq8 >= 1,
+        fuse_x: xq8 == 2,
     };
-    let name: &'static str = Box::leak(format!("matvec__k{k}_n{n}__{tok}").into_boxed_str());
-    let params: Vec<(&'static str, Param)> =
-        base.params.iter().map(|&(key, val)| if key == "qtype" { (key, Param::Sym(tok)) } else { (key, val) }).collect();
+    // The base's name with the type swapped: its tuning suffix (`_rows_per_group1_stages4`,
+    // `_xq82`) stays, less an xq8 this type cannot take.
+    let base_tok = sym_type(base).map_or("", token);
+    let suffix = base.name.split_once(&format!("__{base_tok}")).map_or("", |(_, rest)| rest);
+    let suffix = match int(base, "xq8") {
+        Some(x) if x != xq8 => suffix.replace(&format!("_xq8{x}"), ""),
+        _ => suffix.to_string(),
+    };
+    let name: &'static str = Box::leak(format!("matvec__k{k}_n{n}__{tok}{suffix}").into_boxed_str());
+    let params: Vec<(&'static str, Param)> = base
+        .params
+        .iter()
+        .map(|&(key, val)| match key {
+            "qtype" => (key, Param::Sym(tok)),
+            "xq8" => (key, Param::Int(xq8 as i64)),
+            _ => (key, val),
+        })
+        .collect();
     let source: &'static str = Box::leak(matvec::render_source(name, ty, k, n, &tune).into_boxed_str());
     let v =
         Box::leak(Box::new(KernelVariant { name, family: matvec::FAMILY, arch: base.arch, params: Box::leak(params.into_boxed_slice()), source }));
@@ -1872,6 +1890,26 @@ mod tests {
         // Q5_0 rows of 640 = 20 blocks × 22 B; gate and up.
         assert_eq!(geglu.bytes(), 2 * 20 * 22 * 2048 + 4 * (5 * 640 + 2048));
         assert_eq!(geglu.flops(), Some(2 * 2 * 640 * 2048));
+    }
+
+    #[test]
+    fn a_matvec_rendered_in_another_type_keeps_the_tuning_it_can_run() {
+        static BASE: KernelVariant = KernelVariant {
+            name: "matvec__k4096_n4096__q8_0_rows_per_group1_xq82",
+            family: "matvec",
+            arch: Some("test"),
+            params: &[("k", Param::Int(4096)), ("n", Param::Int(4096)), ("qtype", Param::Sym("q8_0")), ("rows_per_group", Param::Int(1)), ("xq8", Param::Int(2))],
+            source: "",
+        };
+        for (ty, name, xq8) in [
+            (GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_rows_per_group1_xq82", 2),
+            (GgmlType::BF16, "matvec__k4096_n4096__bf16_rows_per_group1", 0),
+        ] {
+            let (v, rendered) = matvec_in_type(&BASE, ty, 4096, 4096);
+            assert!(rendered, "{name}");
+            assert_eq!((v.name, v.param("xq8"), v.param("rows_per_group")), (name, Some(Param::Int(xq8)), Some(Param::Int(1))));
+            assert!(v.source.contains(&format!("XQ8 = {xq8};")), "{name}: {}", v.source);
+        }
     }
 
     #[test]

@@ -97,8 +97,7 @@ pub fn unit_shape(ty: GgmlType) -> Option<UnitShape> {
 /// Weight types the integer path (`XQ8 = 1`) decodes: `qunit::Unit<Q>::INT_DOT` in matvec.cuh
 /// (and `memra_reference::q8::has_int_dot`).
 pub fn int_dot(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q4_K | Q6_K | IQ4_NL | IQ4_XS)
+    memra_codegen::families::INT_DOT_QTYPES.contains(&ty)
 }
 
 /// Whether the variant reads x as q8 rows (`XQ8 = 1`): callers then quantize x once
