@@ -358,17 +358,15 @@ fn bake(
     })
 }
 
-/// A kernel entry's tuning covers all its tensors, whatever their type; `xq8` (the integer path)
-/// exists only for [`INT_DOT_QTYPES`], so a variant of another type keeps the f32 path (its
-/// kernel would trap, the engine refuse it at launch).
+/// A kernel entry's tuning covers all its tensors, whatever their type; the integer path (`xq8`,
+/// or its tuning spelling `fuse_x`) exists only for [`INT_DOT_QTYPES`], so a variant of another
+/// type keeps the f32 path (its kernel would trap, the engine refuse it at launch).
 fn without_xq8_where_no_int_path(params: &mut [Param]) {
     let int_dot = match params.iter().find(|p| p.key == "qtype").map(|p| &p.value) {
         Some(ParamVal::Sym(q)) => INT_DOT_QTYPES.iter().any(|t| qtype_token(*t) == q),
         _ => return,
     };
-    if let Some(p) = params.iter_mut().find(|p| p.key == "xq8")
-        && !int_dot
-    {
+    for p in params.iter_mut().filter(|p| !int_dot && (p.key == "xq8" || p.key == "fuse_x")) {
         p.value = ParamVal::Int(0);
     }
 }

@@ -104,7 +104,7 @@ fn no_generic_variant_pairs_xq8_with_a_type_without_an_integer_path() {
     use memra_codegen::families::{INT_DOT_QTYPES, qtype_token};
     let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
     let mut specialized = Vec::new();
-    for arch in ["glm-dsa", "gemma3", "qwen3"] {
+    for arch in ["glm-dsa", "deepseek2", "gemma3", "qwen3"] {
         let spec = ArchSpec::load(&root().join(format!("specs/{arch}.toml"))).unwrap();
         let d = dims::from_preset(&spec, None).unwrap();
         specialized.extend(plan::plan_arch(&spec, &d, &catalogue).unwrap().variants);
@@ -112,7 +112,8 @@ fn no_generic_variant_pairs_xq8_with_a_type_without_an_integer_path() {
     assert!(specialized.iter().any(|v| v.param("xq8").is_some_and(|x| x.to_string() != "0")), "no spec plans xq8 any more: pick another");
     let (generic, _) = plan::plan_generic(&catalogue, &specialized);
     let mut int_path = 0;
-    for v in generic.iter().filter(|v| v.param("xq8").is_some_and(|x| x.to_string() != "0")) {
+    let on = |v: &memra_codegen::KernelVariant, key: &str| v.param(key).is_some_and(|x| x.to_string() != "0");
+    for v in generic.iter().filter(|v| on(v, "xq8") || on(v, "fuse_x")) {
         let q = v.param("qtype").map(|q| q.to_string()).unwrap_or_default();
         assert!(INT_DOT_QTYPES.iter().any(|t| qtype_token(*t) == q), "{}: xq8 on {q}", v.name());
         int_path += 1;

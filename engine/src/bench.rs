@@ -536,14 +536,9 @@ fn token(ty: GgmlType) -> &'static str {
 }
 
 /// The generic variant of `v`'s family with the same non-dim choices (qtype, delta_norm, batch,
-/// accumulate, …); among several, the one sharing most tuning knobs. `qtype` overrides v's type.
-pub fn generic_twin(v: &KernelVariant, qtype: Option<&str>) -> Option<&'static KernelVariant> {
-    let wanted = |key: &str| -> Option<Param> {
-        match (key, qtype) {
-            ("qtype", Some(q)) => Some(Param::Sym(Box::leak(q.to_string().into_boxed_str()))),
-            _ => v.param(key),
-        }
-    };
+/// accumulate, …); among several, the one sharing most tuning knobs.
+pub fn generic_twin(v: &KernelVariant) -> Option<&'static KernelVariant> {
+    let wanted = |key: &str| v.param(key);
     // Keys that change what is computed must match; the rest are tuning and only rank candidates.
     const SEMANTIC: [&str; 10] = ["qtype", "delta_norm", "batch", "accumulate", "rope_mode", "cache_t", "mode", "gating", "qk_norm", "xq8"];
     registry::variants()
@@ -554,10 +549,12 @@ pub fn generic_twin(v: &KernelVariant, qtype: Option<&str>) -> Option<&'static K
 }
 
 /// A specialized matvec variant of `base`'s shape and tuning in weight type `ty`: the registry's
-/// if it has one, else one rendered here (leaked: it lives as long as the process, like the registry).
-fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize) -> (&'static KernelVariant, bool) {
+/// if it has one (its generic twin is then the registry's too: `None`), else one rendered here
+/// with its generic twin (the same tuning, dims at run time) rendered beside it, so the pair
+/// differs in the baked dims alone (leaked: they live as long as the process, like the registry).
+fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize) -> (&'static KernelVariant, Option<&'static KernelVariant>) {
     if sym_type(base) == Some(ty) {
-        return (base, false);
+        return (base, None);
     }
     let tok = token(ty);
     if let Some(found) = registry::variants().iter().find(|v| {
@@ -568,12 +565,14 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
             && v.param("qtype") == Some(Param::Sym(tok))
             && v.params.iter().filter(|(key, _)| *key != "qtype").all(|(key, val)| base.param(key) == Some(*val))
     }) {
-        return (found, false);
+        return (found, None);
     }
     let d = matvec::MatvecTuning::default();
     // The integer path exists for some types only: the others keep the f32 path, as codegen
     // plans an entry's tensors of such types (plan::without_xq8_where_no_int_path).
-    let xq8 = if matvec::int_dot(ty) { int(base, "xq8").unwrap_or(0) } else { 0 };
+    let int_dot = matvec::int_dot(ty);
+    let xq8 = if int_dot { int(base, "xq8").unwrap_or(0) } else { 0 };
+    let fuse_x = if int_dot { int(base, "fuse_x").unwrap_or(0) } else { 0 };
     let get = |key: &str, default: u32| int(base, key).map(|v| v as u32).unwrap_or(default);
     let tune = matvec::MatvecTuning {
         batch: get("batch", d.batch),
@@ -582,31 +581,37 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
         rows_per_group: get("rows_per_group", d.rows_per_group),
         stages: get("stages", d.stages),
         accumulate: get("accumulate", 0) == 1,
-        xq8: xq8 >= 1,
-        fuse_x: xq8 == 2,
+        xq8: xq8 >= 1 || fuse_x == 1,
+        fuse_x: xq8 == 2 || fuse_x == 1,
     };
     // The base's name with the type swapped: its tuning suffix (`_rows_per_group1_stages4`,
     // `_xq82`) stays, less an xq8 this type cannot take.
     let base_tok = sym_type(base).map_or("", token);
     let suffix = base.name.split_once(&format!("__{base_tok}")).map_or("", |(_, rest)| rest);
-    let suffix = match int(base, "xq8") {
-        Some(x) if x != xq8 => suffix.replace(&format!("_xq8{x}"), ""),
-        _ => suffix.to_string(),
-    };
-    let name: &'static str = Box::leak(format!("matvec__k{k}_n{n}__{tok}{suffix}").into_boxed_str());
+    let mut suffix = suffix.to_string();
+    for (key, kept) in [("xq8", xq8), ("fuse_x", fuse_x)] {
+        if let Some(x) = int(base, key).filter(|&x| x != kept) {
+            suffix = suffix.replace(&format!("_{key}{x}"), "");
+        }
+    }
     let params: Vec<(&'static str, Param)> = base
         .params
         .iter()
         .map(|&(key, val)| match key {
             "qtype" => (key, Param::Sym(tok)),
             "xq8" => (key, Param::Int(xq8 as i64)),
+            "fuse_x" => (key, Param::Int(fuse_x as i64)),
             _ => (key, val),
         })
         .collect();
-    let source: &'static str = Box::leak(matvec::render_source(name, ty, k, n, &tune).into_boxed_str());
-    let v =
-        Box::leak(Box::new(KernelVariant { name, family: matvec::FAMILY, arch: base.arch, params: Box::leak(params.into_boxed_slice()), source }));
-    (v, true)
+    let render = |name: String, arch: Option<&'static str>, dims: (usize, usize), params: Vec<(&'static str, Param)>| -> &'static KernelVariant {
+        let name: &'static str = Box::leak(name.into_boxed_str());
+        let source: &'static str = Box::leak(matvec::render_source(name, ty, dims.0, dims.1, &tune).into_boxed_str());
+        Box::leak(Box::new(KernelVariant { name, family: matvec::FAMILY, arch, params: Box::leak(params.into_boxed_slice()), source }))
+    };
+    let generic_params = params.iter().copied().filter(|(key, _)| *key != "k" && *key != "n").collect();
+    let generic = render(format!("matvec__generic__{tok}{suffix}"), None, (0, 0), generic_params);
+    (render(format!("matvec__k{k}_n{n}__{tok}{suffix}"), base.arch, (k, n), params), Some(generic))
 }
 
 /// The n_vocab of an architecture's preset as far as the registry shows it (its argmax variant).
@@ -632,14 +637,15 @@ pub const DSA_CTX: usize = 131072;
 /// The cases for the built architectures (or `arch`), optionally one family.
 pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
     let mut cases: Vec<Case> = Vec::new();
-    let push = |cases: &mut Vec<Case>, shape: Shape, arch: &'static str, spec: &'static KernelVariant, generic_q: Option<&str>, rendered: bool| {
+    // `generic`: the twin when the caller rendered one, else the registry's (generic_twin).
+    let push = |cases: &mut Vec<Case>, shape: Shape, arch: &'static str, spec: &'static KernelVariant, generic: Option<&'static KernelVariant>, rendered: bool| {
         if family.is_some_and(|f| f != shape.family()) {
             return;
         }
         if cases.iter().any(|c| c.shape == shape && c.specialized.map(|s| s.name) == Some(spec.name)) {
             return;
         }
-        cases.push(Case { shape, arch, specialized: Some(spec), generic: generic_twin(spec, generic_q), rendered });
+        cases.push(Case { shape, arch, specialized: Some(spec), generic: generic.or_else(|| generic_twin(spec)), rendered });
     };
     for v in registry::variants().iter().filter(|v| !v.is_generic()) {
         let Some(a) = v.arch else { continue };
@@ -660,8 +666,8 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                     if matvec::k_multiple(ty).is_none_or(|m| !k.is_multiple_of(m)) {
                         continue;
                     }
-                    let (spec, rendered) = matvec_in_type(v, ty, k, n);
-                    push(&mut cases, Shape::Matvec { ty, k, n }, a, spec, Some(token(ty)), rendered);
+                    let (spec, generic) = matvec_in_type(v, ty, k, n);
+                    push(&mut cases, Shape::Matvec { ty, k, n }, a, spec, generic, generic.is_some());
                 }
             }
             "matmul" => {
@@ -1905,10 +1911,25 @@ mod tests {
             (GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_rows_per_group1_xq82", 2),
             (GgmlType::BF16, "matvec__k4096_n4096__bf16_rows_per_group1", 0),
         ] {
-            let (v, rendered) = matvec_in_type(&BASE, ty, 4096, 4096);
-            assert!(rendered, "{name}");
+            let (v, generic) = matvec_in_type(&BASE, ty, 4096, 4096);
+            let g = generic.unwrap_or_else(|| panic!("{name}: rendered without its generic twin"));
+            assert_eq!(g.name, name.replace("k4096_n4096", "generic"));
+            assert!(g.source.contains("K = 0;") && g.source.contains(&format!("XQ8 = {xq8};")), "{}", g.source);
             assert_eq!((v.name, v.param("xq8"), v.param("rows_per_group")), (name, Some(Param::Int(xq8)), Some(Param::Int(1))));
             assert!(v.source.contains(&format!("XQ8 = {xq8};")), "{name}: {}", v.source);
+        }
+        // The tuning spelling of XQ8 = 2.
+        static FUSED: KernelVariant = KernelVariant {
+            name: "matvec__k4096_n4096__q8_0_fuse_x1",
+            family: "matvec",
+            arch: Some("test"),
+            params: &[("k", Param::Int(4096)), ("n", Param::Int(4096)), ("qtype", Param::Sym("q8_0")), ("xq8", Param::Int(0)), ("fuse_x", Param::Int(1))],
+            source: "",
+        };
+        for (ty, name, fuse_x, xq8_src) in [(GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_fuse_x1", 1, 2), (GgmlType::BF16, "matvec__k4096_n4096__bf16", 0, 0)] {
+            let (v, _) = matvec_in_type(&FUSED, ty, 4096, 4096);
+            assert_eq!((v.name, v.param("fuse_x")), (name, Some(Param::Int(fuse_x))));
+            assert!(v.source.contains(&format!("XQ8 = {xq8_src};")), "{name}: {}", v.source);
         }
     }
 

@@ -857,7 +857,8 @@ fn gpu_matvec_xq8_refuses_bad_arguments() {
 }
 
 /// XQ8 = 2 (x quantized by each block into shared memory, one launch): real shapes at batch 1,
-/// batched layouts with padded strides, awkward sizes, against `q8::matmul_gguf_q8`.
+/// batched layouts with padded strides, awkward sizes, and its tuning spelling FUSE_X = 1,
+/// against `q8::matmul_gguf_q8`.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_matvec_xq8_fused_matches_q8_reference() {
@@ -874,7 +875,7 @@ fn gpu_matvec_xq8_fused_matches_q8_reference() {
         (Q4_0, 4096, 12288),
         (IQ4_XS, 6144, 2048),
     ];
-    let tunes: [&[(&'static str, i64)]; 3] = [
+    let tunes: [&[(&'static str, i64)]; 4] = [
         &[("xq8", 2)],
         &[
             ("batch", 8),
@@ -883,9 +884,12 @@ fn gpu_matvec_xq8_fused_matches_q8_reference() {
             ("xq8", 2),
         ],
         &[("batch", 4), ("lanes", 16), ("xq8", 2)],
+        // The tuning spelling of XQ8 = 2 (batch 1).
+        &[("fuse_x", 1)],
     ];
     let mut cases: Vec<(GgmlType, usize, usize, usize)> =
         real.iter().map(|&(t, k, n)| (t, k, n, 0)).collect();
+    cases.extend([(Q8_0, 6144, 2048, 3), (Q4_K, 4096, 12288, 3), (IQ4_XS, 6144, 2048, 3)]);
     for ty in int_types() {
         cases.push((ty, awkward_k(ty), 33, 1));
         cases.push((ty, awkward_k(ty), 4097, 0));

@@ -23,6 +23,8 @@
 //                         2: the same products, but x is f32 and every block quantizes all of it
 //                         into shared memory in its prologue (while its first weight chunks load):
 //                         no separate launch, no x staging per chunk (matvec only, not moe_matvec)
+//   int   FUSE_X          optional (absent = 0). 1: XQ8 = 2 as a tuning (the launch interface, f32 x,
+//                         is XQ8 = 0's), so specs choose it per entry like any tuning
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const float* x, float* y, int k, int n, int batch, int ldx, int ldy)
@@ -648,10 +650,17 @@ __device__ __forceinline__ void q8_block_lane(float v, int& q, float& d, float& 
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
 }
 
-// Cfg::XQ8, 0 when a Cfg does not declare it (Cfgs written before the integer path).
+// Cfg::XQ8, 0 when a Cfg does not declare it (Cfgs written before the integer path); a Cfg's
+// FUSE_X = 1 (a tuning: x stays f32 at the interface) is XQ8 = 2.
 template <class...> using void_t = void;
-template <class Cfg, class = void> struct CfgXq8 { static constexpr int value = 0; };
-template <class Cfg> struct CfgXq8<Cfg, void_t<decltype(Cfg::XQ8)>> { static constexpr int value = Cfg::XQ8; };
+template <class Cfg, class = void> struct CfgXq8Field { static constexpr int value = 0; };
+template <class Cfg> struct CfgXq8Field<Cfg, void_t<decltype(Cfg::XQ8)>> { static constexpr int value = Cfg::XQ8; };
+template <class Cfg, class = void> struct CfgFuseX { static constexpr int value = 0; };
+template <class Cfg> struct CfgFuseX<Cfg, void_t<decltype(Cfg::FUSE_X)>> { static constexpr int value = Cfg::FUSE_X; };
+template <class Cfg> struct CfgXq8 {
+    static_assert(CfgFuseX<Cfg>::value == 0 || CfgXq8Field<Cfg>::value != 1, "FUSE_X takes f32 x: not with XQ8 = 1");
+    static constexpr int value = CfgFuseX<Cfg>::value != 0 ? 2 : CfgXq8Field<Cfg>::value;
+};
 
 // Src::X_IN_SMEM, false when a row source does not declare it: true for sources that build
 // their (batch-1) x row in shared memory themselves (norm_matvec.cuh's prologue), at

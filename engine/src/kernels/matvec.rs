@@ -278,6 +278,12 @@ pub fn baked_k(kernel: &Kernel) -> Option<usize> {
 /// The variant's tuning (README defaults for fields it does not bake).
 pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
     let d = MatvecTuning::default();
+    // XQ8 = 2 and FUSE_X = 1 are the same kernel (the enum and the tuning spelling of it).
+    let xq8 = tune_int(kernel, "xq8", 0, |v| (0..=2).contains(&v))?;
+    let fuse_x = tune_int(kernel, "fuse_x", 0, |v| v == 0 || v == 1)? == 1;
+    if fuse_x && xq8 == 1 {
+        return Err(checks::invalid(kernel, "fuse_x=1 takes f32 x: not with xq8=1".to_string()));
+    }
     Ok(MatvecTuning {
         batch: tune_int(kernel, "batch", d.batch, |v| (1..=8).contains(&v))?,
         threads: tune_int(kernel, "threads", d.threads, |v| {
@@ -289,8 +295,8 @@ pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
         })?,
         stages: tune_int(kernel, "stages", d.stages, |v| (2..=6).contains(&v))?,
         accumulate: tune_int(kernel, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
-        xq8: tune_int(kernel, "xq8", 0, |v| (0..=2).contains(&v))? >= 1,
-        fuse_x: tune_int(kernel, "xq8", 0, |v| (0..=2).contains(&v))? == 2,
+        xq8: xq8 >= 1 || fuse_x,
+        fuse_x: xq8 == 2 || fuse_x,
     })
 }
 
