@@ -285,7 +285,7 @@ fn check_partials_combined<C: HostCache>(
     let k = g.n_head * g.hd;
     let identity: Vec<f32> = (0..k * k).map(|i| if i / k == i % k { 1.0 } else { 0.0 }).collect();
     let identity = identity.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
-    let k_quants = [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().filter(|_| k % 256 == 0);
+    let k_quants = [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().filter(|_| k.is_multiple_of(256));
     let types: Vec<GgmlType> = [GgmlType::Q8_0, GgmlType::Q5_0].into_iter().chain(k_quants).collect();
     let ty = types[p.n_split % types.len()];
     let n = 67;
