@@ -1907,17 +1907,6 @@ mod tests {
             params: &[("k", Param::Int(4096)), ("n", Param::Int(4096)), ("qtype", Param::Sym("q8_0")), ("rows_per_group", Param::Int(1)), ("xq8", Param::Int(2))],
             source: "",
         };
-        for (ty, name, xq8) in [
-            (GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_rows_per_group1_xq82", 2),
-            (GgmlType::BF16, "matvec__k4096_n4096__bf16_rows_per_group1", 0),
-        ] {
-            let (v, generic) = matvec_in_type(&BASE, ty, 4096, 4096);
-            let g = generic.unwrap_or_else(|| panic!("{name}: rendered without its generic twin"));
-            assert_eq!(g.name, name.replace("k4096_n4096", "generic"));
-            assert!(g.source.contains("K = 0;") && g.source.contains(&format!("XQ8 = {xq8};")), "{}", g.source);
-            assert_eq!((v.name, v.param("xq8"), v.param("rows_per_group")), (name, Some(Param::Int(xq8)), Some(Param::Int(1))));
-            assert!(v.source.contains(&format!("XQ8 = {xq8};")), "{name}: {}", v.source);
-        }
         // The tuning spelling of XQ8 = 2.
         static FUSED: KernelVariant = KernelVariant {
             name: "matvec__k4096_n4096__q8_0_fuse_x1",
@@ -1926,9 +1915,19 @@ mod tests {
             params: &[("k", Param::Int(4096)), ("n", Param::Int(4096)), ("qtype", Param::Sym("q8_0")), ("xq8", Param::Int(0)), ("fuse_x", Param::Int(1))],
             source: "",
         };
-        for (ty, name, fuse_x, xq8_src) in [(GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_fuse_x1", 1, 2), (GgmlType::BF16, "matvec__k4096_n4096__bf16", 0, 0)] {
-            let (v, _) = matvec_in_type(&FUSED, ty, 4096, 4096);
-            assert_eq!((v.name, v.param("fuse_x")), (name, Some(Param::Int(fuse_x))));
+        // (base, type, rendered name, the base's integer-path key and the value it keeps, the source's XQ8)
+        let cases = [
+            (&BASE, GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_rows_per_group1_xq82", "xq8", 2, 2),
+            (&BASE, GgmlType::BF16, "matvec__k4096_n4096__bf16_rows_per_group1", "xq8", 0, 0),
+            (&FUSED, GgmlType::Q4_K, "matvec__k4096_n4096__q4_k_fuse_x1", "fuse_x", 1, 2),
+            (&FUSED, GgmlType::BF16, "matvec__k4096_n4096__bf16", "fuse_x", 0, 0),
+        ];
+        for (base, ty, name, key, kept, xq8_src) in cases {
+            let (v, generic) = matvec_in_type(base, ty, 4096, 4096);
+            let g = generic.unwrap_or_else(|| panic!("{name}: rendered without its generic twin"));
+            assert_eq!(g.name, name.replace("k4096_n4096", "generic"));
+            assert!(g.source.contains("K = 0;") && g.source.contains(&format!("XQ8 = {xq8_src};")), "{}", g.source);
+            assert_eq!((v.name, v.param(key), v.param("rows_per_group")), (name, Some(Param::Int(kept)), base.param("rows_per_group")));
             assert!(v.source.contains(&format!("XQ8 = {xq8_src};")), "{name}: {}", v.source);
         }
     }
