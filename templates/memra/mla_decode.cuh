@@ -45,6 +45,11 @@
 //   then O += P·V with V = the first kv_lora columns of the same tile (one load serves K and V):
 //   warp w owns O columns [w·kv_lora/8, (w+1)·kv_lora/8) for all 64 heads (128 f32 accumulators
 //   per thread at kv_lora 512), V fragments by ldmatrix.trans.
+//   On sm_90a (Hopper, NVRTC's arch-specific target) the same tiles go through warpgroup MMAs
+//   instead (namespace mla_wg): S by wgmma m64n32k16 (warpgroup w = tile rows 32w..), O by
+//   m64n64k16 (warpgroup w = O columns [w·kv_lora/2, (w+1)·kv_lora/2)), operands read from shared
+//   memory in the 128-byte-swizzle layout, O staged through shared memory for 16-byte stores.
+//   Same inputs, roundings and outputs; mma.sync remains for other targets.
 //   Numerics: q·scale·log2(e) and P are rounded to bf16 (±2^-9 relative each); the softmax
 //   statistics, row sums (of the rounded P) and O are f32. ≈ 2e-3 relative L2 against an f64
 //   attention on N(0, 1) inputs at GLM-5 dims.
@@ -56,6 +61,7 @@
 // Geometry: grid (n_split, ceil(n_head / 64), n_q), block 256, dynamic shared memory
 //   BF16: (64 + 2·64)·P + 64·64·2 + 6·64·4 bytes with P = ceil(D / 64)·128 (230 912 at D = 576);
 //   F32: min(64, n_head)·(D + 4)·4 + 2·8·(D·4 + 16) + 8·64·4 + 3·64·4 bytes.
+//   BF16 takes 1 KiB more: the sm_90a form aligns its base to 1024 bytes.
 //   Above 48 KiB: raise the function's limit (memra_engine::kernels::mla_decode::smem_bytes).
 #pragma once
 #include "memra/common.cuh"
@@ -378,6 +384,84 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 
 }  // namespace mla_detail
 
+// Shared by the two tensor-core forms (mla_tc, mla_wg), which differ in their shared-memory
+// layouts: `at(r, c)` is the byte offset of 16-byte chunk c of row r there.
+namespace mla_tile {
+
+// Tile rows [g0, g0 + TN) ∩ [.., c1) of the cache (SPARSE: rows idx[g], an index outside
+// [0, max_ctx) reading as zeros) → shared address dst + at(r, c), KC 16-byte chunks a row (zeros
+// past D), one cp.async group. Warp w copies rows w, w + 8, ..: the row numbers first, all at
+// once, so no copy waits on an index load; a row's chunks are consecutive lanes.
+template <int TN, bool SPARSE, class At>
+__device__ __forceinline__ void copy_rows(u32 dst, At at, const char* cb, const int* __restrict__ idx, int g0, int c1,
+                                          int max_ctx, int D, int KC) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int rid[TN / 8];
+#pragma unroll
+    for (int k = 0; k < TN / 8; ++k) {
+        const int gr = g0 + warp + 8 * k;
+        int row = gr < c1 ? gr : -1;
+        if constexpr (SPARSE) row = gr < c1 ? idx[gr] : -1;
+        rid[k] = row >= 0 && row < max_ctx ? row : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < TN / 8; ++k) {
+        const int r = warp + 8 * k;
+        for (int c = lane; c < KC; c += 32) {
+            const bool ok = rid[k] >= 0 && c * 8 < D;
+            ptx::cp16(dst + at(r, c), cb + (ok ? ((i64)rid[k] * D + c * 8) * 2 : 0), ok ? 16 : 0);
+        }
+    }
+    ptx::commit();
+}
+
+// The block's q rows [hb][D] f32 → bf16 at dst + at(h, c) for HB rows × KC chunks, pre-scaled by
+// sl2; rows past hb and dims past D are zeros. The f32 rows (hb·D·4 bytes: each block reads all
+// of q, 147 KB at GLM-5 dims) first land in `stage` (shared address s_stage, free tile buffers) by
+// cp.async, all in flight at once. Every thread calls it; the stage is free again on return.
+template <class At>
+__device__ __forceinline__ void stage_q(unsigned char* dst, At at, u32 s_stage, const unsigned char* stage,
+                                        const float* __restrict__ q, int hb, int D, int KC, float sl2) {
+    const int q_chunks = hb * D / 4;  // D % 4 == 0 (the wrapper checks)
+    for (int i = threadIdx.x; i < q_chunks; i += 256) ptx::cp16(s_stage + 16 * i, q + 4 * i, 16);
+    ptx::commit();
+    ptx::wait_all();
+    __syncthreads();
+    const float* qf = reinterpret_cast<const float*>(stage);
+    for (int i = threadIdx.x; i < mla_detail::HB * KC; i += 256) {
+        const int h = i / KC, c = i % KC;
+        // Two 16-byte halves (D % 4 == 0: each is wholly inside the row or past it).
+        const float* src = qf + h * D + c * 8;
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 a = h < hb && c * 8 < D ? *reinterpret_cast<const float4*>(src) : z;
+        const float4 b = h < hb && c * 8 + 4 < D ? *reinterpret_cast<const float4*>(src + 4) : z;
+        uint4 w;
+        w.x = ptx::pack_bf16x2(a.x * sl2, a.y * sl2);
+        w.y = ptx::pack_bf16x2(a.z * sl2, a.w * sl2);
+        w.z = ptx::pack_bf16x2(b.x * sl2, b.y * sl2);
+        w.w = ptx::pack_bf16x2(b.z * sl2, b.w * sl2);
+        *reinterpret_cast<uint4*>(dst + at(h, c)) = w;
+    }
+    __syncthreads();  // the stage is free again
+}
+
+// A split's epilogue after its acc partials are written: (m, l) of each head (m_s [HB], row sums
+// of the two halves lsum_s [2][HB], visible to every thread), then the phase-0 combine.
+__device__ __forceinline__ void finish_split(float* out, float* work, float* work_ml, const float* m_s,
+                                             const float* lsum_s, int n_head, int h_base, int hb, int KVL,
+                                             int n_split, int phase) {
+    const int tid = threadIdx.x, HB = mla_detail::HB;
+    if (tid < hb) {
+        const i64 part = (h_base + tid) * (i64)n_split + blockIdx.x;
+        work_ml[part * 2] = m_s[tid];
+        work_ml[part * 2 + 1] = lsum_s[tid] + lsum_s[HB + tid];
+    }
+    if (phase == 1) return;
+    mla_detail::combine_last(out, work, n_head, h_base, hb, KVL, n_split, blockIdx.y);
+}
+
+}  // namespace mla_tile
+
 // Tensor-core form for bf16 caches (the header's "Tensor-core path").
 namespace mla_tc {
 
@@ -428,28 +512,9 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     const int n_tiles = (c1 - c0 + TN - 1) / TN;
     const char* cb = static_cast<const char*>(cache);
 
-    // Warp w copies tile rows w, w + 8, ..: the row numbers (the idx list when SPARSE) are read
-    // first, all at once, so no copy waits on an index load; a row's chunks are consecutive lanes.
+    auto at = [&](int r, int c) { return swz(r, c, PITCH); };
     auto load_tile = [&](int t) {
-        const u32 dst = s_k + (t & 1) * TN * PITCH;
-        const int g0 = c0 + t * TN;
-        int rid[TN / 8];
-#pragma unroll
-        for (int k = 0; k < TN / 8; ++k) {
-            const int gr = g0 + warp + 8 * k;
-            int row = gr < c1 ? gr : -1;
-            if constexpr (SPARSE) row = gr < c1 ? idx[gr] : -1;
-            rid[k] = row >= 0 && row < max_ctx ? row : -1;
-        }
-#pragma unroll
-        for (int k = 0; k < TN / 8; ++k) {
-            const int r = warp + 8 * k;
-            for (int c = lane; c < KC; c += 32) {
-                const bool ok = rid[k] >= 0 && c * 8 < D;
-                ptx::cp16(dst + swz(r, c, PITCH), cb + (ok ? ((i64)rid[k] * D + c * 8) * 2 : 0), ok ? 16 : 0);
-            }
-        }
-        ptx::commit();
+        mla_tile::copy_rows<TN, SPARSE>(s_k + (t & 1) * TN * PITCH, at, cb, idx, c0 + t * TN, c1, max_ctx, D, KC);
     };
 
     // Q·Kᵀ roles: warps 0..3 = (32 heads 32mh.., 32-row half of the tile): each A (Q) fragment
@@ -481,35 +546,9 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
 
-    // Q → bf16 rows, pre-scaled by scale·log2(e); heads past hb and dims past D are zeros. The
-    // f32 rows (hb·D·4 ≤ 256·D bytes: each block reads all of q, 147 KB at GLM-5 dims) first land
-    // in the two K/V tile buffers (128 rows of PITCH ≥ 2·D bytes) by cp.async, all in flight at
-    // once, then are converted in shared memory; the first tile is loaded after that.
-    const float sl2 = scale * LOG2E;
-    {
-        const float* qb = q + (i64)h_base * D;
-        const int q_chunks = hb * D / 4;  // D % 4 == 0 (the wrapper checks)
-        for (int i = tid; i < q_chunks; i += 256) ptx::cp16(s_k + 16 * i, qb + 4 * i, 16);
-        ptx::commit();
-        ptx::wait_all();
-        __syncthreads();
-        const float* qf = reinterpret_cast<const float*>(sm + HB * PITCH);
-        for (int i = tid; i < HB * KC; i += 256) {
-            const int h = i / KC, c = i % KC;
-            // Two 16-byte halves (D % 4 == 0: each is wholly inside the row or past it).
-            const float* src = qf + h * D + c * 8;
-            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float4 a = h < hb && c * 8 < D ? *reinterpret_cast<const float4*>(src) : z;
-            const float4 b = h < hb && c * 8 + 4 < D ? *reinterpret_cast<const float4*>(src + 4) : z;
-            uint4 w;
-            w.x = ptx::pack_bf16x2(a.x * sl2, a.y * sl2);
-            w.y = ptx::pack_bf16x2(a.z * sl2, a.w * sl2);
-            w.z = ptx::pack_bf16x2(b.x * sl2, b.y * sl2);
-            w.w = ptx::pack_bf16x2(b.z * sl2, b.w * sl2);
-            *reinterpret_cast<uint4*>(sm + swz(h, c, PITCH)) = w;
-        }
-        __syncthreads();  // the tile buffers are free again
-    }
+    // Q → bf16 rows pre-scaled by scale·log2(e), staged in the two K/V tile buffers (128 rows of
+    // PITCH ≥ 2·D bytes); the first tile is loaded after that.
+    mla_tile::stage_q(sm, at, s_k, sm + HB * PITCH, q + (i64)h_base * D, hb, D, KC, scale * LOG2E);
     if (n_tiles > 0) load_tile(0);
 
     for (int t = 0; t < n_tiles; ++t) {
@@ -666,17 +705,219 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
                 }
             }
         }
-    if (n_split == 1) return;
-    if (tid < hb) {
-        const i64 part = (h_base + tid) * (i64)n_split + sp;
-        work_ml[part * 2] = m_s[tid];
-        work_ml[part * 2 + 1] = lsum_s[tid] + lsum_s[HB + tid];
-    }
-    if (phase == 1) return;
-    mla_detail::combine_last(out, work, n_head, h_base, hb, KVL, n_split, hblk);
+    if (n_split > 1) mla_tile::finish_split(out, work, work_ml, m_s, lsum_s, n_head, h_base, hb, KVL, n_split, phase);
 }
 
 }  // namespace mla_tc
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Warpgroup-MMA form of the tensor-core path (sm_90a; the header's "Tensor-core path" with the
+// same work split, workspace and numerics): warpgroup w (warps 4w..4w+3) computes S for tile rows
+// [32w, 32w + 32) of all 64 heads (wgmma m64n32k16, A = Q and B = the K rows from shared memory),
+// the two halves' row maxima meet in shared memory, P goes to shared memory in bf16, then
+// warpgroup w computes O columns [w·KVL/2, (w+1)·KVL/2) over all 64 rows (m64n64k16, B = V read
+// MN-major from the same tile). Shared memory (1024-byte aligned; KB = ceil(D / 64) blocks of 64
+// columns, each [rows][128 bytes] in the 128-byte-swizzle layout): Q [KB][64][128], two tiles
+// [KB][64][128], P [64][128], then the f32 row statistics.
+namespace mla_wg {
+
+using mla_detail::HB;
+using mla_detail::LOG2E;
+using mla_detail::neg_inf;
+constexpr int TN = 64;        // cache rows per tile
+constexpr int MAX_NB = 4;     // 64-column O blocks per warpgroup (KVL ≤ 512)
+
+// Byte offset of 16-byte chunk c (of a row's 8·KB) of row r in a [KB][rows][128] region.
+__device__ __forceinline__ u32 sw(int r, int c, int rows) {
+    return (u32)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+template <int DC, int KVLC, bool SPARSE>
+__device__ __forceinline__ void run(const float* __restrict__ q, const void* __restrict__ cache,
+                                    const int* __restrict__ idx, float* __restrict__ out, float* work, int n_head,
+                                    int kvl_rt, int d_rt, int T, int max_ctx, int n_split, float scale, int phase,
+                                    int n_q) {
+    const int D = DC != 0 ? DC : d_rt;
+    const int KVL = KVLC != 0 ? KVLC : kvl_rt;
+    const int KB = (D + 63) / 64;          // 64-column blocks per row
+    const int KS = (D + 15) / 16;          // k-steps of Q·Kᵀ
+    const int KC = 2 * KS;                 // 16-byte chunks staged per row (zeros past D)
+    const int NB = KVL / 128;              // O blocks per warpgroup
+    const u32 BLK = TN * 128;              // bytes of one 64-column block of a 64-row region
+    const int hblk = blockIdx.y, sp = blockIdx.x;
+    const int h_base = hblk * HB;
+    const int hb = min(HB, n_head - h_base);
+
+    extern __shared__ __align__(128) unsigned char mla_wg_smem[];
+    const u32 raw = ptx::smem_addr(mla_wg_smem);
+    const u32 s_q = (raw + 1023u) & ~1023u;  // the swizzle is on absolute address bits 7..9
+    unsigned char* const sm = mla_wg_smem + (s_q - raw);
+    const u32 s_k = s_q + KB * BLK;          // two tiles
+    const u32 p_off = 3 * KB * BLK;          // P [64][128]
+    const u32 s_p = s_q + p_off;
+    float* mx_s = reinterpret_cast<float*>(sm + p_off + HB * 128);  // [2][HB] tile max per half
+    float* lsum_s = mx_s + 2 * HB;                                   // [2][HB] row sums per half
+    float* m_s = lsum_s + 2 * HB;                                    // [HB]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wgi = warp >> 2, wi = warp & 3;  // warpgroup, warp within it (rows 16wi..)
+    const int g = lane >> 2, t4 = lane & 3;
+
+    const int chunk = (T + n_split - 1) / n_split;
+    const int c0 = min(sp * chunk, T);
+    const int c1 = min(c0 + chunk, T);
+    const int n_tiles = (c1 - c0 + TN - 1) / TN;
+    const char* cb = static_cast<const char*>(cache);
+
+    auto at = [&](int r, int c) { return sw(r, c, TN); };  // tiles, Q and P all have 64 rows
+    auto load_tile = [&](int t) {
+        mla_tile::copy_rows<TN, SPARSE>(s_k + (t & 1) * KB * BLK, at, cb, idx, c0 + t * TN, c1, max_ctx, D, KC);
+    };
+
+    float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.0f, 0.0f};  // heads 16wi + g (+ 8)
+    float o[MAX_NB][32];
+#pragma unroll
+    for (int n = 0; n < MAX_NB; ++n)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) o[n][e] = 0.0f;
+
+    // Q → bf16 pre-scaled by scale·log2(e), staged in the tile buffers (2·KB·BLK ≥ 64·D·4 bytes).
+    mla_tile::stage_q(sm, at, s_k, sm + KB * BLK, q + (i64)h_base * D, hb, D, 8 * KB, scale * LOG2E);
+    if (n_tiles > 0) load_tile(0);
+
+    for (int t = 0; t < n_tiles; ++t) {
+        ptx::wait_all();
+        wg::fence_proxy_async();  // this thread's Q / P / cp.async writes, seen by the MMAs
+        __syncthreads();          // tile t visible; both warpgroups are done with tile t − 1 and P
+        if (t + 1 < n_tiles) load_tile(t + 1);
+        const u32 kt = s_k + (t & 1) * KB * BLK;
+        const int rows = min(TN, c1 - (c0 + t * TN));
+
+        // S = Q·Kᵀ for tile rows 32wgi.. (K-major A and B, 8-row groups 1024 bytes apart).
+        float s[16];
+        wg::fence();
+        for (int ks = 0; ks < KS; ++ks) {
+            const u32 koff = (ks >> 2) * BLK + (ks & 3) * 32;
+            wg::mma_m64n32k16<0>(s, wg::desc_sw128(s_q + koff, 16, 1024),
+                                 wg::desc_sw128(kt + koff + wgi * 32 * 128, 16, 1024), ks > 0);
+        }
+        wg::commit();
+        wg::wait<0>();
+
+        // Tile max of heads 16wi + g (+ 8) over this half, then over both halves.
+        float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            if (32 * wgi + 8 * (e >> 2) + 2 * t4 + (e & 1) >= rows) s[e] = neg_inf();
+            mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            mx[k] = fmaxf(mx[k], __shfl_xor_sync(FULL_MASK, mx[k], 1));
+            mx[k] = fmaxf(mx[k], __shfl_xor_sync(FULL_MASK, mx[k], 2));
+            if (t4 == 0) mx_s[wgi * HB + 16 * wi + g + 8 * k] = mx[k];
+        }
+        __syncthreads();
+        float cr[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int h = 16 * wi + g + 8 * k;
+            // Finite: row 0 of the tile is valid (both warpgroups compute the same maxima).
+            const float mn = fmaxf(m_run[k], fmaxf(mx_s[h], mx_s[HB + h]));
+            cr[k] = exp2f(m_run[k] - mn);
+            m_run[k] = mn;
+            float ps = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                // P in bf16 as P·V reads it; the row sums add the same rounded values.
+                const u32 pk = ptx::pack_bf16x2(exp2f(s[4 * j + 2 * k] - mn), exp2f(s[4 * j + 2 * k + 1] - mn));
+                ps += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
+                *reinterpret_cast<u32*>(sm + p_off + sw(h, 4 * wgi + j, HB) + 4 * t4) = pk;
+            }
+            l_run[k] = l_run[k] * cr[k] + ps;
+        }
+#pragma unroll
+        for (int n = 0; n < MAX_NB; ++n)
+#pragma unroll
+            for (int e = 0; e < 32; ++e) o[n][e] *= cr[(e >> 1) & 1];
+        wg::fence_proxy_async();
+        __syncthreads();  // P complete
+
+        // O[:, this warpgroup's columns] += P·V: A = P (K-major), B = V = the tile's first KVL
+        // columns read MN-major (64-column blocks BLK apart, 8-row groups 1024 bytes apart).
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < TN / 16; ++kk) {
+            const u64 a = wg::desc_sw128(s_p + kk * 32, 16, 1024);
+#pragma unroll
+            for (int n = 0; n < MAX_NB; ++n)
+                if (n < NB)
+                    wg::mma_m64n64k16<1>(o[n], a, wg::desc_sw128(kt + (wgi * NB + n) * BLK + kk * 16 * 128, BLK, 1024),
+                                         1);
+        }
+        wg::commit();
+        wg::wait<0>();
+    }
+
+    // Row sums: the 4 lanes of a row, then the two halves through shared memory.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        float l = l_run[k];
+        l += __shfl_xor_sync(FULL_MASK, l, 1);
+        l += __shfl_xor_sync(FULL_MASK, l, 2);
+        const int h = 16 * wi + g + 8 * k;
+        if (t4 == 0) {
+            lsum_s[wgi * HB + h] = l;
+            if (wgi == 0) m_s[h] = m_run[k];
+        }
+    }
+    __syncthreads();
+
+    // O (normalized when n_split = 1) → shared memory [64][OP] f32 over the free tile buffers,
+    // then out to global in 16-byte stores, a warp per head row: the fragments' 8-byte stores to
+    // global touch 8 rows each and throttled the store queue (a third of the time at T = 32768).
+    const int OP = 64 * (KVL + 8) * 4 <= (int)(2 * KB * BLK) ? KVL + 8 : KVL;  // + 8: no bank conflicts
+    float* os = reinterpret_cast<float*>(sm + KB * BLK);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int h = 16 * wi + g + 8 * k;
+        const float L = lsum_s[h] + lsum_s[HB + h];
+        const float f = n_split > 1 ? 1.0f : (L > 0.0f ? 1.0f / L : 0.0f);
+#pragma unroll
+        for (int n = 0; n < MAX_NB; ++n) {
+            if (n >= NB) continue;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *reinterpret_cast<float2*>(os + h * OP + (wgi * NB + n) * 64 + 8 * j + 2 * t4) =
+                    make_float2(o[n][4 * j + 2 * k] * f, o[n][4 * j + 2 * k + 1] * f);
+        }
+    }
+    __syncthreads();
+    float* work_acc = mla_detail::work_acc_of(work, n_head, KVL, n_split);
+    float* work_ml = mla_detail::work_ml_of(work, n_head, KVL, n_split, n_q);
+    for (int h = warp; h < hb; h += 8) {
+        const i64 hg = h_base + h;
+        float* dst = n_split == 1 ? out + hg * KVL : work_acc + (hg * n_split + sp) * KVL;
+        for (int c = 4 * lane; c < KVL; c += 128)
+            *reinterpret_cast<float4*>(dst + c) = *reinterpret_cast<const float4*>(os + h * OP + c);
+    }
+    if (n_split > 1) mla_tile::finish_split(out, work, work_ml, m_s, lsum_s, n_head, h_base, hb, KVL, n_split, phase);
+}
+
+}  // namespace mla_wg
+#endif
+
+// The tensor-core path for this target: warpgroup MMAs on sm_90a, mma.sync elsewhere.
+template <int DC, int KVLC, bool SPARSE>
+__device__ __forceinline__ void run_tensor_cores(const float* q, const void* cache, const int* idx, float* out,
+                                                 float* work, int n_head, int kvl, int d, int T, int max_ctx,
+                                                 int n_split, float scale, int phase, int n_q) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mla_wg::run<DC, KVLC, SPARSE>(q, cache, idx, out, work, n_head, kvl, d, T, max_ctx, n_split, scale, phase, n_q);
+#else
+    mla_tc::run<DC, KVLC, SPARSE>(q, cache, idx, out, work, n_head, kvl, d, T, max_ctx, n_split, scale, phase, n_q);
+#endif
+}
 
 namespace mla_detail {
 
@@ -721,8 +962,8 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
     }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
     if constexpr (Cfg::CACHE_T == CacheType::BF16) {
-        mla_tc::run<DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1, max_ctx,
-                                             n_split, scale, phase, n_q);
+        run_tensor_cores<DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1,
+                                                  max_ctx, n_split, scale, phase, n_q);
     } else {
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope,
                                                                 p + 1, max_ctx, n_split, scale, phase, n_q);

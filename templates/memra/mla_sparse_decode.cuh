@@ -80,8 +80,8 @@ __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const voi
     const bool fused = phase == 3 && n_split > 1;
     const int run_phase = fused ? 1 : phase;
     if constexpr (Cfg::CACHE_T == CacheType::BF16) {
-        mla_tc::run<DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n, max_ctx, n_split,
-                                            scale, run_phase, n_q);
+        run_tensor_cores<DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n, max_ctx,
+                                                 n_split, scale, run_phase, n_q);
     } else {
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n,
                                                                max_ctx, n_split, scale, run_phase, n_q);

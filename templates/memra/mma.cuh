@@ -1,6 +1,7 @@
 // memra/mma.cuh — the PTX wrappers of the tensor-core and async-copy kernels (mla_decode,
 // attn_prefill, matmul, matvec): shared-window addresses, 16-byte cp.async (sm_80+), ldmatrix
-// .x4 / .x4.trans and mma.sync m16n8k16 bf16 → f32 fragments (PTX ISA layouts), bf16x2 packing.
+// .x4 / .x4.trans and mma.sync m16n8k16 bf16 → f32 fragments (PTX ISA layouts), bf16x2 packing;
+// on sm_90a also warpgroup MMAs (wgmma) with shared-memory descriptors (namespace wg).
 // The host emulation tests swap `namespace ptx` for stand-ins (engine/tests/mma_host).
 #pragma once
 #include "memra/common.cuh"
@@ -82,4 +83,54 @@ __device__ __forceinline__ void bf16_16816(float (&d)[4], const u32 (&a)[4], u32
 }
 
 }  // namespace ptx
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Warpgroup MMA (sm_90a only: NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL for --gpu-architecture=sm_90a).
+// Operands live in shared memory in the 128-byte-swizzle canonical layouts (PTX ISA "matrix
+// descriptor"): rows of 128 bytes whose 16-byte chunk c sits at chunk c ^ (row mod 8), 8-row
+// groups 1024 bytes apart, the region 1024-byte aligned.
+namespace wg {
+
+// Descriptor of a 128-byte-swizzled operand at shared address `addr`: `lbo` / `sbo` the leading /
+// stride byte offsets (K-major: sbo = 8-row group stride, lbo unused; MN-major: lbo = stride of
+// 64-element blocks along MN, sbo = 8-row group stride along K).
+__device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32) |
+           (1ull << 62);
+}
+
+// Orders this thread's register accesses before the warpgroup MMAs that follow.
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most PENDING committed MMA groups are in flight.
+template <int PENDING> __device__ __forceinline__ void wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+// Makes this thread's shared-memory writes (st.shared, cp.async) visible to the MMAs' reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d (+)= A·B on the warpgroup's tensor cores, m64n32k16 bf16 → f32, A and B from shared memory
+// (descriptors); accumulate = 0 overwrites d. TRANS_B = 1: B is stored MN-major.
+template <int TRANS_B>
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TRANS_B));
+}
+
+// d (+)= A·B on the warpgroup's tensor cores, m64n64k16 bf16 → f32, A and B from shared memory
+// (descriptors); accumulate = 0 overwrites d. TRANS_B = 1: B is stored MN-major.
+template <int TRANS_B>
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TRANS_B));
+}
+
+}  // namespace wg
+#endif
 }  // namespace memra

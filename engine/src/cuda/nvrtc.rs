@@ -19,9 +19,13 @@ use super::{Error, SmArch, library};
 /// - no `-default-device`: templates annotate every function (`__device__`, or `__host__ __device__`
 ///   for constexpr helpers) so they mean the same under `nvcc -fsyntax-only` as under NVRTC.
 /// - no `-use_fast_math`: the templates pick fast intrinsics explicitly where accuracy allows.
+/// - Hopper (`sm_90`) compiles for `sm_90a`, the arch-specific target with the warpgroup MMA
+///   (wgmma) that mla_decode's tensor-core path uses there; an `sm_90a` cubin loads on compute
+///   capability 9.0 only, the arch it is cached under anyway.
 pub fn nvrtc_options(arch: SmArch) -> Vec<String> {
+    let target = if arch == SmArch(90) { "sm_90a".to_string() } else { arch.to_string() };
     vec![
-        format!("--gpu-architecture={arch}"),
+        format!("--gpu-architecture={target}"),
         "-std=c++17".to_string(),
         "-lineinfo".to_string(),
         "--ptxas-options=-v".to_string(),
@@ -263,7 +267,15 @@ pub fn supported_archs() -> Result<Vec<u32>, Error> {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
+
+    #[test]
+    fn hopper_compiles_for_its_arch_specific_target() {
+        assert!(nvrtc_options(SmArch(90)).contains(&"--gpu-architecture=sm_90a".to_string()));
+        assert!(nvrtc_options(SmArch(80)).contains(&"--gpu-architecture=sm_80".to_string()));
+        assert!(nvrtc_options(SmArch(100)).contains(&"--gpu-architecture=sm_100".to_string()));
+    }
 
     #[test]
     fn ptxas_report_parses_registers_and_spills() {
