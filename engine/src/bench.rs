@@ -567,23 +567,15 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
     }) {
         return (found, None);
     }
-    let d = matvec::MatvecTuning::default();
     // The integer path exists for some types only: the others keep the f32 path, as codegen
     // plans an entry's tensors of such types (plan::without_xq8_where_no_int_path).
     let int_dot = matvec::int_dot(ty);
     let xq8 = if int_dot { int(base, "xq8").unwrap_or(0) } else { 0 };
     let fuse_x = if int_dot { int(base, "fuse_x").unwrap_or(0) } else { 0 };
-    let get = |key: &str, default: u32| int(base, key).map(|v| v as u32).unwrap_or(default);
-    let tune = matvec::MatvecTuning {
-        batch: get("batch", d.batch),
-        threads: get("threads", d.threads),
-        lanes: get("lanes", d.lanes),
-        rows_per_group: get("rows_per_group", d.rows_per_group),
-        stages: get("stages", d.stages),
-        accumulate: get("accumulate", 0) == 1,
-        xq8: xq8 >= 1 || fuse_x == 1,
-        fuse_x: xq8 == 2 || fuse_x == 1,
-    };
+    let mut tune = matvec::tuning_of(base).unwrap_or_else(|e| panic!("{}: {e}", base.name));
+    if !int_dot {
+        (tune.xq8, tune.fuse_x) = (false, false);
+    }
     // The base's name with the type swapped: its tuning suffix (`_rows_per_group1_stages4`,
     // `_xq82`) stays, less an xq8 this type cannot take.
     let base_tok = sym_type(base).map_or("", token);

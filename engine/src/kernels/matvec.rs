@@ -8,6 +8,7 @@ use memra_gguf::GgmlType;
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks;
 use crate::kernels::launch::{KernelArgs, launch};
+use crate::kernels::registry::KernelVariant;
 
 pub const FAMILY: &str = "matvec";
 
@@ -255,17 +256,14 @@ pub fn resident_blocks(kernel: &Kernel, geo: &MatvecGeometry) -> Result<usize, E
 }
 
 fn tune_int(
-    kernel: &Kernel,
+    variant: &KernelVariant,
     key: &str,
     default: u32,
     ok: impl Fn(i64) -> bool,
-) -> Result<u32, Error> {
-    let v = checks::baked_int(kernel.variant(), key).unwrap_or(default as i64);
+) -> Result<u32, String> {
+    let v = checks::baked_int(variant, key).unwrap_or(default as i64);
     if !ok(v) {
-        return Err(checks::invalid(
-            kernel,
-            format!("{key}={v} is out of range"),
-        ));
+        return Err(format!("{key}={v} is out of range"));
     }
     Ok(v as u32)
 }
@@ -277,24 +275,26 @@ pub fn baked_k(kernel: &Kernel) -> Option<usize> {
 
 /// The variant's tuning (README defaults for fields it does not bake).
 pub fn tuning(kernel: &Kernel) -> Result<MatvecTuning, Error> {
+    tuning_of(kernel.variant()).map_err(|message| checks::invalid(kernel, message))
+}
+
+/// The tuning `variant` bakes, its defaults where it bakes none (Err: the field out of range).
+/// `memra bench` reads it too, to render a variant in another weight type.
+pub fn tuning_of(variant: &KernelVariant) -> Result<MatvecTuning, String> {
     let d = MatvecTuning::default();
     // XQ8 = 2 and FUSE_X = 1 are the same kernel (the enum and the tuning spelling of it).
-    let xq8 = tune_int(kernel, "xq8", 0, |v| (0..=2).contains(&v))?;
-    let fuse_x = tune_int(kernel, "fuse_x", 0, |v| v == 0 || v == 1)? == 1;
+    let xq8 = tune_int(variant, "xq8", 0, |v| (0..=2).contains(&v))?;
+    let fuse_x = tune_int(variant, "fuse_x", 0, |v| v == 0 || v == 1)? == 1;
     if fuse_x && xq8 == 1 {
-        return Err(checks::invalid(kernel, "fuse_x=1 takes f32 x: not with xq8=1".to_string()));
+        return Err("fuse_x=1 takes f32 x: not with xq8=1".to_string());
     }
     Ok(MatvecTuning {
-        batch: tune_int(kernel, "batch", d.batch, |v| (1..=8).contains(&v))?,
-        threads: tune_int(kernel, "threads", d.threads, |v| {
-            v > 0 && v <= 1024 && v % 32 == 0
-        })?,
-        lanes: tune_int(kernel, "lanes", d.lanes, |v| matches!(v, 8 | 16 | 32))?,
-        rows_per_group: tune_int(kernel, "rows_per_group", d.rows_per_group, |v| {
-            (1..=8).contains(&v)
-        })?,
-        stages: tune_int(kernel, "stages", d.stages, |v| (2..=6).contains(&v))?,
-        accumulate: tune_int(kernel, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
+        batch: tune_int(variant, "batch", d.batch, |v| (1..=8).contains(&v))?,
+        threads: tune_int(variant, "threads", d.threads, |v| v > 0 && v <= 1024 && v % 32 == 0)?,
+        lanes: tune_int(variant, "lanes", d.lanes, |v| matches!(v, 8 | 16 | 32))?,
+        rows_per_group: tune_int(variant, "rows_per_group", d.rows_per_group, |v| (1..=8).contains(&v))?,
+        stages: tune_int(variant, "stages", d.stages, |v| (2..=6).contains(&v))?,
+        accumulate: tune_int(variant, "accumulate", 0, |v| v == 0 || v == 1)? == 1,
         xq8: xq8 >= 1 || fuse_x,
         fuse_x: xq8 == 2 || fuse_x,
     })
