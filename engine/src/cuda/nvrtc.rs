@@ -267,7 +267,6 @@ pub fn supported_archs() -> Result<Vec<u32>, Error> {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     #[test]
