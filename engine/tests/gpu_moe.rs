@@ -349,9 +349,10 @@ struct Kernels {
     down: Kernel,
     /// xq8 variants: x and h are quantized by this quantize_q8 kernel first.
     quantize: Option<Kernel>,
-    /// xq8: swiglu with XQ8 = 2 (f32 x quantized in each block), checked bit for bit against
-    /// quantize_q8 + the XQ8 = 1 swiglu.
+    /// xq8: swiglu and down with XQ8 = 2 (f32 x quantized in each block; down: the token's
+    /// n_used h rows), checked bit for bit against quantize_q8 + the XQ8 = 1 kernel.
     swiglu_fused: Option<Kernel>,
+    down_fused: Option<Kernel>,
 }
 
 fn kernels(gpu: &Gpu, sh: &MoeShape, spec: bool, xq8: bool) -> Kernels {
@@ -375,6 +376,7 @@ fn kernels(gpu: &Gpu, sh: &MoeShape, spec: bool, xq8: bool) -> Kernels {
         down: mk(sh.n_ff, sh.n_embd, "down"),
         quantize: xq8.then(|| load(gpu, variant("quantize_q8", &[]))),
         swiglu_fused: xq8.then(|| mk_xq8(sh.n_embd, sh.n_ff, "swiglu", 2)),
+        down_fused: xq8.then(|| mk_xq8(sh.n_ff, sh.n_embd, "down", 2)),
     }
 }
 
@@ -529,6 +531,14 @@ fn check_moe(gpu: &Gpu, ks: &Kernels, sh: &MoeShape, ex: &Experts, n_tokens: usi
     let got = launch_grids(gpu, &ks.down, &inp, ddims, n_tokens * ke, &tag(&ks.down));
     let err = rel_err(&got, &want);
     assert!(err <= F32_TOL, "{}: down rel L2 {err:e}", tag(&ks.down));
+    if let Some(kf) = &ks.down_fused {
+        // f32 h, each block quantizing its token's n_used rows: the same bits as above.
+        let dhf = dh.slice(..);
+        let inp = MoeMatvecInputs { x: &dhf, ..inp };
+        let fused = launch_grids(gpu, kf, &inp, MoeDims { ldx: nf, ..ddims }, n_tokens * ke, &tag(kf));
+        let same = fused.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{}: XQ8 = 2 differs from quantize_q8 + XQ8 = 1", tag(kf));
+    }
     println!(
         "{:<44} {} T={n_tokens}: plain/swiglu/{}down ok ({} experts of {ne} resident, {:.1} MB each)",
         ks.swiglu.name(),
@@ -720,6 +730,25 @@ fn gpu_moe_wrappers_refuse_bad_arguments() {
     }
     moe_matvec::moe_matvec(&k, &with_up, &mut yv, d)
         .unwrap_or_else(|e| panic!("valid call refused: {e}"));
+
+    // Down with XQ8 = 2 holds the token's n_used q8 h rows in shared memory: 8 rows of 16384
+    // do not fit (8 · 28.7 KB > 227 KiB), 4 do.
+    let kd = load(&gpu, variant("moe_matvec", &[("qtype", V::S("q8_0")), ("mode", V::S("down")), ("xq8", V::I(2))]));
+    let (kk, nn, ne) = (16384usize, 16usize, 8usize);
+    let w = s.alloc_zeros::<u8>(ne * nn * GgmlType::Q8_0.row_bytes(kk as u64).unwrap() as usize).unwrap();
+    let ids = up(s, &(0..ne as i32).collect::<Vec<_>>());
+    let wts = up(s, &vec![0.125f32; ne]);
+    let h = s.alloc_zeros::<f32>(ne * kk).unwrap();
+    let mut y = s.alloc_zeros::<f32>(nn).unwrap();
+    let (wv, iv, wtv, hv) = (w.slice(..), ids.slice(..), wts.slice(..), h.slice(..));
+    let inp = MoeMatvecInputs { w: &wv, w_up: None, ids: &iv, weights: Some(&wtv), x: &hv };
+    let dd = MoeDims { k: kk, n: nn, n_tokens: 1, n_used: ne, n_expert: ne, ldx: kk, ldy: nn };
+    let r = moe_matvec::moe_matvec(&kd, &inp, &mut y.slice_mut(..), dd);
+    let e = r.expect_err("fused down with 8 rows of 16384 accepted").to_string();
+    assert!(e.contains("shared memory") && e.contains("n_used"), "{e}");
+    println!("fused down, n_used 8 at k 16384: {e}");
+    moe_matvec::moe_matvec(&kd, &inp, &mut y.slice_mut(..), MoeDims { n_used: 4, ..dd })
+        .unwrap_or_else(|e| panic!("fused down with 4 rows refused: {e}"));
     println!("VERDICT gpu_moe_wrappers_refuse_bad_arguments: ok");
 }
 

@@ -45,7 +45,8 @@ template <class C> int moe(char** a) {
     int tile_rows = moe_detail::PAIRED_MODE<C::MODE> ? 2 * n : n, slots = C::MODE == MoeMode::Down ? nt : nt * nu;
     // gx_max < tiles: each block walks several tiles of its slot (the resident grid's path).
     Dim3 grid{(unsigned)std::min((tile_rows + G::ROWS - 1) / G::ROWS, gx_max), (unsigned)std::min(slots, gy_max), 1};
-    run_grid(grid, C::THREADS, G::SMEM + (G::XQ8_FUSED ? G::xf_row(k) : 0), [&] {
+    const int xf_rows = C::MODE == MoeMode::Down ? nu : 1;  // XQ8 = 2: Down quantizes a row per slot
+    run_grid(grid, C::THREADS, G::SMEM + (G::XQ8_FUSED ? xf_rows * G::xf_row(k) : 0), [&] {
         moe_matvec_impl<C>(wp, wup, (const int*)ids.data(), (const float*)wts.data(), xp, yp, k, n, nt, nu, ne, ldx, ldy); });
     spit(a[14], yp, y.size());
     return 0; }
@@ -202,8 +203,8 @@ fn moe_matvec_xq8_emulated_on_host_threads_matches_q8_reference() {
     );
 }
 
-/// XQ8 = 2 (plain, swiglu, geglu; down refuses it): f32 x, each block quantizes its slot's x
-/// row into shared memory, against the same q8 oracle and tolerance.
+/// XQ8 = 2: f32 x, each block quantizes its slot's x row (down: its token's n_used h rows)
+/// into shared memory, against the same q8 oracle and tolerance.
 #[test]
 fn moe_matvec_xq8_fused_emulated_on_host_threads_matches_q8_reference() {
     moe_modes_match_reference(
@@ -400,9 +401,7 @@ fn moe_modes_match_reference(test: &str, xq8_cfg: u8) {
             let dd = [
                 nn, kk, c.n_tokens, c.n_used, c.n_expert, ldh_dev, ldo, 2, grid_x_max,
             ];
-            let modes: &[&str] = if xq8_cfg == 2 {
-                &[] // down has one x row per segment: XQ8 = 2 traps there (the wrapper refuses it)
-            } else if variant_spec {
+            let modes: &[&str] = if variant_spec {
                 &["down"]
             } else {
                 &["down", "down_acc"]

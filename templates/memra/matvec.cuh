@@ -22,7 +22,8 @@
 //                         Q4_K, Q6_K, IQ4_NL, IQ4_XS only (others trap; the wrapper refuses them).
 //                         2: the same products, but x is f32 and every block quantizes all of it
 //                         into shared memory in its prologue (while its first weight chunks load):
-//                         no separate launch, no x staging per chunk (matvec only, not moe_matvec)
+//                         no separate launch, no x staging per chunk (a segmented source, batch 1:
+//                         one q8 row per segment)
 //   int   FUSE_X          optional (absent = 0). 1: XQ8 = 2 as a tuning (the launch interface, f32 x,
 //                         is XQ8 = 0's), so specs choose it per entry like any tuning
 //
@@ -998,7 +999,8 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         if constexpr (G::XQ8) {
             if constexpr (U::INT_DOT) {
                 if constexpr (G::XQ8_FUSED) {
-                    const u8* xf = matvec_smem + G::SMEM;
+                    // Segmented sources: one q8 row per segment (the prologue's order).
+                    const u8* xf = matvec_smem + G::SMEM + (Src::SEGMENTED ? seg * G::xf_row(K) : 0);
                     const int first = ci * G::UPC;  // the chunk's first unit of the row
                     compute_q8<G, U, RPG, NB, WHOLE_CHUNKS, ALIGNED>(
                         ws, xf + first * G::XQ_UNIT,
@@ -1138,22 +1140,24 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
         src.template prologue<G>(pre, x_own, K);
         if constexpr (G::XQ8_FUSED) __syncthreads();
     }
-    if constexpr (G::XQ8_FUSED && !Src::SEGMENTED) {
-        // XQ8 = 2: quantize the whole x (segment 0's rows) into shared memory while the first
-        // chunks load, a warp per block of 32; the loop's first barrier publishes it. Item
-        // it = b·(K/32) + blk; a warp loads DEPTH items' x before quantizing any, so their L2
-        // latencies overlap (one item at a time cost ~11 µs at K = 6144 on the H200).
-        // (Segmented sources hold one x per segment: their callers trap on XQ8 = 2.)
+    if constexpr (G::XQ8_FUSED) {
+        // XQ8 = 2: quantize the whole x into shared memory while the first chunks load, a warp
+        // per block of 32; the loop's first barrier publishes it. Its rows: the batch's (one
+        // segment), or one per segment of a segmented source (batch 1; moe_matvec's Down: each
+        // slot's h row). Item it = b·(K/32) + blk; a warp loads DEPTH items' x before quantizing
+        // any, so their L2 latencies overlap (one item at a time cost ~11 µs at K = 6144 on the H200).
+        static_assert(!Src::SEGMENTED || NB == 1, "a segmented source's q8 rows are its segments' (batch 1)");
         constexpr int NW = THREADS / 32, DEPTH = 16;
         u8* xf = matvec_smem + G::SMEM;
-        const int xrow = G::xf_row(K), wl = tid % 32, nblk = K / 32, items = batch * nblk;
+        const int xrow = G::xf_row(K), wl = tid % 32, nblk = K / 32;
+        const int items = (Src::SEGMENTED ? src.segments() : batch) * nblk;
         if (my_tiles > 0)
             for (int it0 = tid / 32; it0 < items; it0 += DEPTH * NW) {
                 float v[DEPTH];
 #pragma unroll
                 for (int i = 0; i < DEPTH; ++i) {
                     const int it = it0 + i * NW, b = it / nblk, blk = it - b * nblk;
-                    const float* xr = SrcXInSmem<Src>::value ? x_own : src.xrow(0, b);
+                    const float* xr = SrcXInSmem<Src>::value ? x_own : Src::SEGMENTED ? src.xrow(b, 0) : src.xrow(0, b);
                     v[i] = it < items ? xr[32 * blk + wl] : 0.0f;
                 }
 #pragma unroll

@@ -23,9 +23,10 @@
 //   int   THREADS, LANES, ROWS_PER_GROUP, STAGES   as matvec (Swiglu / Geglu: ROWS_PER_GROUP even)
 //   int   ACCUMULATE      Down only: 1 = y += combine (residual fusion)
 //   int   XQ8             optional (absent = 0), as matvec: 1 = x rows are quantize_q8 rows
-//                         (ldx in floats of those rows), products by __dp4a; 2 (not Down) = x is
-//                         f32 and each block quantizes its slot's x row into shared memory
-//                         (dynamic shared memory + xf_row(K), matvec.cuh), no quantize_q8 launch
+//                         (ldx in floats of those rows), products by __dp4a; 2 = x is f32 and each
+//                         block quantizes its slot's x row (Down: its token's n_used h rows) into
+//                         shared memory (dynamic shared memory + xf_row(K), Down n_used · xf_row(K);
+//                         matvec.cuh), no quantize_q8 launch
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const unsigned char* w_up, const int* ids, const float* weights,
@@ -43,7 +44,7 @@
 //   its cp.async pipeline running across the tiles of a slot as in matvec (G = T: one tile per
 //   block; the wrapper's resident policy launches G = balanced resident blocks / S). Block
 //   THREADS, dynamic shared memory = matvec's with BATCH 1 (MatvecGeometry<MoeMatvecGeometryCfg<Cfg>>::SMEM,
-//   + xf_row(K) with XQ8 = 2).
+//   + xf_row(K) with XQ8 = 2, n_used · xf_row(K) in Down).
 #pragma once
 #include "memra/matvec.cuh"
 #include "memra/swiglu.cuh"
@@ -163,10 +164,10 @@ __device__ __forceinline__ void moe_matvec_impl(const unsigned char* __restrict_
     using G = MatvecGeometry<GC>;
     using U = qunit::Unit<Cfg::QTYPE>;
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n);
-    if (async::dynamic_smem_bytes() < (u32)G::SMEM + (G::XQ8_FUSED ? (u32)G::xf_row(K) : 0u)) __trap();
+    // XQ8 = 2: the slot's q8 x row; in Down one per segment (each slot's h row).
+    const u32 xf_rows = Cfg::MODE == MoeMode::Down ? (u32)n_used : 1u;
+    if (async::dynamic_smem_bytes() < (u32)G::SMEM + (G::XQ8_FUSED ? xf_rows * (u32)G::xf_row(K) : 0u)) __trap();
     if (G::XQ8 && !U::INT_DOT) __trap();  // the wrapper refuses these
-    // XQ8 = 2 quantizes one x row per slot in the block; Down's segments each have their own.
-    if (G::XQ8_FUSED && Cfg::MODE == MoeMode::Down) __trap();  // the wrapper refuses it
     const i64 w_total = (i64)n_expert * N * ((i64)(K / U::BLOCK) * U::BYTES);
     if constexpr (Cfg::MODE == MoeMode::Down) {
         for (int b = blockIdx.y; b < n_tokens; b += gridDim.y) {

@@ -217,12 +217,6 @@ pub fn moe_matvec_with(
     };
     // xq8 variants read x as quantize_q8 rows (matvec's integer path).
     matvec::check_xq8(kernel, ty, &tune)?;
-    if tune.fuse_x && mode == Mode::Down {
-        return Err(checks::invalid(
-            kernel,
-            "xq8=2 (x quantized in the block) quantizes one x row per slot: not mode down; use xq8=1 with quantize_q8",
-        ));
-    }
     let xk = matvec::x_row_floats(tune.xq8 && !tune.fuse_x, k);
     if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
@@ -251,13 +245,22 @@ pub fn moe_matvec_with(
     let mut geo = matvec::geometry(ty, &tune, matvec::baked_k(kernel)).ok_or_else(|| {
         checks::invalid(kernel, format!("{} experts are not supported", ty.name()))
     })?;
-    // XQ8 = 2: the slot's whole q8 x after the stages (BATCH 1).
-    geo.smem_bytes += matvec::fused_x_bytes(ty, &tune, k).unwrap_or(u32::MAX);
+    // XQ8 = 2: the slot's whole q8 x after the stages (BATCH 1); in Down the token's n_used h rows.
+    let xf_rows = if mode == Mode::Down { n_used } else { 1 };
+    let xf_bytes = matvec::fused_x_bytes(ty, &tune, k)
+        .and_then(|b| b.checked_mul(u32::try_from(xf_rows).ok()?))
+        .unwrap_or(u32::MAX);
+    geo.smem_bytes = geo.smem_bytes.saturating_add(xf_bytes);
     if geo.smem_bytes > matvec::MAX_DYNAMIC_SMEM {
+        let rows = if tune.fuse_x && mode == Mode::Down {
+            format!(" (x quantized in the block: {xf_rows} rows of n_used)")
+        } else {
+            String::new()
+        };
         return Err(checks::invalid(
             kernel,
             format!(
-                "k={k}: {} bytes of shared memory > {}",
+                "k={k}{rows}: {} bytes of shared memory > {}",
                 geo.smem_bytes,
                 matvec::MAX_DYNAMIC_SMEM
             ),

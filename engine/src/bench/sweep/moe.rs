@@ -83,7 +83,7 @@ pub const SHAPES: [MoeShape; 4] = [
 
 /// (threads, lanes, rows per group, stages); the first is the README default. Rows per group
 /// stay even (Swiglu pairs gate and up rows).
-const TUNINGS: [(u32, u32, u32, u32); 8] = [
+const TUNINGS: [(u32, u32, u32, u32); 11] = [
     (256, 32, 2, 3),
     (256, 32, 4, 3),
     (512, 32, 2, 3),
@@ -92,20 +92,19 @@ const TUNINGS: [(u32, u32, u32, u32); 8] = [
     (128, 32, 2, 4),
     (512, 32, 2, 4),
     (128, 32, 4, 4),
+    (512, 32, 4, 3),
+    (1024, 32, 2, 3),
+    (256, 16, 2, 4),
 ];
-/// The first tunings also run with `xq8` (x quantized by a quantize_q8 launch, timed with it)
-/// and, except in Down, with `xq8` + `fuse_x` (each block quantizes its slot's x: one launch).
-const XQ8_TUNINGS: usize = 3;
+/// Every tuning also runs with `xq8` (x quantized by a quantize_q8 launch, timed with it) and
+/// with `xq8` + `fuse_x` (each block quantizes its slot's x, in Down its token's n_used h
+/// rows: one launch).
+const XQ8_TUNINGS: usize = TUNINGS.len();
 
-fn candidates(ty: GgmlType, mode: Mode, k: usize) -> Vec<MatvecTuning> {
+fn candidates(s: &MoeShape) -> Vec<MatvecTuning> {
     let base = harness::tunings(1, &TUNINGS);
-    let fused: &[bool] = if mode == Mode::Down {
-        &[false]
-    } else {
-        &[false, true]
-    };
-    let q8: Vec<MatvecTuning> = if matvec::int_dot(ty) {
-        fused
+    let q8: Vec<MatvecTuning> = if matvec::int_dot(s.ty) {
+        [false, true]
             .iter()
             .flat_map(|&fuse_x| {
                 base.iter().take(XQ8_TUNINGS).map(move |t| MatvecTuning {
@@ -118,9 +117,15 @@ fn candidates(ty: GgmlType, mode: Mode, k: usize) -> Vec<MatvecTuning> {
     } else {
         Vec::new()
     };
+    // Shared memory holds one fused q8 x row per slot, n_used of them in Down (`fits` counts
+    // `batch` such rows; with f32 or quantize_q8 x, BATCH is 1).
+    let fused_rows = if s.mode == Mode::Down { s.n_used as u32 } else { 1 };
     base.into_iter()
         .chain(q8)
-        .filter(|t| harness::fits(ty, t, k))
+        .filter(|t| {
+            let batch = if t.fuse_x { fused_rows } else { 1 };
+            harness::fits(s.ty, &MatvecTuning { batch, ..*t }, s.k)
+        })
         .collect()
 }
 
@@ -186,7 +191,7 @@ pub fn plan() -> Vec<MoeCase> {
         .iter()
         .map(|s| MoeCase {
             shape: *s,
-            candidates: candidates(s.ty, s.mode, s.k)
+            candidates: candidates(s)
                 .iter()
                 .map(|t| (*t, render(s, t)))
                 .collect(),
@@ -540,7 +545,6 @@ mod tests {
                 );
                 let cfg = format!("XQ8 = {}", matvec::xq8_value(t));
                 assert!(v.source.contains(&cfg), "{}", v.name);
-                assert!(!(t.fuse_x && c.shape.mode == Mode::Down), "{}", v.name);
             }
             // The first candidate is the README default (the baseline).
             assert_eq!(c.candidates[0].0, MatvecTuning::default());
