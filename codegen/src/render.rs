@@ -139,11 +139,13 @@ pub fn render_registry(
         let _ = writeln!(out, "    }},");
     }
     out.push_str("];\n\n");
-    // Variants a spec entry tuned away from the README defaults: the selection rule's tie-break
-    // between otherwise equal generic variants prefers the default tuning.
-    out.push_str("/// Variants whose tuning differs from the family's README defaults.\npub static TUNED: &[&str] = &[\n");
+    // Variants a spec entry tuned away from the README defaults — a tuning, or an enum that has
+    // a default (matvec's XQ8: the integer path, whose q8 x the forwards' call sites provide
+    // when they get such a variant): the selection rule's tie-break between otherwise equal
+    // generic variants prefers the defaults.
+    out.push_str("/// Variants whose tuning (or defaulted enum) differs from the family's README defaults.\npub static TUNED: &[&str] = &[\n");
     for v in variants {
-        let tuned = v.params.iter().any(|p| p.kind == FieldKind::Tune && p.default.as_ref().is_some_and(|d| *d != p.value));
+        let tuned = v.params.iter().any(|p| p.kind != FieldKind::Dim && p.default.as_ref().is_some_and(|d| *d != p.value));
         if tuned {
             let _ = writeln!(out, "    {:?},", v.name());
         }

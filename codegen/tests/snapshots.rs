@@ -162,6 +162,24 @@ fn registry_snapshot() {
                 p("threads", ParamVal::Int(128), FieldKind::Tune, Some(128)),
             ],
         },
+        // A defaulted enum away from its default (the integer path) counts as tuned: the
+        // tie-break between equal generic fits prefers the default, xq8 = 0.
+        KernelVariant {
+            family: "matvec".into(),
+            archs: vec![],
+            params: vec![
+                p("qtype", ParamVal::Sym("q8_0".into()), FieldKind::Enum, None),
+                p("xq8", ParamVal::Int(1), FieldKind::Enum, Some(0)),
+            ],
+        },
+        KernelVariant {
+            family: "matvec".into(),
+            archs: vec![],
+            params: vec![
+                p("qtype", ParamVal::Sym("q8_0".into()), FieldKind::Enum, None),
+                p("xq8", ParamVal::Int(0), FieldKind::Enum, Some(0)),
+            ],
+        },
     ];
     let headers = [(
         "memra/common.cuh".to_string(),

@@ -985,7 +985,7 @@ impl Prepared {
             Shape::Embed { ty, n_embd, n_vocab, .. } => Some(Arc::new(fill.weights(ty, n_embd, n_vocab)?)),
             _ => None,
         };
-        let shared = attn_moe::Shared::new(&mut fill, &shape)?;
+        let shared = attn_moe::Shared::new(gpu, &mut fill, &shape)?;
         for _ in 0..sets.max(1) {
             if let Some(set) = attn_moe::make_set(&mut fill, &shape)? {
                 out.push(Set::Extra(set));

@@ -13,7 +13,7 @@ use cudarc::driver::CudaSlice;
 use memra_reference::Rng;
 
 use super::{Filler, Shape, alloc, drv};
-use crate::cuda::{Error, Kernel};
+use crate::cuda::{Error, Gpu, Kernel};
 use crate::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use crate::kernels::dsa_indexer::{self, DsaIndexerParams};
 use crate::kernels::dsa_topk::{self, DsaTopkParams};
@@ -21,7 +21,11 @@ use crate::kernels::mla_decode::{self, MlaDecodeParams};
 use crate::kernels::moe_matvec::{self, Mode, MoeDims, MoeMatvecInputs};
 use crate::kernels::attn_decode_rope::{self, AttnDecodeRopeParams, NewTokens};
 use crate::kernels::qk_norm_rope::{self, QkNormRopeParams};
-use crate::kernels::{attn_decode, attn_prefill, checks, mla_sparse_decode, moe_router};
+use crate::kernels::registry;
+use crate::kernels::{attn_decode, attn_prefill, checks, matvec, mla_sparse_decode, moe_router, quantize_q8};
+
+/// The quantize_q8 variant the moe_matvec cases on the integer path launch before the product.
+const QUANTIZE_Q8: &str = "quantize_q8__generic";
 
 /// RoPE base of the index keys (GLM-5: 1e6); the speed does not depend on it.
 const FREQ_BASE: f32 = 1.0e6;
@@ -34,6 +38,9 @@ pub(super) struct Shared {
     experts: Option<CudaSlice<u8>>,
     experts_up: Option<CudaSlice<u8>>,
     ln: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    /// quantize_q8, for the moe_matvec variants that read x as q8 rows (timed with them, as the
+    /// forward launches it before them).
+    quantize: Option<Kernel>,
 }
 
 /// One buffer set of an attention / DSA / MoE case.
@@ -48,7 +55,8 @@ pub(super) enum ExtraSet {
     Topk { scores: CudaSlice<f32>, pos: CudaSlice<i32>, idx: CudaSlice<i32>, count: CudaSlice<i32>, scratch: CudaSlice<u32> },
     Sparse { q: CudaSlice<f32>, idx: CudaSlice<i32>, count: CudaSlice<i32>, out: CudaSlice<f32> },
     Router { logits: CudaSlice<f32>, bias: CudaSlice<f32>, ids: CudaSlice<i32>, weights: CudaSlice<f32> },
-    Moe { ids: CudaSlice<i32>, weights: CudaSlice<f32>, x: CudaSlice<f32>, y: CudaSlice<f32> },
+    /// `xq`: x as q8 rows, written by quantize_q8 for variants that read them.
+    Moe { ids: CudaSlice<i32>, weights: CudaSlice<f32>, x: CudaSlice<f32>, xq: CudaSlice<f32>, y: CudaSlice<f32> },
 }
 
 /// `count` distinct values below `n`, ascending (dsa_topk's output order).
@@ -73,7 +81,7 @@ fn upload<T: cudarc::driver::DeviceRepr>(fill: &Filler, host: &[T]) -> Result<Cu
 
 impl Shared {
     /// The shared tensors of `shape` (none for most shapes).
-    pub(super) fn new(fill: &mut Filler, shape: &Shape) -> Result<Shared, Error> {
+    pub(super) fn new(gpu: &Gpu, fill: &mut Filler, shape: &Shape) -> Result<Shared, Error> {
         let mut sh = Shared::default();
         match *shape {
             Shape::MlaSparseDecode { kv_lora, rope, ctx, .. } => sh.latent = Some(fill.bf16s(ctx * (kv_lora + rope))?),
@@ -86,6 +94,8 @@ impl Shared {
                 if mode.is_paired() {
                     sh.experts_up = Some(fill.weights(ty, k, n_expert * n)?);
                 }
+                let q = registry::find(QUANTIZE_Q8).ok_or_else(|| Error::Selection { detail: format!("{QUANTIZE_Q8} is not in this build") })?;
+                sh.quantize = Some(gpu.load_one(q)?);
             }
             _ => {}
         }
@@ -183,7 +193,8 @@ pub(super) fn make_set(fill: &mut Filler, shape: &Shape) -> Result<Option<ExtraS
             }
             let wts: Vec<f32> = (0..slots).map(|_| fill.rng.uniform_in(0.05, 0.5)).collect();
             let (x_rows, y_rows) = if mode == Mode::Down { (slots, t) } else { (t, slots) };
-            ExtraSet::Moe { ids: upload(fill, &ids)?, weights: upload(fill, &wts)?, x: fill.f32s(x_rows * k)?, y: alloc(&s, y_rows * n)? }
+            let xq = alloc(&s, x_rows * quantize_q8::row_floats(k))?;
+            ExtraSet::Moe { ids: upload(fill, &ids)?, weights: upload(fill, &wts)?, x: fill.f32s(x_rows * k)?, xq, y: alloc(&s, y_rows * n)? }
         }
         _ => return Ok(None),
     }))
@@ -325,13 +336,22 @@ pub(super) fn launch(
                 scale,
             )
         }
-        (Shape::MoeMatvec { mode, t, k, n, n_expert, n_used, .. }, ExtraSet::Moe { ids, weights, x, y }) => {
+        (Shape::MoeMatvec { mode, t, k, n, n_expert, n_used, .. }, ExtraSet::Moe { ids, weights, x, xq, y }) => {
             let w = shared.experts.as_ref().expect("Shared::new made the expert tensor").slice(..);
             let up = shared.experts_up.as_ref().map(|u| u.slice(..));
-            let (iv, xv, wv) = (ids.slice(..), x.slice(..), weights.slice(..));
             let down = mode == Mode::Down;
+            // Variants on the integer path read x quantized by quantize_q8 first, as in the forward.
+            let (xv, ldx) = if matvec::reads_q8(kernel)? {
+                let q = shared.quantize.as_ref().expect("Shared::new loads quantize_q8 for moe shapes");
+                let (rows, ldq) = (if down { t * n_used } else { t }, quantize_q8::row_floats(k));
+                quantize_q8::quantize_q8(q, &x.slice(..), &mut xq.slice_mut(..), k, rows, k, ldq)?;
+                (xq.slice(..), ldq)
+            } else {
+                (x.slice(..), k)
+            };
+            let (iv, wv) = (ids.slice(..), weights.slice(..));
             let inp = MoeMatvecInputs { w: &w, w_up: up.as_ref(), ids: &iv, weights: down.then_some(&wv), x: &xv };
-            let dims = MoeDims { k, n, n_tokens: t, n_used, n_expert, ldx: k, ldy: n };
+            let dims = MoeDims { k, n, n_tokens: t, n_used, n_expert, ldx, ldy: n };
             moe_matvec::moe_matvec(kernel, &inp, &mut y.slice_mut(..), dims)
         }
         _ => unreachable!("make_set builds the set that matches its shape"),

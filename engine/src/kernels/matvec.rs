@@ -109,6 +109,12 @@ pub fn reads_q8(kernel: &Kernel) -> Result<bool, Error> {
     Ok(t.xq8 && !t.fuse_x)
 }
 
+/// [`reads_q8`] of a registry variant before it is loaded: a matvec or moe_matvec variant with
+/// `XQ8 = 1` (norm_matvec's XQ8 quantizes inside the kernel: f32 x).
+pub fn variant_reads_q8(v: &KernelVariant) -> bool {
+    (v.family == FAMILY || v.family == crate::kernels::moe_matvec::FAMILY) && tuning_of(v).is_ok_and(|t| t.xq8 && !t.fuse_x)
+}
+
 /// Extra dynamic shared memory of an `XQ8 = 2` variant at `k`: the whole q8 x of BATCH rows
 /// ([`fused_x_row_bytes`] each); 0 otherwise.
 pub fn fused_x_bytes(ty: GgmlType, t: &MatvecTuning, k: usize) -> Option<u32> {

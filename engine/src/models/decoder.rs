@@ -373,7 +373,7 @@ impl Decoder {
                         };
                         gpu::qtype_token(moe_matvec::FAMILY, gate.w.ty).ok().and_then(|q| {
                             let req = [("k", Param::Int(gate.w.k as i64)), ("n", Param::Int(gate.w.n as i64)), ("qtype", Param::Sym(q)), ("mode", Param::Sym(mode))];
-                            plan.want(moe_matvec::FAMILY, &req).ok()
+                            plan.want_f32_x(moe_matvec::FAMILY, &req).ok()
                         })
                     } else {
                         None
@@ -387,7 +387,7 @@ impl Decoder {
                     let want = |plan: &mut KernelPlan, t: &DeviceTensor, rows: usize, mode: &'static str| -> Result<&'static str> {
                         let qtype = gpu::qtype_token(moe_matvec::FAMILY, t.ty).map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
                         let req = [("k", Param::Int(t.k as i64)), ("n", Param::Int(rows as i64)), ("qtype", Param::Sym(qtype)), ("mode", Param::Sym(mode))];
-                        plan.want(moe_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", t.name)))
+                        plan.want_f32_x(moe_matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{}': {e}", t.name)))
                     };
                     if up.ty != gate.ty {
                         return Err(err(format!("{}: {} and {} differ in type; the fused gate/up kernel needs one", path.display(), gate.name, up.name)));

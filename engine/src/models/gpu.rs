@@ -12,6 +12,7 @@ use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
 use crate::cuda::graph::Graph;
 use crate::cuda::{Error as CudaError, Gpu, Kernel, Kernels};
 use crate::kernels::registry::{self, KernelVariant, Param, Policy, Selection};
+use crate::kernels::quantize_q8::{self, Q8Activation};
 use crate::kernels::{argmax, matmul, matvec, norm_matvec};
 use super::GpuModel;
 
@@ -176,6 +177,35 @@ impl KernelPlan {
         Ok(name)
     }
 
+    /// [`KernelPlan::want`] for a product (matvec, moe_matvec) and how its x arrives: a call
+    /// site that takes a [`Product`] passes x through [`product_x`], which quantizes it for
+    /// variants that read q8 rows.
+    pub fn product(&mut self, family: &str, request: &[(&str, Param)]) -> Result<Product> {
+        let name = self.want(family, request)?;
+        Ok(Product { name, q8_x: reads_q8_rows(name) })
+    }
+
+    /// [`KernelPlan::want`] for a product whose call site passes f32 x: a variant that reads q8
+    /// rows (a spec entry's `xq8 = 1`) is refused by name instead of reading f32 as q8.
+    pub fn want_f32_x(&mut self, family: &str, request: &[(&str, Param)]) -> Result<&'static str> {
+        let name = self.want(family, request)?;
+        if reads_q8_rows(name) {
+            return Err(err(format!(
+                "{name} reads x as quantize_q8 rows (xq8 = 1) but this call site passes f32 x; a spec entry can take fuse_x = 1 instead (the kernel quantizes x itself)"
+            )));
+        }
+        Ok(name)
+    }
+
+    /// The quantize_q8 variant, planned when a product of this plan reads q8 rows (call after
+    /// the products are planned).
+    pub fn quantizer(&mut self) -> Result<Option<&'static str>> {
+        if self.picks.keys().any(|n| reads_q8_rows(n)) {
+            return self.want(quantize_q8::FAMILY, &[]).map(Some);
+        }
+        Ok(None)
+    }
+
     /// A matvec (decode) and a matmul (prefill) variant for a weight matrix.
     pub fn linear(&mut self, w: DeviceTensor) -> Result<Linear> {
         let (matvec, matmul) = self.projection(&w.name, w.ty, w.k, w.n)?;
@@ -186,7 +216,7 @@ impl KernelPlan {
     pub fn projection(&mut self, name: &str, ty: GgmlType, k: usize, n: usize) -> Result<(&'static str, &'static str)> {
         let qtype = Param::Sym(qtype_token(matvec::FAMILY, ty).map_err(|e| err(format!("tensor '{name}': {e}")))?);
         let req = [("k", Param::Int(k as i64)), ("n", Param::Int(n as i64)), ("qtype", qtype)];
-        let matvec = self.want(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
+        let matvec = self.want_f32_x(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
         let matmul = self.want(matmul::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
         Ok((matvec, matmul))
     }
@@ -261,6 +291,43 @@ pub fn project(kernels: &Kernels, variants: (&str, &str), name: &str, w: &CudaVi
         matmul::matmul(kernels.get(variants.1)?, w, x, y, t, k, n, k, n)
     };
     res.map_err(|e| err(format!("tensor '{name}': {e}")))
+}
+
+/// A planned product variant (matvec, moe_matvec) and whether it reads x as quantize_q8 rows
+/// (`xq8 = 1`; `fuse_x` variants take f32 x and quantize it in each block).
+#[derive(Clone, Copy, Debug)]
+pub struct Product {
+    pub name: &'static str,
+    pub q8_x: bool,
+}
+
+/// Whether the matvec / moe_matvec variant `name` reads x as quantize_q8 rows.
+pub fn reads_q8_rows(name: &str) -> bool {
+    registry::find(name).is_some_and(matvec::variant_reads_q8)
+}
+
+/// `x` (`rows` rows of `ld` floats) as the product `p` reads it, with the stride to pass as its
+/// `ldx`: as given, or quantized into `q8` by the quantize_q8 variant `quantize` first (q8 x).
+pub fn product_x<'a>(
+    kernels: &Kernels,
+    p: Product,
+    quantize: Option<&str>,
+    q8: &'a mut Option<Q8Activation>,
+    x: CudaView<'a, f32>,
+    rows: usize,
+    ld: usize,
+) -> Result<(CudaView<'a, f32>, usize)> {
+    if !p.q8_x {
+        return Ok((x, ld));
+    }
+    match (quantize, q8.as_mut()) {
+        (Some(qk), Some(q8)) => {
+            q8.quantize(kernels.get(qk)?, &x, rows, ld)?;
+            let q8: &'a Q8Activation = q8;
+            Ok((q8.view(), q8.ld()))
+        }
+        _ => Err(err(format!("{} reads x as q8 rows but no quantize_q8 buffer was planned for it", p.name))),
+    }
 }
 
 /// A kernel by name (loaded by the plan).

@@ -36,8 +36,8 @@ use memra_reference::models::MlaModelHparams;
 use memra_reference::moe::Gating;
 
 use super::gpu::{
-    self, err, DecoderStack, DeviceTensor, KernelPlan, Linear, LogitsState, Result, StackState,
-    StepGraph, WeightSource,
+    self, err, DecoderStack, DeviceTensor, KernelPlan, Linear, LogitsState, Product, Result,
+    StackState, StepGraph, WeightSource,
 };
 use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::GpuOptions;
@@ -47,6 +47,7 @@ use crate::kernels::dsa_index_key::{self, DsaIndexKeyParams};
 use crate::kernels::dsa_indexer::{self, DsaIndexerParams};
 use crate::kernels::dsa_topk::{self, DsaTopkParams};
 use crate::kernels::mla_decode::{self, MlaDecodeParams};
+use crate::kernels::quantize_q8::Q8Activation;
 use crate::kernels::mla_rope::{self, MlaRopeParams, RopeFreqs};
 use crate::kernels::moe_matvec::{self, MoeDims, MoeMatvecInputs};
 use crate::kernels::registry::Param;
@@ -237,7 +238,7 @@ struct Glu {
     act: &'static str,
     /// Decode steps: gate, up and SwiGLU as one launch (the expert kernel in swiglu mode over a
     /// single "expert", as decoder.rs); `None` when off, or gate and up differ in type.
-    fused: Option<&'static str>,
+    fused: Option<Product>,
 }
 
 #[allow(clippy::large_enum_variant)]
@@ -249,8 +250,8 @@ enum Ffn {
         gate: DeviceTensor,
         up: DeviceTensor,
         down: DeviceTensor,
-        swiglu: &'static str,
-        down_kernel: &'static str,
+        swiglu: Product,
+        down_kernel: Product,
         shared: Option<Glu>,
         /// Expert-grouped prefill (moe_grouped.rs); `None` runs moe_matvec for every chunk.
         grouped: Option<GroupedMoe>,
@@ -286,6 +287,8 @@ struct Names {
     moe_router: Option<&'static str>,
     /// dsa_index_key, dsa_indexer, dsa_topk, mla_sparse_decode.
     dsa: Option<[&'static str; 4]>,
+    /// quantize_q8, when an FFN product reads x as q8 rows (a spec entry's `xq8 = 1`).
+    quantize_q8: Option<&'static str>,
 }
 
 /// How one layer's attention runs in a decode step (what a captured graph bakes).
@@ -357,6 +360,10 @@ struct Bufs {
     work: CudaSlice<f32>,
     /// Expert-grouped MoE scratch, for prefill chunks that run grouped.
     grouped: Option<GroupedScratch>,
+    /// q8 rows of `h` and of the routed experts' `ff`, for products that read q8 x (allocated
+    /// when the plan has quantize_q8).
+    q8_h: Option<Q8Activation>,
+    q8_ff: Option<Q8Activation>,
 }
 
 /// An MLA model loaded on the GPU.
@@ -416,7 +423,7 @@ impl MlaDecoder {
                              t: &DeviceTensor,
                              rows: usize,
                              mode: &'static str|
-         -> Result<&'static str> {
+         -> Result<Product> {
             let qtype = gpu::qtype_token(moe_matvec::FAMILY, t.ty)
                 .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
             let req = [
@@ -425,8 +432,16 @@ impl MlaDecoder {
                 ("qtype", Param::Sym(qtype)),
                 ("mode", Param::Sym(mode)),
             ];
-            plan.want(moe_matvec::FAMILY, &req)
+            plan.product(moe_matvec::FAMILY, &req)
                 .map_err(|e| err(format!("tensor '{}': {e}", t.name)))
+        };
+        // The per-head stacks pass f32 x (HeadStack::forward).
+        let head_kernel = |plan: &mut KernelPlan, t: &DeviceTensor, rows: usize| -> Result<&'static str> {
+            let p = expert_kernel(plan, t, rows, "plain")?;
+            if p.q8_x {
+                return Err(err(format!("tensor '{}': {} reads x as q8 rows; the per-head products pass f32 x", t.name, p.name)));
+            }
+            Ok(p.name)
         };
         // A head stack `[heads][rows][k]` as one strided-batch matmul: each head's matrix and
         // the `x_batch`-float offsets between heads' input rows keep the 16-byte loads aligned.
@@ -547,12 +562,12 @@ impl MlaDecoder {
             let k_b = upload(&l.attn_k_b)?;
             let v_b = upload(&l.attn_v_b)?;
             let k_b = HeadStack {
-                kernel: expert_kernel(&mut plan, &k_b, cfg.kv_lora, "plain")?,
+                kernel: head_kernel(&mut plan, &k_b, cfg.kv_lora)?,
                 prefill: head_matmul(&mut plan, &k_b, cfg.kv_lora, cfg.nope + cfg.rope),
                 w: k_b,
             };
             let v_b = HeadStack {
-                kernel: expert_kernel(&mut plan, &v_b, cfg.v, "plain")?,
+                kernel: head_kernel(&mut plan, &v_b, cfg.v)?,
                 prefill: head_matmul(&mut plan, &v_b, cfg.v, cfg.kv_lora),
                 w: v_b,
             };
@@ -665,6 +680,8 @@ impl MlaDecoder {
                 ]),
                 _ => None,
             },
+            // After every product is planned.
+            quantize_q8: plan.quantizer()?,
         };
         let mut report = vec![format!(
             "{}: {}, {} layers, n_embd {e}, {} MLA heads (nope {} + rope {}, v {}), latent {}{}, vocab {n_vocab}; weights {} on {}",
@@ -1064,7 +1081,8 @@ impl Net {
                             b.ids.slice(..t * nu),
                             b.wts.slice(..t * nu),
                         );
-                        let hv = b.h.slice(..te);
+                        let q8 = self.names.quantize_q8;
+                        let (hv, ldx) = gpu::product_x(k, *swiglu, q8, &mut b.q8_h, b.h.slice(..te), t, e)?;
                         let inp = MoeMatvecInputs {
                             w: &gv,
                             w_up: Some(&uv),
@@ -1078,16 +1096,17 @@ impl Net {
                             n_tokens: t,
                             n_used: nu,
                             n_expert: ne,
-                            ldx: e,
+                            ldx,
                             ldy: nf,
                         };
                         moe_matvec::moe_matvec(
-                            k.get(swiglu)?,
+                            k.get(swiglu.name)?,
                             &inp,
                             &mut b.ff.slice_mut(..t * nu * nf),
                             dims,
                         )?;
-                        let (dv, ffv) = (wd.data.slice(..), b.ff.slice(..t * nu * nf));
+                        let dv = wd.data.slice(..);
+                        let (ffv, ldx) = gpu::product_x(k, *down_kernel, q8, &mut b.q8_ff, b.ff.slice(..t * nu * nf), t * nu, nf)?;
                         let inp = MoeMatvecInputs {
                             w: &dv,
                             w_up: None,
@@ -1101,11 +1120,11 @@ impl Net {
                             n_tokens: t,
                             n_used: nu,
                             n_expert: ne,
-                            ldx: nf,
+                            ldx,
                             ldy: e,
                         };
                         moe_matvec::moe_matvec(
-                            k.get(down_kernel)?,
+                            k.get(down_kernel.name)?,
                             &inp,
                             &mut b.o.slice_mut(..te),
                             dims,
@@ -1153,12 +1172,12 @@ impl Net {
     fn glu(&self, g: &Glu, b: &mut Bufs, t: usize) -> Result<()> {
         let (k, e, n) = (&self.kernels, self.cfg.n_embd, g.gate.w.n);
         if let (Some(fused), 1) = (g.fused, t) {
-            let (gv, uv, id0, hv) = (
+            let (gv, uv, id0) = (
                 g.gate.w.data.slice(..),
                 g.up.w.data.slice(..),
                 b.head_ids.slice(..1),
-                b.h.slice(..e),
             );
+            let (hv, ldx) = gpu::product_x(k, fused, self.names.quantize_q8, &mut b.q8_h, b.h.slice(..e), 1, e)?;
             let inp = MoeMatvecInputs {
                 w: &gv,
                 w_up: Some(&uv),
@@ -1172,10 +1191,10 @@ impl Net {
                 n_tokens: 1,
                 n_used: 1,
                 n_expert: 1,
-                ldx: e,
+                ldx,
                 ldy: n,
             };
-            moe_matvec::moe_matvec(k.get(fused)?, &inp, &mut b.ff.slice_mut(..n), dims)?;
+            moe_matvec::moe_matvec(k.get(fused.name)?, &inp, &mut b.ff.slice_mut(..n), dims)?;
             return g
                 .down
                 .forward(k, &b.ff.slice(..n), &mut b.o.slice_mut(..e), 1);
@@ -1335,6 +1354,12 @@ impl Bufs {
             .moe
             .as_ref()
             .map_or((1, 1, 1), |m| (m.n_expert, m.n_used, m.n_ff_exp));
+        let q8 = |k: usize, rows: usize| -> Result<Option<Q8Activation>> {
+            match net.names.quantize_q8 {
+                Some(_) => Ok(Some(Q8Activation::new(gpu.stream(), k, rows)?)),
+                None => Ok(None),
+            }
+        };
         let mut head_ids = gpu::alloc::<i32>(gpu, t * nh, "head ids")?;
         let ids: Vec<i32> = (0..t * nh).map(|s| (s % nh) as i32).collect();
         gpu.stream()
@@ -1376,6 +1401,8 @@ impl Bufs {
                 }
                 _ => None,
             },
+            q8_h: q8(e, t)?,
+            q8_ff: q8(nf, t * nu)?,
         })
     }
 
