@@ -172,21 +172,23 @@ fn gpu_memra_run_embedded_micro_model() {
     }
 }
 
-/// One glm-dsa MoE layer at GLM-5's real per-layer dims (n_embd 6144, 64 MLA heads of 192 + 64,
-/// latent 512, q LoRA 2048, indexer 32 × 128, experts 6144 → 2048 in Q4_K, Q8_0 elsewhere; 4
-/// experts, 2 used, a 512-token vocabulary and top_k 256 to keep the file and the CPU reference
-/// small): the build's specialized variants (`--features memra-engine/model-glm-dsa`; all but
-/// dsa_topk's k = 2048, which gpu_dsa covers) against the CPU reference over a 300-token prompt
-/// and 8 decode steps past top_k (the indexer + sparse path), with graphs.
+/// A dense glm-dsa layer then a MoE layer at GLM-5's real per-layer dims (n_embd 6144, 64 MLA
+/// heads of 192 + 64, latent 512, q LoRA 2048, indexer 32 × 128, dense FFN 12288, experts 6144 →
+/// 2048 in Q4_K, Q8_0 elsewhere; 4 experts, 2 used, a 512-token vocabulary and top_k 256 to keep
+/// the file and the CPU reference small): the build's specialized variants (`--features
+/// memra-engine/model-glm-dsa`; all but dsa_topk's k = 2048, which gpu_dsa covers; the dense FFN
+/// and the routed experts on the integer path, x quantized by quantize_q8) against the CPU
+/// reference over a 300-token prompt and 8 decode steps past top_k (the indexer + sparse path),
+/// with graphs.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
     let mut rng = Rng::from_env_or_time("gpu_glm_dsa_glm5_layer");
     let seed = rng.seed();
     let overrides = [
-        ("block_count", Value::Int(1)),
+        ("block_count", Value::Int(2)),
         ("nextn_predict_layers", Value::Int(0)),
-        ("leading_dense_block_count", Value::Int(0)),
+        ("leading_dense_block_count", Value::Int(1)),
         ("n_expert", Value::Int(4)),
         ("indexer_top_k", Value::Int(256)),
         ("n_expert_used", Value::Int(2)),
@@ -194,7 +196,7 @@ fn gpu_glm_dsa_glm5_layer_dims_past_top_k() {
     ];
     let what = format!("seed {seed}: GLM-5-dims");
     glm5_prefill_and_decode(&mut rng, "glm5-layer", &overrides, |_| {}, 300, 8, &what);
-    println!("seed {seed}: GLM-5-dims layer: 300-token prefill and 8 sparse decode steps (top_k 256) pass");
+    println!("seed {seed}: GLM-5-dims dense + MoE layers: 300-token prefill and 8 sparse decode steps (top_k 256) pass");
 }
 
 /// glm-dsa at GLM-5's preset dims with `overrides` (`check` sees the dims), written to a temp
