@@ -661,3 +661,58 @@ impl<S: DecoderStack> GpuModel for S {
         &self.state().report
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::moe_matvec;
+
+    fn req<'a>(k: i64, n: i64, q: &'static str, mode: &'static str) -> Vec<(&'a str, Param)> {
+        vec![("k", Param::Int(k)), ("n", Param::Int(n)), ("qtype", Param::Sym(q)), ("mode", Param::Sym(mode))]
+    }
+
+    /// glm-dsa's spec puts its routed experts on the integer path (`xq8 = 1`): at GLM-5's dims the
+    /// plan hands out that variant flagged as reading q8 x (the forward quantizes for it), a call
+    /// site that passes f32 x refuses it by name, and quantize_q8 joins the plan.
+    #[cfg(feature = "model-glm-dsa")]
+    #[test]
+    fn a_q8_x_product_is_flagged_refused_for_f32_callers_and_brings_quantize_q8() {
+        let mut plan = KernelPlan::new(Policy::Best);
+        assert_eq!(plan.quantizer().unwrap(), None, "an empty plan needs no quantize_q8");
+        let p = plan.product(moe_matvec::FAMILY, &req(6144, 2048, "q4_k", "swiglu")).unwrap();
+        assert!(p.q8_x && p.name.contains("xq81"), "{p:?}");
+        let e = plan.want_f32_x(moe_matvec::FAMILY, &req(6144, 2048, "q4_k", "swiglu")).unwrap_err().to_string();
+        assert!(e.contains(p.name) && e.contains("f32"), "{e}");
+        assert_eq!(plan.quantizer().unwrap(), Some("quantize_q8__generic"));
+        // Its generic twin under --generic reads q8 rows too.
+        let mut generic = KernelPlan::new(Policy::GenericOnly);
+        let g = generic.product(moe_matvec::FAMILY, &req(6144, 2048, "q4_k", "swiglu")).unwrap();
+        assert!(g.q8_x && g.name.starts_with("moe_matvec__generic__"), "{g:?}");
+    }
+
+    /// Dims no spec bakes: among the generic fits (f32 x and the spec-made xq8 = 1 twins) the
+    /// f32 default wins, so a forward without a quantize step still gets a variant it can feed.
+    #[cfg(feature = "model-glm-dsa")]
+    #[test]
+    fn unbaked_dims_take_the_f32_generic_default() {
+        let mut plan = KernelPlan::new(Policy::Best);
+        for (k, n, mode) in [(512, 128, "down"), (128, 512, "swiglu")] {
+            let p = plan.product(moe_matvec::FAMILY, &req(k, n, "q4_k", mode)).unwrap();
+            assert!(!p.q8_x, "{p:?}");
+            assert_eq!(p.name, format!("moe_matvec__generic__q4_k_{mode}"));
+        }
+        assert_eq!(plan.quantizer().unwrap(), None);
+    }
+
+    /// fuse_x (matvec XQ8 = 2 as a tuning) and norm_matvec's XQ8 quantize inside the kernel: f32 x.
+    #[test]
+    fn in_kernel_quantization_reads_f32_x() {
+        for v in registry::variants() {
+            let t = matvec::tuning_of(v);
+            let in_kernel = v.family == norm_matvec::FAMILY || t.as_ref().is_ok_and(|t| t.fuse_x);
+            if in_kernel {
+                assert!(!reads_q8_rows(v.name), "{}", v.name);
+            }
+        }
+    }
+}
