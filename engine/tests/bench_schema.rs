@@ -659,3 +659,32 @@ fn peers_script_parses_every_bench_label() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// scripts/bench-ab pools each build's runs per (variant, shape) and reports time(a) / time(b)
+/// per pair and as geometric means; a file that is not a run is refused with status 2.
+#[test]
+fn bench_ab_compares_two_builds_runs() {
+    let dir = scratch("bench-ab");
+    let run = |name: &str, commit: &str, times: &[(&str, f64)]| -> PathBuf {
+        let results: Vec<Value> = times
+            .iter()
+            .map(|(variant, us)| json!({"family": "matvec", "variant": variant, "shape": "k64_n64", "median_us": us}))
+            .collect();
+        let p = dir.join(name);
+        std::fs::write(&p, json!({"commit": commit, "results": results}).to_string()).unwrap();
+        p
+    };
+    // a: 10 and 30 us (mean 20) for x, 8 for y; b: 10 for x, 16 for y, z only in b.
+    let a1 = run("a1.json", "aaaa", &[("x", 10.0), ("y", 8.0)]);
+    let a2 = run("a2.json", "aaaa", &[("x", 30.0)]);
+    let b1 = run("b1.json", "bbbb", &[("x", 10.0), ("y", 16.0), ("z", 1.0)]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench-ab");
+    let out = Command::new("python3").arg(&script).arg("--a").args([&a1, &a2]).arg("--b").arg(&b1).output().expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("2.000") && text.contains("0.500"), "{text}");
+    assert!(text.contains("geomean a/b, all: 1.000 over 2"), "{text}");
+    assert!(text.contains("0 pairs only in a, 1 only in b"), "{text}");
+    let bad = Command::new("python3").arg(&script).arg("--a").arg(dir.join("missing.json")).arg("--b").arg(&b1).output().expect("python3 runs");
+    assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
+}
