@@ -908,6 +908,11 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
                 const i64 avail = w_total - (start - off);
                 const int whole = avail >= 16 * (i64)pieces ? pieces : pieces - 1;
                 int i = lane;
+                // Kept a loop: with a baked row length NVRTC unrolled it into dozens of predicated
+                // copies (norm_matvec__k640_n1536__q8_0: 2,200 instructions, 48 LDGSTS; 1,760 / 12
+                // rolled), and on the H200 the rolled form was 1.030x faster over Gemma 3's decode
+                // shapes and 1.021x over GLM-5's (benches/results/h200-2026-12-02-s21-unroll1-ab.txt).
+#pragma unroll 1
                 for (; i < whole; i += LANES) async::cp16(dst + 16 * i, from + 16 * i, 16);
                 if (i < pieces) async::cp16_tail(dst + 16 * i, from + 16 * i, avail - 16 * i);
             }
