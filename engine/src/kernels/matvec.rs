@@ -40,8 +40,15 @@ pub struct MatvecTuning {
     /// in int8 (`__dp4a`); only for [`int_dot`] types.
     pub xq8: bool,
     /// With `xq8`: `XQ8 = 2`, x stays f32 and each block quantizes it into shared memory itself
-    /// (no quantize_q8 launch; matvec only). Same numerics as `XQ8 = 1`.
+    /// (no quantize_q8 launch; matvec and moe_matvec). Same numerics as `XQ8 = 1`.
     pub fuse_x: bool,
+}
+
+impl MatvecTuning {
+    /// Whether x arrives as quantize_q8 rows (`XQ8 = 1`); `XQ8 = 2` variants take f32 x.
+    pub fn reads_q8_rows(&self) -> bool {
+        self.xq8 && !self.fuse_x
+    }
 }
 
 impl Default for MatvecTuning {
@@ -105,14 +112,13 @@ pub fn int_dot(ty: GgmlType) -> bool {
 /// ([`crate::kernels::quantize_q8::Q8Activation`]) and pass it to every such launch.
 /// (`XQ8 = 2` variants take f32 x.)
 pub fn reads_q8(kernel: &Kernel) -> Result<bool, Error> {
-    let t = tuning(kernel)?;
-    Ok(t.xq8 && !t.fuse_x)
+    Ok(tuning(kernel)?.reads_q8_rows())
 }
 
 /// [`reads_q8`] of a registry variant before it is loaded: a matvec or moe_matvec variant with
 /// `XQ8 = 1` (norm_matvec's XQ8 quantizes inside the kernel: f32 x).
 pub fn variant_reads_q8(v: &KernelVariant) -> bool {
-    (v.family == FAMILY || v.family == crate::kernels::moe_matvec::FAMILY) && tuning_of(v).is_ok_and(|t| t.xq8 && !t.fuse_x)
+    (v.family == FAMILY || v.family == crate::kernels::moe_matvec::FAMILY) && tuning_of(v).is_ok_and(|t| t.reads_q8_rows())
 }
 
 /// Extra dynamic shared memory of an `XQ8 = 2` variant at `k`: the whole q8 x of BATCH rows
@@ -447,7 +453,7 @@ pub fn matvec_with(
         ));
     }
     check_xq8(kernel, ty, &tune)?;
-    let xk = x_row_floats(tune.xq8 && !tune.fuse_x, k);
+    let xk = x_row_floats(tune.reads_q8_rows(), k);
     if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
             kernel,

@@ -217,7 +217,7 @@ pub fn moe_matvec_with(
     };
     // xq8 variants read x as quantize_q8 rows (matvec's integer path).
     matvec::check_xq8(kernel, ty, &tune)?;
-    let xk = matvec::x_row_floats(tune.xq8 && !tune.fuse_x, k);
+    let xk = matvec::x_row_floats(tune.reads_q8_rows(), k);
     if ldx < xk || !ldx.is_multiple_of(4) || ldy < n {
         return Err(checks::invalid(
             kernel,

@@ -419,29 +419,29 @@ impl MlaDecoder {
             Ok(d)
         };
         let f32s = |t: &TensorInfo<'_>| file.upload_f32(&gpu, t);
+        // The moe_matvec request for the stacked tensor `t` of `rows`-row experts in `mode`.
+        let expert_req = |t: &DeviceTensor, rows: usize, mode: &'static str| -> Result<[(&'static str, Param); 4]> {
+            let qtype = gpu::qtype_token(moe_matvec::FAMILY, t.ty)
+                .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
+            Ok([
+                ("k", int(t.k)),
+                ("n", int(rows)),
+                ("qtype", Param::Sym(qtype)),
+                ("mode", Param::Sym(mode)),
+            ])
+        };
         let expert_kernel = |plan: &mut KernelPlan,
                              t: &DeviceTensor,
                              rows: usize,
                              mode: &'static str|
          -> Result<Product> {
-            let qtype = gpu::qtype_token(moe_matvec::FAMILY, t.ty)
-                .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
-            let req = [
-                ("k", int(t.k)),
-                ("n", int(rows)),
-                ("qtype", Param::Sym(qtype)),
-                ("mode", Param::Sym(mode)),
-            ];
-            plan.product(moe_matvec::FAMILY, &req)
+            plan.product(moe_matvec::FAMILY, &expert_req(t, rows, mode)?)
                 .map_err(|e| err(format!("tensor '{}': {e}", t.name)))
         };
         // The per-head stacks pass f32 x (HeadStack::forward).
         let head_kernel = |plan: &mut KernelPlan, t: &DeviceTensor, rows: usize| -> Result<&'static str> {
-            let p = expert_kernel(plan, t, rows, "plain")?;
-            if p.q8_x {
-                return Err(err(format!("tensor '{}': {} reads x as q8 rows; the per-head products pass f32 x", t.name, p.name)));
-            }
-            Ok(p.name)
+            plan.want_f32_x(moe_matvec::FAMILY, &expert_req(t, rows, "plain")?)
+                .map_err(|e| err(format!("tensor '{}': {e}", t.name)))
         };
         // A head stack `[heads][rows][k]` as one strided-batch matmul: each head's matrix and
         // the `x_batch`-float offsets between heads' input rows keep the 16-byte loads aligned.

@@ -355,7 +355,7 @@ fn launch(
 ) -> Result<(), Error> {
     let s = &case.shape;
     let t = moe_matvec::tuning(kernel)?;
-    let xq8 = t.xq8 && !t.fuse_x; // x as quantize_q8 rows
+    let xq8 = t.reads_q8_rows(); // x as quantize_q8 rows
     let (x_rows, _) = case.rows();
     let ldx = if xq8 {
         let ldq = quantize_q8::row_floats(s.k);
