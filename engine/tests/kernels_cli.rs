@@ -29,3 +29,19 @@ fn filters_list_variants_and_a_filter_matching_nothing_says_what_exists() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("no specialized variants to measure") && stderr.contains("--arch no-such-arch"), "{stderr}");
 }
+
+#[test]
+fn load_times_a_start_up_on_the_gpu_and_says_why_it_cannot_without_one() {
+    let out = memra(&["kernels", "--load", "--sm", "90"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("'--load' cannot be used with '--sm"), "{stderr}");
+
+    if memra_engine::cuda::device::Gpu::device_count() > 0 {
+        return; // the GPU case is timed by hand (README), not asserted here
+    }
+    let out = memra(&["kernels", "--arch", "generic", "--family", "rmsnorm", "--load"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("libcuda") || stderr.contains("device"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

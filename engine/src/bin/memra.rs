@@ -42,7 +42,7 @@ enum Command {
     Run(memra_engine::run::RunArgs),
     /// List this build's kernel variants; compile them with NVRTC (cache-aware) for the GPU or
     /// for `--sm` without one; report registers and spills.
-    #[command(after_help = "Examples:\n  memra kernels\n  memra kernels --compile --sm 90 --report\n  memra kernels --clear-cache")]
+    #[command(after_help = "Examples:\n  memra kernels\n  memra kernels --compile --sm 90 --report\n  memra kernels --clear-cache\n  memra kernels --arch glm-dsa --clear-cache --load   # a cold start-up, timed; again without --clear-cache: a warm one")]
     Kernels(memra_engine::kernels::cli::KernelsCommand),
     /// Measure every kernel family at the built architectures' preset shapes on the GPU:
     /// specialized vs generic vs the copy bandwidth measured in the same run; or a whole model

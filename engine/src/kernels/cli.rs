@@ -1,12 +1,15 @@
 //! `memra kernels`: list this build's kernel variants; compile them (cache-aware) for the GPU's
-//! architecture or for `--sm` without a GPU; report ptxas registers and spills.
+//! architecture or for `--sm` without a GPU; report ptxas registers and spills; `--load` times
+//! a start-up (cache or NVRTC, then module load on the GPU).
 
 use std::process::ExitCode;
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
 use crate::cuda::cache::KernelCache;
-use crate::cuda::module::{CompiledVariant, compile_variants};
+use crate::cuda::device::Gpu;
+use crate::cuda::module::{CompiledVariant, compile_variants, load_modules};
 use crate::cuda::nvrtc::HeaderSet;
 use crate::cuda::{Error, SmArch, device, library};
 use crate::kernels::registry::{self, KernelVariant};
@@ -28,6 +31,10 @@ pub struct KernelsCommand {
     /// Add registers and spills from ptxas -v (implies --compile).
     #[arg(long)]
     pub report: bool,
+    /// Also load every listed variant onto GPU 0 (implies --compile; needs a GPU) and time the
+    /// start-up: cache reads or NVRTC compiles, then module loads. With --clear-cache: a cold start.
+    #[arg(long, conflicts_with = "sm")]
+    pub load: bool,
     /// Remove the compiled-kernel cache (all memra versions and archs) first.
     #[arg(long)]
     pub clear_cache: bool,
@@ -54,7 +61,7 @@ fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
             Some(dir) => eprintln!("memra: removed kernel cache {}", dir.display()),
             None => eprintln!("memra: kernel cache is already empty"),
         }
-        if !cmd.compile && !cmd.report {
+        if !(cmd.compile || cmd.report || cmd.load) {
             return Ok(true);
         }
     }
@@ -81,9 +88,12 @@ fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
             ),
         });
     }
-    if !(cmd.compile || cmd.report) {
+    if !(cmd.compile || cmd.report || cmd.load) {
         print_list(&variants, cmd.json);
         return Ok(true);
+    }
+    if cmd.load {
+        return load(&variants, cmd);
     }
 
     let arch = match &cmd.sm {
@@ -108,13 +118,15 @@ fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
         if cache.config().allow_compile { "" } else { " (MEMRA_NO_NVRTC=1: no compiling)" }
     );
     let headers = HeaderSet::registry();
+    let start = Instant::now();
     let results = compile_variants(&cache, &variants, &headers, arch);
+    let seconds = start.elapsed().as_secs_f64();
     let failures = results.iter().filter(|r| r.is_err()).count();
     if cmd.json {
         let rows: Vec<Value> = variants.iter().zip(&results).map(|(v, r)| json_row(v, Some(r), arch)).collect();
         println!("{}", serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default());
     } else {
-        print_compiled(&variants, &results, cmd.report);
+        print_compiled(&variants, &results, cmd.report, seconds);
     }
     for e in results.iter().filter_map(|r| r.as_ref().err()) {
         eprintln!("error: {e}");
@@ -122,6 +134,45 @@ fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
     if failures > 0 {
         eprintln!("memra: {failures} of {} kernels failed to compile for {arch}", variants.len());
     }
+    Ok(failures == 0)
+}
+
+/// `--load`: what a model's start-up does with its kernels, timed in two parts on the GPU's own
+/// architecture (the context is created first and not counted).
+fn load(variants: &[&'static KernelVariant], cmd: &KernelsCommand) -> Result<bool, Error> {
+    let start = Instant::now();
+    let gpu = Gpu::new(0)?;
+    let context = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let results = compile_variants(gpu.cache(), variants, &HeaderSet::registry(), gpu.arch());
+    let fetch = start.elapsed().as_secs_f64();
+    let failures = results.iter().filter(|r| r.is_err()).count();
+    let compiled: Vec<CompiledVariant> = results.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
+    let start = Instant::now();
+    let kernels = load_modules(gpu.ctx(), gpu.stream(), &compiled)?;
+    let module_load = start.elapsed().as_secs_f64();
+    if cmd.json {
+        let rows: Vec<Value> = variants.iter().zip(&results).map(|(v, r)| json_row(v, Some(r), gpu.arch())).collect();
+        println!("{}", serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default());
+    } else {
+        print_compiled(variants, &results, cmd.report, fetch);
+    }
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
+        eprintln!("error: {e}");
+    }
+    let hits = compiled.iter().filter(|c| c.outcome.is_hit()).count();
+    eprintln!(
+        "memra: {} of {} variants ready on {} ({}) in {:.1} ms: cache reads and compiles {:.1} ms ({hits} hits, {} compiled), module loads {:.1} ms; context creation {:.1} ms not counted",
+        kernels.len(),
+        variants.len(),
+        gpu.name(),
+        gpu.arch(),
+        (fetch + module_load) * 1e3,
+        fetch * 1e3,
+        compiled.len() - hits,
+        module_load * 1e3,
+        context * 1e3
+    );
     Ok(failures == 0)
 }
 
@@ -161,7 +212,7 @@ fn print_list(variants: &[&'static KernelVariant], as_json: bool) {
     println!("{} variants ({} specialized, {generic} generic)", variants.len(), variants.len() - generic);
 }
 
-fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<CompiledVariant, Error>], report: bool) {
+fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<CompiledVariant, Error>], report: bool, seconds: f64) {
     let mut header = vec!["variant", "family", "arch", "cache", "ms"];
     if report {
         header.extend(["regs", "spill st/ld", "stack"]);
@@ -191,7 +242,7 @@ fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<Compile
     print_table(&header, &rows);
     let ok: Vec<&CompiledVariant> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     let hits = ok.iter().filter(|c| c.outcome.is_hit()).count();
-    let mut summary = format!("{} variants: {hits} cache hits, {} compiled", variants.len(), ok.len() - hits);
+    let mut summary = format!("{} variants: {hits} cache hits, {} compiled, {:.2} s in all", variants.len(), ok.len() - hits, seconds);
     if report {
         let spilling: Vec<&str> = ok.iter().filter(|c| c.cubin.report().spills()).map(|c| c.variant.name).collect();
         let max_regs = ok.iter().filter_map(|c| c.cubin.report().registers).max();
