@@ -36,39 +36,51 @@ pub fn compile_variants(
     arch: SmArch,
 ) -> Vec<Result<CompiledVariant, Error>> {
     let job = |v: &'static KernelVariant| CompileJob { name: v.name, source: v.source, headers, arch };
-    let mut results: Vec<Option<Result<CompiledVariant, Error>>> = Vec::with_capacity(variants.len());
-    let mut misses = Vec::new();
-    for (i, &variant) in variants.iter().enumerate() {
-        let start = Instant::now();
-        match cache.lookup(&job(variant)) {
-            Ok(Some((cubin, outcome))) => {
-                results.push(Some(Ok(CompiledVariant { variant, cubin, outcome, seconds: start.elapsed().as_secs_f64() })))
+    // Probes run in parallel too: each hashes its key and checks its entry's payload, which
+    // dominates a warm start once there are dozens of variants.
+    let mut results: Vec<Option<Result<CompiledVariant, Error>>> = variants
+        .par_iter()
+        .map(|&variant| {
+            let start = Instant::now();
+            match cache.lookup(&job(variant)) {
+                Ok(Some((cubin, outcome))) => Some(Ok(CompiledVariant { variant, cubin, outcome, seconds: start.elapsed().as_secs_f64() })),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
             }
-            Ok(None) => {
-                results.push(None);
-                misses.push(i);
-            }
-            Err(e) => results.push(Some(Err(e))),
-        }
-    }
+        })
+        .collect();
+    let mut misses: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
     if !misses.is_empty() {
         // Under MEMRA_NO_NVRTC=1 the misses fail at once; no progress line for compiles that never happen.
         let progress = Progress::start(misses.len(), arch, cache.config().allow_compile);
-        let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = misses
-            .par_iter()
-            .map(|&i| {
-                let variant = variants[i];
-                let start = Instant::now();
-                let result = cache.get_or_compile(&job(variant)).map(|(cubin, outcome)| CompiledVariant {
-                    variant,
-                    cubin,
-                    outcome,
-                    seconds: start.elapsed().as_secs_f64(),
-                });
-                progress.tick();
-                (i, result)
-            })
-            .collect();
+        // Longest first, each worker taking the next job from one queue: a heavy variant started
+        // last would leave the other cores idle at the end of a cold start.
+        misses.sort_by_key(|&i| std::cmp::Reverse(headers.included_bytes(variants[i].source)));
+        let next = AtomicUsize::new(0);
+        let workers = rayon::current_num_threads().clamp(1, misses.len());
+        let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        while let Some(&i) = misses.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            let variant = variants[i];
+                            let start = Instant::now();
+                            let result = cache.get_or_compile(&job(variant)).map(|(cubin, outcome)| CompiledVariant {
+                                variant,
+                                cubin,
+                                outcome,
+                                seconds: start.elapsed().as_secs_f64(),
+                            });
+                            progress.tick();
+                            done.push((i, result));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        });
         progress.finish();
         for (i, result) in compiled {
             results[i] = Some(result);
@@ -187,17 +199,20 @@ impl Kernels {
 }
 
 /// Loads compiled variants into `ctx`; each kernel launches on `stream`.
+/// Modules load from several threads at once (the driver's per-module work overlaps).
 pub fn load_modules(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, compiled: &[CompiledVariant]) -> Result<Kernels, Error> {
-    let mut by_name = HashMap::with_capacity(compiled.len());
-    for c in compiled {
-        let name = c.variant.name;
-        let module = ctx
-            .load_module(Ptx::from_binary(c.cubin.bytes.clone()))
-            .map_err(|e| Error::driver(format!("cuModuleLoadData({name})"), e))?;
-        let function = module.load_function(name).map_err(|e| Error::driver(format!("cuModuleGetFunction({name})"), e))?;
-        by_name.insert(name, Kernel { variant: c.variant, function, stream: stream.clone() });
-    }
-    Ok(Kernels { by_name })
+    let loaded: Vec<(&'static str, Kernel)> = compiled
+        .par_iter()
+        .map(|c| {
+            let name = c.variant.name;
+            let module = ctx
+                .load_module(Ptx::from_binary(c.cubin.bytes.clone()))
+                .map_err(|e| Error::driver(format!("cuModuleLoadData({name})"), e))?;
+            let function = module.load_function(name).map_err(|e| Error::driver(format!("cuModuleGetFunction({name})"), e))?;
+            Ok((name, Kernel { variant: c.variant, function, stream: stream.clone() }))
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(Kernels { by_name: loaded.into_iter().collect() })
 }
 
 /// The first error of a batch, mentioning how many others failed (all are printed to stderr).
