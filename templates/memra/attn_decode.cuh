@@ -55,12 +55,12 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); 
 
 template <CacheType C> struct CacheTraits;
 template <> struct CacheTraits<CacheType::BF16> {
-    static constexpr int VEC = 8;   // elements per 16-byte chunk
-    static constexpr int BYTES = 2;
+    enum : int { VEC = 8 };   // elements per 16-byte chunk
+    enum : int { BYTES = 2 };
 };
 template <> struct CacheTraits<CacheType::F32> {
-    static constexpr int VEC = 4;
-    static constexpr int BYTES = 4;
+    enum : int { VEC = 4 };
+    enum : int { BYTES = 4 };
 };
 
 __device__ __forceinline__ float4 ld16(const void* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
@@ -126,7 +126,7 @@ struct SmemNewRow {
 
 // attn_decode's own prologue: none; q is read from global memory.
 struct NoPrologue {
-    static constexpr bool ON = false;
+    enum : bool { ON = false };
     __device__ __forceinline__ void before_wait(int, int, int, int) const {}
 };
 

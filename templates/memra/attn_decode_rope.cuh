@@ -69,7 +69,7 @@ __device__ __forceinline__ void warp_norm_rope(const float* __restrict__ src, co
 }
 
 template <class Cfg> struct RopePrologue {
-    static constexpr bool ON = true;
+    enum : bool { ON = true };
     const float* q;
     const float* k;
     const float* v;
@@ -80,8 +80,8 @@ template <class Cfg> struct RopePrologue {
     int n_rot_rt;
     float freq_base, freq_scale, eps;
 
-    static constexpr int HALF_CAP = Cfg::N_ROT != 0 ? (Cfg::N_ROT / 2 > 0 ? Cfg::N_ROT / 2 : 1)
-                                                    : (Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256) / 2;
+    enum : int { HALF_CAP = Cfg::N_ROT != 0 ? (Cfg::N_ROT / 2 > 0 ? Cfg::N_ROT / 2 : 1)
+                                                    : (Cfg::HEAD_DIM != 0 ? Cfg::HEAD_DIM : 256) / 2 };
     static_assert(Cfg::N_ROT % 2 == 0 && (Cfg::HEAD_DIM == 0 || Cfg::N_ROT <= Cfg::HEAD_DIM), "N_ROT even, <= HEAD_DIM");
     // (cos θ_i, sin θ_i) of the token, one block-wide table (a function-scope __shared__ is static).
     __device__ __forceinline__ static float2* angles() {

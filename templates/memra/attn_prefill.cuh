@@ -52,10 +52,10 @@ template <int HD> struct Geometry {
     // 16-row m-tiles per warp: two up to hd 128, so each K / V fragment a warp loads from shared
     // memory feeds two mma (half the ldmatrix traffic per flop); one at hd 256, where two would
     // need 256 accumulator registers.
-    static constexpr int MT = HD <= 128 ? 2 : 1;
-    static constexpr int BM = 4 * 16 * MT;  // query rows per block (4 warps)
-    static constexpr int LD = HD + PAD;     // smem row stride, bf16 elements
-    static constexpr int SMEM = (BM + 2 * BN) * LD * 2;
+    enum : int { MT = HD <= 128 ? 2 : 1 };
+    enum : int { BM = 4 * 16 * MT };  // query rows per block (4 warps)
+    enum : int { LD = HD + PAD };     // smem row stride, bf16 elements
+    enum : int { SMEM = (BM + 2 * BN) * LD * 2 };
 };
 
 // Rows per block for a run-time head_dim (the generic variant's grid rule).

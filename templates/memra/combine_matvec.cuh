@@ -37,8 +37,8 @@ namespace combine_matvec_detail {
 
 // The plain matvec's rows (DenseRows), its x built in shared memory from the partials.
 template <class Cfg> struct CombineRows : matvec_detail::DenseRows<NormMatvecGeometryCfg<Cfg>> {
-    static constexpr bool X_IN_SMEM = true;
-    static constexpr int THREADS = Cfg::THREADS;
+    enum : bool { X_IN_SMEM = true };
+    enum : int { THREADS = Cfg::THREADS };
     const float* acc;
     const float2* ml;
     int hd;

@@ -52,17 +52,17 @@ namespace memra {
 
 template <class Cfg> struct MatmulGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
-    static constexpr int BM = Cfg::BM, BN = 128, BK = 64, PAD = 8, LD = BK + PAD;  // bf16 elements
+    enum : int { BM = Cfg::BM, BN = 128, BK = 64, PAD = 8, LD = BK + PAD };  // bf16 elements
     // Elements per raw super-tile: whole blocks, and long enough (256) that the next one's copy
     // has 4 k-tiles of mma time to land; F32 rows would not fit twice at 256.
-    static constexpr int KR = Cfg::QTYPE == QType::F32 ? 64 : (Cfg::QTYPE == QType::F16 || Cfg::QTYPE == QType::BF16) ? 128 : 256;
-    static constexpr int SB = KR / U::BLOCK * U::BYTES;            // raw bytes of one row's super-tile
-    static constexpr int RAW_ROW = (SB + 15) / 16 * 16 + 16;
-    static constexpr int RAW_BYTES = BN * RAW_ROW;
-    static constexpr int XS_BYTES = BM * LD * 2, WS_BYTES = BN * LD * 2;
-    static constexpr int SMEM = 2 * RAW_BYTES + 2 * (XS_BYTES + WS_BYTES) + 16;  // raw and bf16 tiles double-buffered
-    static constexpr int WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N;
-    static constexpr int MT = WM / 16, NT = WN / 8;                // mma tiles per warp
+    enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : (Cfg::QTYPE == QType::F16 || Cfg::QTYPE == QType::BF16) ? 128 : 256 };
+    enum : int { SB = KR / U::BLOCK * U::BYTES };            // raw bytes of one row's super-tile
+    enum : int { RAW_ROW = (SB + 15) / 16 * 16 + 16 };
+    enum : int { RAW_BYTES = BN * RAW_ROW };
+    enum : int { XS_BYTES = BM * LD * 2, WS_BYTES = BN * LD * 2 };
+    enum : int { SMEM = 2 * RAW_BYTES + 2 * (XS_BYTES + WS_BYTES) + 16 };  // raw and bf16 tiles double-buffered
+    enum : int { WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
+    enum : int { MT = WM / 16, NT = WN / 8 };                // mma tiles per warp
 
     static_assert(Cfg::THREADS == 256, "matmul uses 8 warps");
     static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");

@@ -241,24 +241,24 @@ template <QType Q> struct Unit;
 
 // Defaults for the unit interface; units override what differs.
 struct UnitBase {
-    static constexpr int GROUPS = 1, QBITS = 0;
-    static constexpr bool SCALED = true, XSUM = false;
-    static constexpr bool INT_DOT = false, IMIN = false;
-    static constexpr int IGROUPS = 1;
+    enum : int { GROUPS = 1, QBITS = 0 };
+    enum : bool { SCALED = true, XSUM = false };
+    enum : bool { INT_DOT = false, IMIN = false };
+    enum : int { IGROUPS = 1 };
     __host__ __device__ static constexpr int ga(int) { return 0; }
     __host__ __device__ static constexpr int gb(int) { return 0; }
 };
 
 // Unscaled float types: a unit is 8 consecutive elements; runs x[8o..], x[8o+4..].
 struct FloatUnitBase : UnitBase {
-    static constexpr int UE = 8, BLOCK = 8, UPB = 1, ALIGN = 16;
-    static constexpr bool SCALED = false;
+    enum : int { UE = 8, BLOCK = 8, UPB = 1, ALIGN = 16 };
+    enum : bool { SCALED = false };
     __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
 };
 
 template <> struct Unit<QType::F32> : FloatUnitBase {
-    static constexpr int BYTES = 32, UPL = 2;
+    enum : int { BYTES = 32, UPL = 2 };
     struct Raw { u32 w[8]; };
     __device__ static void load(const u8* blk, int, Raw& r) { load_words<16, 8>(blk, r.w); }
     __device__ static void oct(const Raw& r, int, int, float (&v)[8]) {
@@ -270,7 +270,7 @@ template <> struct Unit<QType::F32> : FloatUnitBase {
 };
 
 template <> struct Unit<QType::F16> : FloatUnitBase {
-    static constexpr int BYTES = 16, UPL = 4;
+    enum : int { BYTES = 16, UPL = 4 };
     struct Raw { u32 w[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) { load_words<16, 4>(blk, r.w); }
     __device__ static void oct(const Raw& r, int, int, float (&v)[8]) {
@@ -282,7 +282,7 @@ template <> struct Unit<QType::F16> : FloatUnitBase {
 };
 
 template <> struct Unit<QType::BF16> : FloatUnitBase {
-    static constexpr int BYTES = 16, UPL = 4;
+    enum : int { BYTES = 16, UPL = 4 };
     struct Raw { u32 w[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) { load_words<16, 4>(blk, r.w); }
     __device__ static void oct(const Raw& r, int, int, float (&v)[8]) {
@@ -298,7 +298,7 @@ template <> struct Unit<QType::BF16> : FloatUnitBase {
 
 // 32-element blocks: a unit is a whole block.
 struct Block32UnitBase : UnitBase {
-    static constexpr int UE = 32, BLOCK = 32, UPB = 1;
+    enum : int { UE = 32, BLOCK = 32, UPB = 1 };
 };
 
 // Nibble layouts (Q4_0, Q4_1, Q5_*, IQ4_NL): word o of qs holds elements 4o..4o+3 (low
@@ -310,7 +310,7 @@ struct NibbleRuns {
 
 // Q8_0 (34 B): d:f16, qs:i8[32].
 template <> struct Unit<QType::Q8_0> : Block32UnitBase {
-    static constexpr int BYTES = 34, ALIGN = 2, UPL = 1;
+    enum : int { BYTES = 34, ALIGN = 2, UPL = 1 };
     struct Raw { float d; u32 q[8]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         r.d = f16_to_f32(load_u16(blk));
@@ -328,7 +328,7 @@ template <> struct Unit<QType::Q8_0> : Block32UnitBase {
     }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
-    static constexpr bool INT_DOT = true;
+    enum : bool { INT_DOT = true };
     __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] = r.q[i];
@@ -340,7 +340,7 @@ template <> struct Unit<QType::Q8_0> : Block32UnitBase {
 // Q4_0 (18 B): d:f16, qs[16]; value d·(q − 8).
 template <> struct Unit<QType::Q4_0> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
-    static constexpr int BYTES = 18, ALIGN = 2, UPL = 2;
+    enum : int { BYTES = 18, ALIGN = 2, UPL = 2 };
     struct Raw { float d; u32 q[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         r.d = f16_to_f32(load_u16(blk));
@@ -352,7 +352,7 @@ template <> struct Unit<QType::Q4_0> : Block32UnitBase, NibbleRuns {
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
     // (q ^ 8) << 4 is 16·(q − 8) as a signed byte (a 4-bit two's complement value, shifted up).
-    static constexpr bool INT_DOT = true;
+    enum : bool { INT_DOT = true };
     __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
 #pragma unroll
         for (int o = 0; o < 4; ++o) {
@@ -367,7 +367,7 @@ template <> struct Unit<QType::Q4_0> : Block32UnitBase, NibbleRuns {
 // IQ4_NL (18 B): d:f16, qs[16]; value d·kvalues[q], Q4_0 nibble order.
 template <> struct Unit<QType::IQ4_NL> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
-    static constexpr int BYTES = 18, ALIGN = 2, UPL = 2;
+    enum : int { BYTES = 18, ALIGN = 2, UPL = 2 };
     struct Raw { float d; u32 q[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         r.d = f16_to_f32(load_u16(blk));
@@ -376,7 +376,7 @@ template <> struct Unit<QType::IQ4_NL> : Block32UnitBase, NibbleRuns {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) { iq4_oct(r.q[o], v); }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
-    static constexpr bool INT_DOT = true;
+    enum : bool { INT_DOT = true };
     __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
 #pragma unroll
         for (int o = 0; o < 4; ++o) iq4_ints(r.q[o], q[o], q[4 + o]);
@@ -388,8 +388,8 @@ template <> struct Unit<QType::IQ4_NL> : Block32UnitBase, NibbleRuns {
 // Q4_1 (20 B): d:f16, m:f16, qs[16]; value d·q + m.
 template <> struct Unit<QType::Q4_1> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
-    static constexpr int BYTES = 20, ALIGN = 4, UPL = 2;
-    static constexpr bool XSUM = true;
+    enum : int { BYTES = 20, ALIGN = 4, UPL = 2 };
+    enum : bool { XSUM = true };
     struct Raw { float d, m; u32 q[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         u32 w[5];
@@ -402,7 +402,7 @@ template <> struct Unit<QType::Q4_1> : Block32UnitBase, NibbleRuns {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
         nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 0.0f, v);
     }
-    static constexpr int QBITS = 4;
+    enum : int { QBITS = 4 };
     __device__ static void ones(const Raw& r, int, int o, u32& a, u32& b) {
         a = ((r.q[o] << 3) & 0x78787878u) | 0x80808080u;
         b = ((r.q[o] >> 1) & 0x78787878u) | 0x80808080u;
@@ -414,7 +414,7 @@ template <> struct Unit<QType::Q4_1> : Block32UnitBase, NibbleRuns {
 // Q5_0 (22 B): d:f16, qh:u32, qs[16]; element j's 5th bit is bit j of qh; value d·(q − 16).
 template <> struct Unit<QType::Q5_0> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
-    static constexpr int BYTES = 22, ALIGN = 2, UPL = 2;
+    enum : int { BYTES = 22, ALIGN = 2, UPL = 2 };
     struct Raw { float d; u32 qh; u32 q[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         r.d = f16_to_f32(load_u16(blk));
@@ -432,7 +432,7 @@ template <> struct Unit<QType::Q5_0> : Block32UnitBase, NibbleRuns {
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
     // (q ^ 16) << 3 is 8·(q − 16) as a signed byte.
-    static constexpr bool INT_DOT = true;
+    enum : bool { INT_DOT = true };
     __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
 #pragma unroll
         for (int o = 0; o < 4; ++o) {
@@ -449,8 +449,8 @@ template <> struct Unit<QType::Q5_0> : Block32UnitBase, NibbleRuns {
 // Q5_1 (24 B): d:f16, m:f16, qh:u32, qs[16]; value d·q + m.
 template <> struct Unit<QType::Q5_1> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
-    static constexpr int BYTES = 24, ALIGN = 8, UPL = 2;
-    static constexpr bool XSUM = true;
+    enum : int { BYTES = 24, ALIGN = 8, UPL = 2 };
+    enum : bool { XSUM = true };
     struct Raw { float d, m; u32 qh; u32 q[4]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         u32 w[6];
@@ -466,7 +466,7 @@ template <> struct Unit<QType::Q5_1> : Block32UnitBase, NibbleRuns {
         const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
         nibble_oct(lo, hi, 0.0f, v);
     }
-    static constexpr int QBITS = 5;
+    enum : int { QBITS = 5 };
     __device__ static void ones(const Raw& r, int, int o, u32& a, u32& b) {
         const u32 lo = (r.q[o] & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (4 * o)) & 0xFu);
         const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((r.qh >> (16 + 4 * o)) & 0xFu);
@@ -481,8 +481,8 @@ template <> struct Unit<QType::Q5_1> : Block32UnitBase, NibbleRuns {
 // = sub-blocks 2·sub (low nibbles of qs[32·sub ..+32]) and 2·sub+1 (high nibbles).
 // value = d·sc_j·q − dmin·m_j.
 template <> struct Unit<QType::Q4_K> : UnitBase {
-    static constexpr int UE = 64, BLOCK = 256, BYTES = 144, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2;
-    static constexpr bool XSUM = true;
+    enum : int { UE = 64, BLOCK = 256, BYTES = 144, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2 };
+    enum : bool { XSUM = true };
     __host__ __device__ static constexpr int xa(int o) { return 4 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 32 + 4 * o; }
     __host__ __device__ static constexpr int ga(int) { return 0; }
@@ -504,7 +504,7 @@ template <> struct Unit<QType::Q4_K> : UnitBase {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
         nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 0.0f, v);
     }
-    static constexpr int QBITS = 4;
+    enum : int { QBITS = 4 };
     __device__ static void ones(const Raw& r, int, int o, u32& a, u32& b) {
         a = ((r.q[o] << 3) & 0x78787878u) | 0x80808080u;
         b = ((r.q[o] >> 1) & 0x78787878u) | 0x80808080u;
@@ -512,7 +512,7 @@ template <> struct Unit<QType::Q4_K> : UnitBase {
     __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
     __device__ static float minv(const Raw& r, int g) { return r.m[g]; }
     // x block j = sub-block 2·sub + j: the low (j = 0) or high nibbles, q in 0..15.
-    static constexpr bool INT_DOT = true, IMIN = true;
+    enum : bool { INT_DOT = true, IMIN = true };
     __device__ static void ints(const Raw& r, int, int j, u32 (&q)[8]) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] = (r.q[i] >> (4 * j)) & 0x0F0F0F0Fu;
@@ -524,8 +524,8 @@ template <> struct Unit<QType::Q4_K> : UnitBase {
 // Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]. As Q4_K; element l of sub-block j
 // adds 16 if bit j of qh[l] is set.
 template <> struct Unit<QType::Q5_K> : UnitBase {
-    static constexpr int UE = 64, BLOCK = 256, BYTES = 176, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2;
-    static constexpr bool XSUM = true;
+    enum : int { UE = 64, BLOCK = 256, BYTES = 176, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2 };
+    enum : bool { XSUM = true };
     __host__ __device__ static constexpr int xa(int o) { return 4 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 32 + 4 * o; }
     __host__ __device__ static constexpr int ga(int) { return 0; }
@@ -551,7 +551,7 @@ template <> struct Unit<QType::Q5_K> : UnitBase {
         const u32 hi = ((r.q[o] >> 4) & 0x0F0F0F0Fu) | ((h << 3) & 0x10101010u);
         nibble_oct(lo, hi, 0.0f, v);
     }
-    static constexpr int QBITS = 5;
+    enum : int { QBITS = 5 };
     __device__ static void ones(const Raw& r, int sub, int o, u32& a, u32& b) {
         const u32 h = r.qh[o] >> (2 * sub);
         a = ((r.q[o] << 2) & 0x3C3C3C3Cu) | ((h << 6) & 0x40404040u) | 0x80808080u;
@@ -566,7 +566,7 @@ template <> struct Unit<QType::Q5_K> : UnitBase {
 // ql[64h + 32(q&1) + l], bits 2q..2q+1 of qh[32h + l], and scale sc[8h + 2q + l/16];
 // value d·sc·(q6 − 32).
 template <> struct Unit<QType::Q6_K> : UnitBase {
-    static constexpr int UE = 32, BLOCK = 256, BYTES = 210, UPB = 8, ALIGN = 2, UPL = 2, GROUPS = 2;
+    enum : int { UE = 32, BLOCK = 256, BYTES = 210, UPB = 8, ALIGN = 2, UPL = 2, GROUPS = 2 };
     __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
     __host__ __device__ static constexpr int ga(int o) { return o / 2; }
@@ -594,8 +594,8 @@ template <> struct Unit<QType::Q6_K> : UnitBase {
     __device__ static float scale(const Raw& r, int g) { return r.s[g]; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
     // (q ^ 32) << 2 is 4·(q − 32) as a signed byte; words 0..3 / 4..7 are the two scale groups.
-    static constexpr bool INT_DOT = true;
-    static constexpr int IGROUPS = 2;
+    enum : bool { INT_DOT = true };
+    enum : int { IGROUPS = 2 };
     __device__ static void ints(const Raw& r, int sub, int, u32 (&q)[8]) {
         const int qq = sub & 3;
         const u32 lshift = 4u * (u32)(qq >> 1), hshift = 2u * (u32)qq;
@@ -613,7 +613,7 @@ template <> struct Unit<QType::Q6_K> : UnitBase {
 // elements, qs[16ib ..+16] in IQ4_NL order); value d·(ls − 32)·kvalues[q].
 template <> struct Unit<QType::IQ4_XS> : UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
-    static constexpr int UE = 32, BLOCK = 256, BYTES = 136, UPB = 8, ALIGN = 8, UPL = 2;
+    enum : int { UE = 32, BLOCK = 256, BYTES = 136, UPB = 8, ALIGN = 8, UPL = 2 };
     struct Raw { float s; u32 q[4]; };
     __device__ static void load(const u8* blk, int ib, Raw& r) {
         u32 h[2];
@@ -625,7 +625,7 @@ template <> struct Unit<QType::IQ4_XS> : UnitBase, NibbleRuns {
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) { iq4_oct(r.q[o], v); }
     __device__ static float scale(const Raw& r, int) { return r.s; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
-    static constexpr bool INT_DOT = true;
+    enum : bool { INT_DOT = true };
     __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
 #pragma unroll
         for (int o = 0; o < 4; ++o) iq4_ints(r.q[o], q[o], q[4 + o]);
@@ -654,20 +654,20 @@ __device__ __forceinline__ void q8_block_lane(float v, int& q, float& d, float& 
 // Cfg::XQ8, 0 when a Cfg does not declare it (Cfgs written before the integer path); a Cfg's
 // FUSE_X = 1 (a tuning: x stays f32 at the interface) is XQ8 = 2.
 template <class...> using void_t = void;
-template <class Cfg, class = void> struct CfgXq8Field { static constexpr int value = 0; };
-template <class Cfg> struct CfgXq8Field<Cfg, void_t<decltype(Cfg::XQ8)>> { static constexpr int value = Cfg::XQ8; };
-template <class Cfg, class = void> struct CfgFuseX { static constexpr int value = 0; };
-template <class Cfg> struct CfgFuseX<Cfg, void_t<decltype(Cfg::FUSE_X)>> { static constexpr int value = Cfg::FUSE_X; };
+template <class Cfg, class = void> struct CfgXq8Field { enum : int { value = 0 }; };
+template <class Cfg> struct CfgXq8Field<Cfg, void_t<decltype(Cfg::XQ8)>> { enum : int { value = Cfg::XQ8 }; };
+template <class Cfg, class = void> struct CfgFuseX { enum : int { value = 0 }; };
+template <class Cfg> struct CfgFuseX<Cfg, void_t<decltype(Cfg::FUSE_X)>> { enum : int { value = Cfg::FUSE_X }; };
 template <class Cfg> struct CfgXq8 {
     static_assert(CfgFuseX<Cfg>::value == 0 || CfgXq8Field<Cfg>::value != 1, "FUSE_X takes f32 x: not with XQ8 = 1");
-    static constexpr int value = CfgFuseX<Cfg>::value != 0 ? 2 : CfgXq8Field<Cfg>::value;
+    enum : int { value = CfgFuseX<Cfg>::value != 0 ? 2 : CfgXq8Field<Cfg>::value };
 };
 
 // Src::X_IN_SMEM, false when a row source does not declare it: true for sources that build
 // their (batch-1) x row in shared memory themselves (norm_matvec.cuh's prologue), at
 // matvec_smem + SMEM as padded units of XS_UNIT floats; no x chunk is staged then.
-template <class Src, class = void> struct SrcXInSmem { static constexpr bool value = false; };
-template <class Src> struct SrcXInSmem<Src, void_t<decltype(Src::X_IN_SMEM)>> { static constexpr bool value = Src::X_IN_SMEM; };
+template <class Src, class = void> struct SrcXInSmem { enum : bool { value = false }; };
+template <class Src> struct SrcXInSmem<Src, void_t<decltype(Src::X_IN_SMEM)>> { enum : bool { value = bool(Src::X_IN_SMEM) }; };
 
 // Src::EARLY_WEIGHTS, false when a row source does not declare it: true for sources whose weight
 // rows depend on nothing an earlier kernel writes (the dense matrices, not MoE's routed experts).
@@ -675,8 +675,8 @@ template <class Src> struct SrcXInSmem<Src, void_t<decltype(Src::X_IN_SMEM)>> { 
 // of its own constants, handed back as a Preload for its prologue) before pdl_entry(), so they
 // load while the previous kernel of the graph finishes; the kernel entry must not call
 // pdl_entry() itself.
-template <class Src, class = void> struct SrcEarlyWeights { static constexpr bool value = false; };
-template <class Src> struct SrcEarlyWeights<Src, void_t<decltype(Src::EARLY_WEIGHTS)>> { static constexpr bool value = Src::EARLY_WEIGHTS; };
+template <class Src, class = void> struct SrcEarlyWeights { enum : bool { value = false }; };
+template <class Src> struct SrcEarlyWeights<Src, void_t<decltype(Src::EARLY_WEIGHTS)>> { enum : bool { value = bool(Src::EARLY_WEIGHTS) }; };
 struct NoPreload {};
 template <class Src> __device__ __forceinline__ auto early_preload(const Src& src) {
     if constexpr (SrcEarlyWeights<Src>::value) {
@@ -689,38 +689,38 @@ template <class Src> __device__ __forceinline__ auto early_preload(const Src& sr
 // Geometry shared by the kernel and (mirrored) the Rust launcher.
 template <class Cfg> struct MatvecGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
-    static constexpr bool XQ8 = CfgXq8<Cfg>::value != 0;
-    static constexpr bool XQ8_FUSED = CfgXq8<Cfg>::value == 2;
-    static constexpr int LANES = Cfg::LANES, RPG = Cfg::ROWS_PER_GROUP;
-    static constexpr int GROUPS_PER_BLOCK = Cfg::THREADS / LANES;
-    static constexpr int ROWS = GROUPS_PER_BLOCK * RPG;          // rows per thread block
-    static constexpr int UPC = LANES * U::UPL;                   // units per chunk
-    static constexpr int KC = UPC * U::UE;                       // elements per chunk
-    static constexpr int CB = UPC / U::UPB * U::BYTES;           // bytes of one row's chunk
+    enum : bool { XQ8 = bool(CfgXq8<Cfg>::value != 0) };
+    enum : bool { XQ8_FUSED = bool(CfgXq8<Cfg>::value == 2) };
+    enum : int { LANES = Cfg::LANES, RPG = Cfg::ROWS_PER_GROUP };
+    enum : int { GROUPS_PER_BLOCK = Cfg::THREADS / LANES };
+    enum : int { ROWS = GROUPS_PER_BLOCK * RPG };          // rows per thread block
+    enum : int { UPC = LANES * U::UPL };                   // units per chunk
+    enum : int { KC = UPC * U::UE };                       // elements per chunk
+    enum : int { CB = UPC / U::UPB * U::BYTES };           // bytes of one row's chunk
     // A baked row shorter than a chunk (K < KC) needs slots of its own size only: less shared
     // memory per block, so more blocks fit beside those of the kernel before (PDL).
-    static constexpr int RB = Cfg::K != 0 ? Cfg::K / U::BLOCK * U::BYTES : CB;
-    static constexpr int SLOT_BYTES = RB < CB ? RB : CB;
-    static constexpr int ROW_SLOT = (SLOT_BYTES + 15) / 16 * 16 + 16;  // + room for the misalignment
-    static constexpr int SLOT16 = ROW_SLOT / 16;
-    static constexpr int XS_UNIT = U::UE + 4;                    // floats per padded x unit
+    enum : int { RB = Cfg::K != 0 ? Cfg::K / U::BLOCK * U::BYTES : CB };
+    enum : int { SLOT_BYTES = RB < CB ? RB : CB };
+    enum : int { ROW_SLOT = (SLOT_BYTES + 15) / 16 * 16 + 16 };  // + room for the misalignment
+    enum : int { SLOT16 = ROW_SLOT / 16 };
+    enum : int { XS_UNIT = U::UE + 4 };                    // floats per padded x unit
     // XQ8: a unit's int8 x padded to UE + 16 bytes (lanes' 16-byte reads hit distinct banks),
     // then the chunk's (d, Σq) float pairs, one per x block of 32.
-    static constexpr int XQ_UNIT = U::UE + 16;
-    static constexpr int XQ_QS = UPC * XQ_UNIT;
-    static constexpr int X_UNITS = Cfg::K != 0 && Cfg::K / U::UE < UPC ? Cfg::K / U::UE : UPC;  // f32 x units staged per chunk
-    static constexpr int XS_ROW = XQ8_FUSED ? 0 : XQ8 ? XQ_QS + KC / 32 * 8 : X_UNITS * XS_UNIT * 4;  // bytes of one x row's chunk
+    enum : int { XQ_UNIT = U::UE + 16 };
+    enum : int { XQ_QS = UPC * XQ_UNIT };
+    enum : int { X_UNITS = Cfg::K != 0 && Cfg::K / U::UE < UPC ? Cfg::K / U::UE : UPC };  // f32 x units staged per chunk
+    enum : int { XS_ROW = XQ8_FUSED ? 0 : XQ8 ? XQ_QS + KC / 32 * 8 : X_UNITS * XS_UNIT * 4 };  // bytes of one x row's chunk
     // XQ8 = 2: the whole q8 x of one batch row, after the stages (at SMEM): every unit of the
     // row padded as XQ_UNIT, then the (d, Σq) pairs; 16-byte multiple.
     __host__ __device__ static constexpr int xf_row(int k) { return ((k / U::UE) * XQ_UNIT + k / 4 + 15) / 16 * 16; }
-    static constexpr int W_BYTES = ROWS * ROW_SLOT;
-    static constexpr int STAGE = W_BYTES + Cfg::BATCH * XS_ROW;
-    static constexpr int SMEM = Cfg::STAGES * STAGE + 16;        // + funnel-shift over-read pad
+    enum : int { W_BYTES = ROWS * ROW_SLOT };
+    enum : int { STAGE = W_BYTES + Cfg::BATCH * XS_ROW };
+    enum : int { SMEM = Cfg::STAGES * STAGE + 16 };        // + funnel-shift over-read pad
     // Blocks per SM that shared memory allows (227 KiB, 1 KiB reserved per block), at most 3:
     // the register budget ptxas is given (__launch_bounds__ min blocks). Batches of 4+ are
     // FMA-bound and get the whole register file (1) rather than spill.
-    static constexpr int SMEM_BLOCKS = 232448 / (SMEM + 1024);
-    static constexpr int MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS));
+    enum : int { SMEM_BLOCKS = 232448 / (SMEM + 1024) };
+    enum : int { MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS)) };
 
     static_assert(LANES == 8 || LANES == 16 || LANES == 32, "LANES must be 8, 16 or 32");
     static_assert(Cfg::THREADS % LANES == 0 && Cfg::THREADS % 32 == 0 && Cfg::THREADS <= 1024, "bad THREADS");
@@ -750,8 +750,8 @@ namespace matvec_detail {
 //
 // The plain matvec: one matrix, one segment, y rows of ldy.
 template <class Cfg> struct DenseRows {
-    static constexpr bool SEGMENTED = false, WEIGHTED = false, EARLY_WEIGHTS = true;
-    static constexpr int LANES = Cfg::LANES;
+    enum : bool { SEGMENTED = false, WEIGHTED = false, EARLY_WEIGHTS = true };
+    enum : int { LANES = Cfg::LANES };
     const u8* w;
     const float* x;
     float* y;

@@ -92,8 +92,8 @@ __device__ __forceinline__ float4 ldcg4(const float* p) {
 }
 
 template <CacheType C> struct Elem;
-template <> struct Elem<CacheType::BF16> { static constexpr int BYTES = 2; static constexpr int TR = 16; };
-template <> struct Elem<CacheType::F32> { static constexpr int BYTES = 4; static constexpr int TR = 8; };
+template <> struct Elem<CacheType::BF16> { enum : int { BYTES = 2 }; enum : int { TR = 16 }; };
+template <> struct Elem<CacheType::F32> { enum : int { BYTES = 4 }; enum : int { TR = 8 }; };
 
 // Four consecutive cache elements from shared memory as floats.
 template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {

@@ -53,9 +53,9 @@ namespace memra {
 
 // matvec's Cfg view of a moe_matvec Cfg: one x row per launch slot.
 template <class Cfg> struct MoeMatvecGeometryCfg {
-    static constexpr int K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES;
-    static constexpr int ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = Cfg::ACCUMULATE;
-    static constexpr int XQ8 = CfgXq8<Cfg>::value;
+    enum : int { K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES };
+    enum : int { ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = Cfg::ACCUMULATE };
+    enum : int { XQ8 = CfgXq8<Cfg>::value };
     static constexpr QType QTYPE = Cfg::QTYPE;
 };
 
@@ -72,9 +72,9 @@ template <MoeMode M> __device__ __forceinline__ float gate_act(float g) {
 // Plain / Swiglu / Geglu: one (token, slot) per grid.y; tile rows of expert e (paired modes:
 // gate/up interleaved).
 template <class Cfg> struct ExpertRows {
-    static constexpr bool SEGMENTED = false, WEIGHTED = false;
-    static constexpr bool PAIRED = PAIRED_MODE<Cfg::MODE>;
-    static constexpr int LANES = Cfg::LANES;
+    enum : bool { SEGMENTED = false, WEIGHTED = false };
+    enum : bool { PAIRED = bool(PAIRED_MODE<Cfg::MODE>) };
+    enum : int { LANES = Cfg::LANES };
     const u8* w;
     const u8* w_up;
     const float* x;
@@ -115,8 +115,8 @@ template <class Cfg> struct ExpertRows {
 
 // Down: one token per grid.y; segment j = slot j's expert row and h row, weighted.
 template <class Cfg> struct CombineRows {
-    static constexpr bool SEGMENTED = true, WEIGHTED = true;
-    static constexpr int LANES = Cfg::LANES;
+    enum : bool { SEGMENTED = true, WEIGHTED = true };
+    enum : int { LANES = Cfg::LANES };
     const u8* w;
     const int* ids;      // this token's n_used ids (validated)
     const float* wts;    // this token's n_used weights

@@ -42,15 +42,15 @@ enum class Glu : int { None = 0, Swiglu = 1, Geglu = 2 };
 
 // The run-time choices of one launch (kernel parameter `flags`).
 struct NormFlags {
-    static constexpr int ADD = 1, DELTA_NORM = 2, WRITE_X = 4;
+    enum : int { ADD = 1, DELTA_NORM = 2, WRITE_X = 4 };
 };
 
 // matvec's Cfg view of a norm_matvec Cfg: one x row, built in shared memory (f32, or with
 // Cfg::XQ8 = 1 quantized to q8 there: matvec's XQ8 = 2).
 template <class Cfg> struct NormMatvecGeometryCfg {
-    static constexpr int K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES;
-    static constexpr int ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = 0;
-    static constexpr int XQ8 = CfgXq8<Cfg>::value != 0 ? 2 : 0;
+    enum : int { K = Cfg::K, N = Cfg::N, BATCH = 1, THREADS = Cfg::THREADS, LANES = Cfg::LANES };
+    enum : int { ROWS_PER_GROUP = Cfg::ROWS_PER_GROUP, STAGES = Cfg::STAGES, ACCUMULATE = 0 };
+    enum : int { XQ8 = CfgXq8<Cfg>::value != 0 ? 2 : 0 };
     static constexpr QType QTYPE = Cfg::QTYPE;
     static_assert(CfgXq8<Cfg>::value == 0 || CfgXq8<Cfg>::value == 1, "norm_matvec XQ8 is 0 or 1");
     static_assert(XQ8 == 0 || qunit::Unit<QTYPE>::INT_DOT, "XQ8 = 1 needs a weight type with an integer path");
@@ -70,9 +70,9 @@ namespace norm_matvec_detail {
 template <Glu A> constexpr MoeMode PAIR_MODE = A == Glu::Geglu ? MoeMode::Geglu : MoeMode::Swiglu;
 
 template <class Cfg> struct NormRows {
-    static constexpr bool SEGMENTED = false, WEIGHTED = false, X_IN_SMEM = true, EARLY_WEIGHTS = true;
-    static constexpr bool PAIRED = Cfg::GLU != Glu::None;
-    static constexpr int LANES = Cfg::LANES, THREADS = Cfg::THREADS;
+    enum : bool { SEGMENTED = false, WEIGHTED = false, X_IN_SMEM = true, EARLY_WEIGHTS = true };
+    enum : bool { PAIRED = bool(Cfg::GLU != Glu::None) };
+    enum : int { LANES = Cfg::LANES, THREADS = Cfg::THREADS };
     const u8* w;
     const u8* w_up;
     float* y;
@@ -101,7 +101,7 @@ template <class Cfg> struct NormRows {
     __device__ __forceinline__ float weight(int) const { return 1.0f; }
 
     // Elements of the row per thread in the prologue's one-pass form (K ≤ PER · THREADS).
-    static constexpr int PER = Cfg::K != 0 ? (Cfg::K + THREADS - 1) / THREADS : 8;
+    enum : int { PER = Cfg::K != 0 ? (Cfg::K + THREADS - 1) / THREADS : 8 };
     // The norm weights of this thread's elements, loaded before the wait for the previous kernel
     // (they are constants): the prologue then waits only on x and delta.
     struct Preload {

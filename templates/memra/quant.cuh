@@ -15,19 +15,19 @@
 namespace memra {
 
 template <QType Q> struct QTraits;
-template <> struct QTraits<QType::F32> { static constexpr int BLOCK = 1, BYTES = 4; };
-template <> struct QTraits<QType::F16> { static constexpr int BLOCK = 1, BYTES = 2; };
-template <> struct QTraits<QType::BF16> { static constexpr int BLOCK = 1, BYTES = 2; };
-template <> struct QTraits<QType::Q4_0> { static constexpr int BLOCK = 32, BYTES = 18; };
-template <> struct QTraits<QType::Q4_1> { static constexpr int BLOCK = 32, BYTES = 20; };
-template <> struct QTraits<QType::Q5_0> { static constexpr int BLOCK = 32, BYTES = 22; };
-template <> struct QTraits<QType::Q5_1> { static constexpr int BLOCK = 32, BYTES = 24; };
-template <> struct QTraits<QType::Q8_0> { static constexpr int BLOCK = 32, BYTES = 34; };
-template <> struct QTraits<QType::Q4_K> { static constexpr int BLOCK = 256, BYTES = 144; };
-template <> struct QTraits<QType::Q5_K> { static constexpr int BLOCK = 256, BYTES = 176; };
-template <> struct QTraits<QType::Q6_K> { static constexpr int BLOCK = 256, BYTES = 210; };
-template <> struct QTraits<QType::IQ4_NL> { static constexpr int BLOCK = 32, BYTES = 18; };
-template <> struct QTraits<QType::IQ4_XS> { static constexpr int BLOCK = 256, BYTES = 136; };
+template <> struct QTraits<QType::F32> { enum : int { BLOCK = 1, BYTES = 4 }; };
+template <> struct QTraits<QType::F16> { enum : int { BLOCK = 1, BYTES = 2 }; };
+template <> struct QTraits<QType::BF16> { enum : int { BLOCK = 1, BYTES = 2 }; };
+template <> struct QTraits<QType::Q4_0> { enum : int { BLOCK = 32, BYTES = 18 }; };
+template <> struct QTraits<QType::Q4_1> { enum : int { BLOCK = 32, BYTES = 20 }; };
+template <> struct QTraits<QType::Q5_0> { enum : int { BLOCK = 32, BYTES = 22 }; };
+template <> struct QTraits<QType::Q5_1> { enum : int { BLOCK = 32, BYTES = 24 }; };
+template <> struct QTraits<QType::Q8_0> { enum : int { BLOCK = 32, BYTES = 34 }; };
+template <> struct QTraits<QType::Q4_K> { enum : int { BLOCK = 256, BYTES = 144 }; };
+template <> struct QTraits<QType::Q5_K> { enum : int { BLOCK = 256, BYTES = 176 }; };
+template <> struct QTraits<QType::Q6_K> { enum : int { BLOCK = 256, BYTES = 210 }; };
+template <> struct QTraits<QType::IQ4_NL> { enum : int { BLOCK = 32, BYTES = 18 }; };
+template <> struct QTraits<QType::IQ4_XS> { enum : int { BLOCK = 256, BYTES = 136 }; };
 
 template <QType Q> __device__ __forceinline__ constexpr i64 row_bytes(i64 n) {
     return n / QTraits<Q>::BLOCK * QTraits<Q>::BYTES;
