@@ -276,3 +276,28 @@ fn features_map_to_archs_by_listing_specs() {
             .is_empty()
     );
 }
+
+/// A `static constexpr` int / bool data member in a template becomes a device global in every
+/// module that instantiates its struct, and each global slows the module's load (templates/README.md).
+#[test]
+fn template_constants_are_enumerators_not_static_constexpr_members() {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(root().join("templates/memra")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            // `static constexpr int NAME =` (or `,` / `;`) anywhere on the line; functions have `(`.
+            let data_member = ["static constexpr int ", "static constexpr bool "].iter().any(|p| {
+                line.match_indices(p).any(|(at, _)| {
+                    let rest = &line[at + p.len()..];
+                    let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    !name.is_empty() && rest[name.len()..].trim_start().starts_with(['=', ',', ';'])
+                })
+            });
+            if data_member {
+                found.push(format!("{}:{}: {}", path.file_name().unwrap().to_string_lossy(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "use `enum : int {{ NAME = ... }};` instead:\n{}", found.join("\n"));
+}

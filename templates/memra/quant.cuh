@@ -14,6 +14,8 @@
 
 namespace memra {
 
+// Enumerators, not static constexpr members: those become device globals that slow every
+// module load (templates/README.md).
 template <QType Q> struct QTraits;
 template <> struct QTraits<QType::F32> { enum : int { BLOCK = 1, BYTES = 4 }; };
 template <> struct QTraits<QType::F16> { enum : int { BLOCK = 1, BYTES = 2 }; };
