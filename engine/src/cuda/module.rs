@@ -49,38 +49,25 @@ pub fn compile_variants(
             }
         })
         .collect();
-    let mut misses: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
+    let misses: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
     if !misses.is_empty() {
         // Under MEMRA_NO_NVRTC=1 the misses fail at once; no progress line for compiles that never happen.
         let progress = Progress::start(misses.len(), arch, cache.config().allow_compile);
-        // Longest first, each worker taking the next job from one queue: a heavy variant started
-        // last would leave the other cores idle at the end of a cold start.
-        misses.sort_by_key(|&i| std::cmp::Reverse(headers.included_bytes(variants[i].source)));
-        let next = AtomicUsize::new(0);
-        let workers = rayon::current_num_threads().clamp(1, misses.len());
-        let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        while let Some(&i) = misses.get(next.fetch_add(1, Ordering::Relaxed)) {
-                            let variant = variants[i];
-                            let start = Instant::now();
-                            let result = cache.get_or_compile(&job(variant)).map(|(cubin, outcome)| CompiledVariant {
-                                variant,
-                                cubin,
-                                outcome,
-                                seconds: start.elapsed().as_secs_f64(),
-                            });
-                            progress.tick();
-                            done.push((i, result));
-                        }
-                        done
-                    })
-                })
-                .collect();
-            handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-        });
+        let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = misses
+            .par_iter()
+            .map(|&i| {
+                let variant = variants[i];
+                let start = Instant::now();
+                let result = cache.get_or_compile(&job(variant)).map(|(cubin, outcome)| CompiledVariant {
+                    variant,
+                    cubin,
+                    outcome,
+                    seconds: start.elapsed().as_secs_f64(),
+                });
+                progress.tick();
+                (i, result)
+            })
+            .collect();
         progress.finish();
         for (i, result) in compiled {
             results[i] = Some(result);

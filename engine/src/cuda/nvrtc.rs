@@ -67,31 +67,6 @@ impl HeaderSet {
     pub fn digest(&self) -> &[u8; 32] {
         &self.digest
     }
-
-    /// Bytes NVRTC parses for `source`: it and every header it includes, each counted once
-    /// (an estimate of its compile time, used to start the heavy ones first).
-    pub fn included_bytes(&self, source: &str) -> usize {
-        let mut seen: Vec<&str> = Vec::new();
-        let mut todo: Vec<&str> = vec![source];
-        let mut total = 0;
-        while let Some(text) = todo.pop() {
-            total += text.len();
-            for name in text.lines().filter_map(include_target) {
-                if let Some((known, body)) = self.texts.iter().find(|(n, _)| n == name)
-                    && !seen.contains(&known.as_str())
-                {
-                    seen.push(known);
-                    todo.push(body);
-                }
-            }
-        }
-        total
-    }
-}
-
-/// `memra/x.cuh` of a line `#include "memra/x.cuh"`.
-fn include_target(line: &str) -> Option<&str> {
-    line.trim_start().strip_prefix("#include")?.trim().strip_prefix('"')?.split('"').next()
 }
 
 /// A compiled kernel module and the NVRTC log (which holds ptxas's `-v` report).
@@ -327,19 +302,5 @@ mod tests {
         assert_ne!(a.digest(), b.digest());
         assert_ne!(a.digest(), c.digest());
         assert_eq!(a.digest(), d.digest());
-    }
-
-    #[test]
-    fn included_bytes_counts_each_header_once_through_nested_includes() {
-        let common = "// common\n";
-        let quant = "#include \"memra/common.cuh\"\n// quant\n";
-        let heavy = "  #include \"memra/quant.cuh\"\n#include \"memra/common.cuh\"\n// heavy\n";
-        let h = HeaderSet::new(&[("memra/common.cuh", common), ("memra/quant.cuh", quant), ("memra/heavy.cuh", heavy)]);
-        let src = "#include \"memra/heavy.cuh\"\n#include \"memra/quant.cuh\"\n#include <cuda_fp16.h>\n";
-        assert_eq!(h.included_bytes(src), src.len() + heavy.len() + quant.len() + common.len());
-        let unknown = "#include \"memra/unknown.cuh\"\n";
-        assert_eq!(h.included_bytes(unknown), unknown.len());
-        let registry = HeaderSet::registry();
-        assert!(registry.included_bytes("#include \"memra/mla_decode.cuh\"\n") > registry.included_bytes("#include \"memra/rmsnorm.cuh\"\n"));
     }
 }
