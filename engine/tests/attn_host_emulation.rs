@@ -10,7 +10,8 @@
 //! GPU; it says nothing about speed or memory ordering. Tolerance: relative L2 ≤ 1e-5 (f32
 //! arithmetic on the values the reference reads). attn_decode_rope starts from the raw q/k/v and
 //! is checked against the reference QK-norm + RoPE, the rounded new cache row (written at the
-//! position, nothing after it) and attention, at 1e-4 (`TOL_ROPE`). Skips (one SKIP line)
+//! position, nothing after it; element by element) and attention over the cache as it wrote it,
+//! at 1e-4 (`TOL_ROPE`). Skips (one SKIP line)
 //! without a C++20 compiler.
 
 use std::path::{Path, PathBuf};
@@ -27,9 +28,10 @@ use memra_reference::{Rng, norm, rel_err};
 use mla_common::{Query, mla_reference};
 
 const TOL: f64 = 1e-5;
-/// attn_decode_rope: RoPE in f32 (the reference rotates in f64) before the bf16 rounding of the
-/// new key, so a few of its elements may land one bf16 step apart; the scores move by ~1e-3 of
-/// a step at most. Checked at 1e-4 relative L2 of the output.
+/// attn_decode_rope: RoPE in f32 (the reference rotates in f64) before the new key's rounding
+/// into the cache, so a few of its elements may land one bf16 step apart. The new rows are checked
+/// element by element (below); the attention is then checked against the reference run over the
+/// rows the kernel wrote, so such a step cannot move the output. 1e-4 relative L2 of the output.
 const TOL_ROPE: f64 = 1e-4;
 /// mla_decode over a bf16 cache runs on tensor cores: q·(scale·log2 e) and the softmax weights P
 /// are rounded to bf16 (relative rounding error uniform in ±2^-9, std 2^-8/√12 ≈ 1.1e-3). With
@@ -593,7 +595,7 @@ fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: us
     let nan: Vec<u8> = if c.f32_cache { f32::NAN.to_le_bytes().to_vec() } else { to_bf16(f32::NAN).to_le_bytes().to_vec() };
     let (base, eps) = (1.0e4f32, 1e-6f32);
     let scale = 1.0 / (hd as f32).sqrt();
-    let (mut want, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut want_q, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
     for (b, &p) in positions.iter().enumerate() {
         let normed = |x: &[f32], w: &[f32], heads: usize| {
             let mut y = if c.norm == "none" { x.to_vec() } else { norm::rms_norm(x, w, eps) };
@@ -613,9 +615,7 @@ fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: us
                 cache[e * eb..(e + 1) * eb].copy_from_slice(&nan);
             }
         }
-        let mask = Mask { q_pos: &[p], window: (window > 0).then_some(window), allowed: None };
-        let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim_k: hd, head_dim_v: hd };
-        want.extend(attention(&qn, &kvals[at..][..(p + 1) * row], &vvals[at..][..(p + 1) * row], p + 1, shape, &mask, scale));
+        want_q.push(qn);
         want_k.extend(kn);
         want_v.extend(vn);
     }
@@ -642,8 +642,6 @@ fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: us
     let (out, caches) = got.split_at(q.len());
     let (kc, vc) = caches.split_at(cache_n);
     let what = format!("attn_decode_rope emulation {tag} positions={positions:?} (MEMRA_SEED={})", rng.seed());
-    let err = rel_err(out, &want);
-    assert!(err <= TOL_ROPE, "{what}: output relative L2 {err:e} > {TOL_ROPE:e}");
     let (mut got_k, mut got_v) = (Vec::new(), Vec::new());
     for (b, &p) in positions.iter().enumerate() {
         let at = b * max_ctx * row + p * row;
@@ -652,11 +650,35 @@ fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: us
         let after = at + row..(b + 1) * max_ctx * row;
         assert!(kc[after.clone()].iter().chain(&vc[after]).all(|x| x.is_nan()), "{what}: a row after position {p} was written");
     }
-    // One bf16 step of the new k where the emulation's f32 rotation and the f64 reference round
-    // differently; v is copied and rounded alike.
-    let err_k = rel_err(&got_k, &want_k);
-    assert!(err_k <= 4e-3, "{what}: new k rows relative L2 {err_k:e}");
+    // The new k. In an f32 cache: the emulation's f32 rotation within 1e-5 of the f64 reference.
+    // In a bf16 cache: each element the reference's rounding or, where the two rotations fall
+    // either side of a rounding midpoint, one bf16 step next to it; such elements are rare (a
+    // few in 10^5), so more than 1 % of them is a bug (truncation instead of rounding, say).
+    if c.f32_cache {
+        let err_k = rel_err(&got_k, &want_k);
+        assert!(err_k <= 1e-5, "{what}: new k rows relative L2 {err_k:e}");
+    } else {
+        let bf16_step = |x: f32| 2f32.powi(x.abs().max(f32::MIN_POSITIVE).log2().floor() as i32 - 7);
+        let mut off = 0;
+        for (i, (&g, &w)) in got_k.iter().zip(&want_k).enumerate() {
+            assert!(g == w || (g - w).abs() <= bf16_step(w), "{what}: new k element {i}: {g} vs reference {w}");
+            off += usize::from(g != w);
+        }
+        assert!(off <= 2 + got_k.len() / 100, "{what}: {off} of {} new k elements a bf16 step off the reference", got_k.len());
+    }
+    // v is copied and rounded alike.
     assert_eq!(got_v, want_v, "{what}: new v rows");
+    // The attention over the cache as the kernel left it (its own rounding of the new k).
+    let mut want = Vec::new();
+    for (b, &p) in positions.iter().enumerate() {
+        let at = b * max_ctx * row;
+        kvals[at + p * row..][..row].copy_from_slice(&got_k[b * row..][..row]);
+        let mask = Mask { q_pos: &[p], window: (window > 0).then_some(window), allowed: None };
+        let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim_k: hd, head_dim_v: hd };
+        want.extend(attention(&want_q[b], &kvals[at..][..(p + 1) * row], &vvals[at..][..(p + 1) * row], p + 1, shape, &mask, scale));
+    }
+    let err = rel_err(out, &want);
+    assert!(err <= TOL_ROPE, "{what}: output relative L2 {err:e} > {TOL_ROPE:e}");
 }
 
 #[allow(clippy::too_many_arguments)]

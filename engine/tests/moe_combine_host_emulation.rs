@@ -15,6 +15,7 @@ use memra_engine::models::moe_grouped::group_by_expert;
 use memra_reference::moe::{
     ffn_gated, moe_ffn, route, FfnAct, FfnWeights, Gating, MoeConfig, MoeWeights, RouterConfig,
 };
+use memra_reference::linear::matvec;
 use memra_reference::{rel_err, Rng};
 
 const EXTRA: &str = r#"
@@ -127,7 +128,9 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
     let (mut ids, mut wts) = (Vec::new(), Vec::new());
     let mut pair_out = Vec::new();
     for xt in x.chunks_exact(e) {
-        let logits: Vec<f32> = gate_inp.chunks_exact(e).map(|r| r.iter().zip(xt).map(|(a, b)| a * b).sum()).collect();
+        // The reference's own router product: routing on other roundings of the same logits
+        // could pick another expert at a near-tie and part from `want`.
+        let logits = matvec(&gate_inp, e, ne, xt);
         for (id, wt) in route(&logits, None, &router) {
             ids.push(id as i32);
             wts.push(wt);

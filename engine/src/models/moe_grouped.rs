@@ -318,8 +318,9 @@ mod tests {
 
     #[test]
     fn groups_random_and_awkward_routings() {
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
-        println!("seed {seed}");
+        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let seed = std::env::var("MEMRA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(now) | 1;
+        println!("seed {seed} (MEMRA_SEED to replay)");
         let mut st = seed;
         for (t, n_used, n_expert) in [(7, 8, 64), (130, 8, 256), (1, 1, 1), (33, 2, 4)] {
             // Distinct experts per token, as the router picks them.
