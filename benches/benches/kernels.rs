@@ -99,7 +99,7 @@ fn attn_prefill_gpu(c: &mut Criterion) {
     for (arch, n_head, n_kv, hd, t, window) in shapes {
         let p = AttnPrefillParams { n_tokens: t, head_dim: hd, n_head, n_kv, max_ctx: t, pos0: 0, window, scale: 1.0 / (hd as f32).sqrt() };
         let specialized = registry::family(attn_prefill::FAMILY).into_iter().find(|v| {
-            v.arch == Some(arch) && bf16(v) && v.param("n_head") == Some(Param::Int(n_head as i64)) && v.param("head_dim") == Some(Param::Int(hd as i64))
+            v.is_for(arch) && bf16(v) && v.param("n_head") == Some(Param::Int(n_head as i64)) && v.param("head_dim") == Some(Param::Int(hd as i64))
         });
         let s = gpu.stream();
         let q = s.clone_htod(&rng.normal_vec(t * n_head * hd, 1.0)).expect("upload");
@@ -147,7 +147,7 @@ fn dsa_decode_gpu(c: &mut Criterion) {
     let d = kvl + rope;
     let sms = gpu.sm_count().unwrap_or(132);
     let bf16 = |v: &&KernelVariant| v.param("cache_t").is_none_or(|c| c == Param::Sym("bf16"));
-    let pick = |family: &str, specialized: bool| registry::family(family).into_iter().find(|v| bf16(v) && (if specialized { v.arch == Some("glm-dsa") } else { v.is_generic() }));
+    let pick = |family: &str, specialized: bool| registry::family(family).into_iter().find(|v| bf16(v) && (if specialized { v.is_for("glm-dsa") } else { v.is_generic() }));
     let mut rng = Rng::from_env_or_time("dsa_decode bench");
     let s = gpu.stream();
     let bits = |n: usize, rng: &mut Rng| -> Vec<u16> { rng.normal_vec(n, 1.0).iter().map(|x| (x.to_bits() >> 16) as u16).collect() };
@@ -211,7 +211,7 @@ fn glm_dsa_representatives() -> Vec<&'static KernelVariant> {
     let mut seen: Vec<&str> = Vec::new();
     registry::variants()
         .iter()
-        .filter(|v| v.arch == Some("glm-dsa"))
+        .filter(|v| v.is_for("glm-dsa"))
         .filter(|v| {
             let new = !seen.contains(&v.family);
             seen.push(v.family);
@@ -319,7 +319,7 @@ fn moe_decode(c: &mut Criterion, xq8: bool) {
             .into_iter()
             // Specialized: GLM-5's own variant; generic: the twin with no baked dims (not another
             // architecture's specialization).
-            .find(|v| (if specialized { v.arch == Some("glm-dsa") } else { v.is_generic() }) && want.iter().all(|(k, p)| v.param(k) == Some(*p)))
+            .find(|v| (if specialized { v.is_for("glm-dsa") } else { v.is_generic() }) && want.iter().all(|(k, p)| v.param(k) == Some(*p)))
     };
     let s = gpu.stream();
     let mut rng = Rng::from_env_or_time(&format!("{} bench", bench.replace('/', " ")));

@@ -83,6 +83,25 @@ pub fn plan_arch(
                 ));
             }
         }
+        for (key, loc) in &k.at_run_time {
+            match family.field(key) {
+                Some(f) if f.kind == FieldKind::Dim => {
+                    if !k.params.iter().any(|p| &p.key == key) {
+                        errors.push(format!("{loc}: `{key}` is passed at run time but has no value in the entry (give it, e.g. `{key} = \"ne1\"`: it is still checked and names the shapes served)"));
+                    }
+                }
+                Some(_) => errors.push(format!("{loc}: `{key}` of `{}` is not a dim; only dims can be passed at run time", k.family)),
+                None => {
+                    let dims: Vec<_> = family.fields.iter().filter(|f| f.kind == FieldKind::Dim).map(|f| f.key()).collect();
+                    errors.push(format!("{loc}: `{}` has no dim `{key}` (dims: {})", k.family, dims.join(", ")));
+                }
+            }
+        }
+        if !k.at_run_time.is_empty()
+            && family.fields.iter().filter(|f| f.kind == FieldKind::Dim).all(|f| k.at_run_time.iter().any(|(r, _)| *r == f.key()))
+        {
+            errors.push(format!("{}: `at_run_time` leaves no dim of `{}` baked: its generic twin already serves every shape", k.loc, k.family));
+        }
         let instances = scopes(spec, dims, k, &mut errors);
         for scope in instances.iter().map(Option::as_ref) {
             match bake(spec, dims, k, family, scope) {
@@ -102,7 +121,8 @@ pub fn plan_arch(
     }
 }
 
-/// Adds `v` unless a variant of the same name exists, in which case its archs are merged.
+/// Adds `v` unless a variant of the same name exists, in which case its archs and served
+/// shapes are merged.
 pub fn push_unique(list: &mut Vec<KernelVariant>, v: KernelVariant) {
     let name = v.name();
     match list.iter_mut().find(|x| x.name() == name) {
@@ -110,6 +130,11 @@ pub fn push_unique(list: &mut Vec<KernelVariant>, v: KernelVariant) {
             for a in v.archs {
                 if !existing.archs.contains(&a) {
                     existing.archs.push(a);
+                }
+            }
+            for s in v.served {
+                if !existing.served.contains(&s) {
+                    existing.served.push(s);
                 }
             }
         }
@@ -277,6 +302,7 @@ fn bake(
         .map(|t| format!(" (for `{}`)", t.name))
         .unwrap_or_default();
     let mut params = Vec::new();
+    let mut run_time = Vec::new();
     for f in &family.fields {
         let key = f.key();
         let given = k.params.iter().find(|p| p.key == key);
@@ -343,6 +369,13 @@ fn bake(
             (Some(d), FieldType::Int) => d.parse().ok().map(ParamVal::Int),
             _ => None,
         };
+        if f.kind == FieldKind::Dim
+            && let ParamVal::Int(v) = value
+            && k.at_run_time.iter().any(|(r, _)| *r == key)
+        {
+            run_time.push((key, v));
+            continue;
+        }
         params.push(Param {
             key,
             value,
@@ -355,6 +388,7 @@ fn bake(
         family: family.name.clone(),
         archs: vec![spec.arch.clone()],
         params,
+        served: if run_time.is_empty() { Vec::new() } else { vec![(spec.arch.clone(), run_time)] },
     })
 }
 
@@ -509,6 +543,7 @@ pub fn plan_generic(
                         family: fam.name.clone(),
                         archs: Vec::new(),
                         params,
+                        served: Vec::new(),
                     },
                 );
             }

@@ -139,6 +139,21 @@ pub fn render_registry(
         let _ = writeln!(out, "    }},");
     }
     out.push_str("];\n\n");
+    out.push_str("/// Every architecture of the variants more than one spec asked for (`arch` is the first).\npub static ARCHS: &[(&str, &[&str])] = &[\n");
+    for v in variants.iter().filter(|v| v.archs.len() > 1) {
+        let _ = writeln!(out, "    ({:?}, &{:?}),", v.name(), v.archs);
+    }
+    out.push_str("];\n\n");
+    out.push_str("/// The shapes served by variants that take dims at run time (`at_run_time` in a spec entry):\n/// (variant, per shape: the architecture and those dims).\npub static SERVED: &[(&str, ServedShapes)] = &[\n");
+    for v in variants.iter().filter(|v| !v.served.is_empty()) {
+        let shapes: Vec<String> = v
+            .served
+            .iter()
+            .map(|(a, s)| format!("({a:?}, &[{}])", s.iter().map(|(k, d)| format!("({k:?}, {d})")).collect::<Vec<_>>().join(", ")))
+            .collect();
+        let _ = writeln!(out, "    ({:?}, &[{}]),", v.name(), shapes.join(", "));
+    }
+    out.push_str("];\n\n");
     // Variants a spec entry tuned away from the README defaults — a tuning, or an enum that has
     // a default (matvec's XQ8: the integer path, whose q8 x the forwards' call sites provide
     // when they get such a variant): the selection rule's tie-break between otherwise equal

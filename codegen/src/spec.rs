@@ -327,6 +327,10 @@ pub struct KernelSpec {
     /// Q8_0); the engine re-encodes them at load, and every kernel entry sees them in that type.
     /// Fewer launches for a few more bytes: for small, latency-bound decode steps.
     pub widen: bool,
+    /// `at_run_time = ["n"]`: dims evaluated per tensor (still validated, and recorded as the
+    /// shapes the variant serves) but passed to the kernel at run time, not baked: for a dim
+    /// that only sizes the grid and the edge guards, one variant then serves every value.
+    pub at_run_time: Vec<(String, Loc)>,
     pub params: Vec<KernelParam>,
     /// Why the architecture needs it (free text).
     pub note: Option<String>,
@@ -1410,8 +1414,23 @@ fn parse_kernels(
                 }
             }
         }
+        let mut at_run_time = Vec::new();
+        if let Some((rpath, _, ritems)) = k.array(src, "at_run_time") {
+            for (j, r) in ritems.iter().enumerate() {
+                match r.get_ref() {
+                    DeValue::String(s) if is_ident(s) => {
+                        at_run_time.push((s.to_string(), src.loc(&r.span(), &format!("{rpath}[{j}]"))))
+                    }
+                    other => src.error(
+                        &r.span(),
+                        &format!("{rpath}[{j}]"),
+                        format!("expected a dim key of the family (e.g. \"n\"), found {}", describe(other)),
+                    ),
+                }
+            }
+        }
         let mut params = Vec::new();
-        let reserved = ["family", "for", "pending", "tensors", "stack", "widen"];
+        let reserved = ["family", "for", "pending", "tensors", "stack", "widen", "at_run_time"];
         for (key, ppath, pspan, v) in k.all() {
             if reserved.contains(&key.as_str()) {
                 continue;
@@ -1457,6 +1476,7 @@ fn parse_kernels(
                 tensors,
                 stack: stack.is_some_and(|(b, _)| b),
                 widen: widen.is_some_and(|(b, _)| b),
+                at_run_time,
                 params,
                 note,
                 pending,

@@ -47,6 +47,10 @@ pub struct KernelVariant {
     pub archs: Vec<String>,
     /// In the family's field order. Generic variants carry no dims.
     pub params: Vec<Param>,
+    /// The dims a spec entry passes at run time (`at_run_time`): per distinct shape the variant
+    /// was planned for, the architecture and those dims (`("glm-dsa", [("n", 2048)])`), in plan
+    /// order; empty when every dim is baked. `memra bench` measures those shapes.
+    pub served: Vec<(String, Vec<(String, i64)>)>,
 }
 
 impl KernelVariant {
@@ -121,6 +125,7 @@ mod tests {
                     Some(256),
                 ),
             ],
+            served: Vec::new(),
         }
     }
 
@@ -142,6 +147,7 @@ mod tests {
                 p("n", ParamVal::Int(6144), FieldKind::Dim, None),
                 p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256)),
             ],
+            served: Vec::new(),
         };
         assert_eq!(rms.name(), "rmsnorm__n6144");
         assert_eq!(rms.to_string(), rms.name());
@@ -164,18 +170,21 @@ mod tests {
                 p("qtype", ParamVal::Sym("q4_k".into()), FieldKind::Enum, None),
                 p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256)),
             ],
+            served: Vec::new(),
         };
         assert_eq!(g.name(), "matvec__generic__q4_k");
         let r = KernelVariant {
             family: "rmsnorm".into(),
             archs: vec![],
             params: vec![p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256))],
+            served: Vec::new(),
         };
         assert_eq!(r.name(), "rmsnorm__generic");
         let a = KernelVariant {
             family: "add_rmsnorm".into(),
             archs: vec![],
             params: vec![p("delta_norm", ParamVal::Int(1), FieldKind::Enum, Some(0))],
+            served: Vec::new(),
         };
         assert_eq!(a.name(), "add_rmsnorm__generic__delta_norm1");
     }

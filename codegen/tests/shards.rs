@@ -31,13 +31,16 @@ fn specialized(g: &Generated) -> Vec<&KernelVariant> {
     g.variants.iter().filter(|v| !v.is_generic()).collect()
 }
 
-/// A specialized variant of `family` whose baked ints include every `(key, value)` of `want`.
+/// A specialized variant of `family` that serves every `(key, value)` of `want`: baked, or
+/// passed at run time (`at_run_time`) in one of the shapes it was planned for.
 fn has(g: &Generated, family: &str, want: &[(&str, i64)]) -> bool {
     specialized(g).iter().any(|v| {
+        let baked = |k: &str, x: i64| v.param(k) == Some(&ParamVal::Int(x));
         v.family == family
-            && want
-                .iter()
-                .all(|(k, x)| v.param(k) == Some(&ParamVal::Int(*x)))
+            && (want.iter().all(|(k, x)| baked(k, *x))
+                || v.served.iter().any(|(_, s)| {
+                    want.iter().all(|(k, x)| baked(k, *x) || s.iter().any(|(sk, sx)| sk == k && sx == x))
+                }))
     })
 }
 
@@ -108,30 +111,32 @@ fn shard_counts_add_only_the_changed_shapes() {
     for n in [2, 4, 8] {
         let g = generate(Some(vec![n]));
         let extra: Vec<&KernelVariant> = specialized(&g).into_iter().skip(base).collect();
-        let mut families: Vec<&str> = extra.iter().map(|v| v.family.as_str()).collect();
+        let (matmuls, rest): (Vec<&KernelVariant>, Vec<&KernelVariant>) = extra.iter().partition(|v| v.family == "matmul");
+        let mut families: Vec<&str> = rest.iter().map(|v| v.family.as_str()).collect();
         families.sort_unstable();
         families.dedup();
         println!(
-            "{n} GPUs: +{} specialized variants ({families:?})",
-            extra.len()
+            "{n} GPUs: +{} specialized variants ({} matmul, {families:?})",
+            extra.len(),
+            matmuls.len()
         );
         assert_eq!(
             families,
-            [
-                "matmul",
-                "matvec",
-                "mla_decode",
-                "mla_rope",
-                "mla_sparse_decode",
-                "moe_matvec",
-                "swiglu"
-            ],
+            ["matvec", "mla_decode", "mla_rope", "mla_sparse_decode", "moe_matvec", "swiglu"],
             "{n} GPUs"
         );
-        // matvec + matmul at 6 shapes (q_b, attn_output, ffn gate/up = ffn down at GLM-5 dims,
-        // shexp gate/up, shexp down, LM head), 3 MLA (heads), 2 swiglu and 2 fused gate/up
-        // (dense and shared-expert widths).
-        assert_eq!(extra.len(), 2 * 6 + 3 + 2 + 2, "{n} GPUs");
+        // matvec at 6 shapes (q_b, attn_output, ffn gate/up = ffn down at GLM-5 dims, shexp
+        // gate/up, shexp down, LM head), 3 MLA (heads), 2 swiglu and 2 fused gate/up (dense
+        // and shared-expert widths).
+        assert_eq!(rest.len(), 6 + 3 + 2 + 2, "{n} GPUs");
+        // matmul takes N at run time (the spec's `at_run_time`): a shard count adds a variant
+        // only for a new K, and every per-rank shape is served.
+        let n = n as i64;
+        let per_rank = [(2048, 16384 / n), (16384 / n, 6144), (6144, 12288 / n), (12288 / n, 6144), (6144, 2048 / n), (2048 / n, 6144), (6144, 154880 / n)];
+        for (k, rows) in per_rank {
+            assert!(has(&g, "matmul", &[("k", k), ("n", rows)]), "{n} GPUs: no matmul serves k {k} n {rows}");
+        }
+        assert!(matmuls.len() <= 3, "{n} GPUs: {} new matmul K values", matmuls.len());
         added.push(extra.len());
     }
     let default = generate(None);

@@ -153,6 +153,20 @@ fn registry_snapshot() {
                 p("n", ParamVal::Int(6144), FieldKind::Dim, None),
                 p("threads", ParamVal::Int(256), FieldKind::Tune, Some(256)),
             ],
+            served: Vec::new(),
+        },
+        // N at run time (`at_run_time`), asked for by two specs: ARCHS and SERVED rows.
+        KernelVariant {
+            family: "matmul".into(),
+            archs: vec!["glm-dsa".into(), "deepseek2".into()],
+            params: vec![
+                p("k", ParamVal::Int(2048), FieldKind::Dim, None),
+                p("qtype", ParamVal::Sym("q8_0".into()), FieldKind::Enum, None),
+            ],
+            served: vec![
+                ("glm-dsa".into(), vec![("n".into(), 16384)]),
+                ("deepseek2".into(), vec![("n".into(), 3072)]),
+            ],
         },
         KernelVariant {
             family: "embed".into(),
@@ -161,6 +175,7 @@ fn registry_snapshot() {
                 p("qtype", ParamVal::Sym("q4_k".into()), FieldKind::Enum, None),
                 p("threads", ParamVal::Int(128), FieldKind::Tune, Some(128)),
             ],
+            served: Vec::new(),
         },
         // A defaulted enum away from its default (the integer path) counts as tuned: the
         // tie-break between equal generic fits prefers the default, xq8 = 0.
@@ -171,6 +186,7 @@ fn registry_snapshot() {
                 p("qtype", ParamVal::Sym("q8_0".into()), FieldKind::Enum, None),
                 p("xq8", ParamVal::Int(1), FieldKind::Enum, Some(0)),
             ],
+            served: Vec::new(),
         },
         KernelVariant {
             family: "matvec".into(),
@@ -179,6 +195,7 @@ fn registry_snapshot() {
                 p("qtype", ParamVal::Sym("q8_0".into()), FieldKind::Enum, None),
                 p("xq8", ParamVal::Int(0), FieldKind::Enum, Some(0)),
             ],
+            served: Vec::new(),
         },
     ];
     let headers = [(

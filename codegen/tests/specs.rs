@@ -120,3 +120,50 @@ fn no_generic_variant_pairs_xq8_with_a_type_without_an_integer_path() {
     }
     assert!(int_path > 0, "no generic xq8 variant at all");
 }
+
+/// `at_run_time = ["n"]`: the entry's variants bake every other dim and record, per architecture,
+/// the shapes they serve; the errors name the entry's key. GLM-5's prefill matmuls: one variant
+/// per (K, type), every tensor's N among its served shapes, none baking N.
+#[test]
+fn at_run_time_dims_are_served_not_baked() {
+    let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
+    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap();
+    let d = dims::from_preset(&spec, None).unwrap();
+    let plan = plan::plan_arch(&spec, &d, &catalogue).unwrap();
+    let matmuls: Vec<_> = plan.variants.iter().filter(|v| v.family == "matmul").collect();
+    assert!(!matmuls.is_empty());
+    for v in &matmuls {
+        assert!(v.param("n").is_none(), "{} bakes n", v.name());
+        assert!(v.param("k").is_some(), "{} does not bake k", v.name());
+        assert!(!v.served.is_empty() && v.served.iter().all(|(a, s)| a == "glm-dsa" && s.len() == 1 && s[0].0 == "n"), "{}: {:?}", v.name(), v.served);
+    }
+    // attn_output (16384 -> 6144, Q8_0) and the Q4_K experts are among the shapes served.
+    let serves = |name: &str, n: i64| matmuls.iter().any(|v| v.name() == name && v.served.iter().any(|(_, s)| s[0].1 == n));
+    assert!(serves("matmul__k16384__q8_0", 6144));
+    assert!(serves("matmul__k6144__q4_k", 2048));
+    let names: std::collections::HashSet<String> = matmuls.iter().map(|v| v.name()).collect();
+    assert_eq!(names.len(), matmuls.len(), "a name planned twice");
+
+    // Mistakes: a key that is no dim of the family, one that is not a dim, one without a value,
+    // and every dim at run time.
+    let text = std::fs::read_to_string(root().join("specs/glm-dsa.toml")).unwrap();
+    let entry = "at_run_time = [\"n\"]";
+    assert!(text.contains(entry));
+    for (with, message) in [
+        ("at_run_time = [\"m\"]", "`matmul` has no dim `m`"),
+        ("at_run_time = [\"qtype\"]", "`qtype` of `matmul` is not a dim"),
+        ("at_run_time = [\"n\", \"k\"]", "leaves no dim of `matmul` baked"),
+        ("at_run_time = [3]", "expected a dim key of the family"),
+    ] {
+        let broken = text.replacen(entry, with, 1);
+        let err = match ArchSpec::parse(Path::new("specs/glm-dsa.toml"), &broken) {
+            Err(e) => e.to_string(),
+            Ok(spec) => plan::plan_arch(&spec, &d, &catalogue).err().map(|e| e.to_string()).unwrap_or_default(),
+        };
+        assert!(err.contains(message) && err.contains("specs/glm-dsa.toml:"), "{with}: {err}");
+    }
+    let broken = text.replacen("n = \"ne1\"\nat_run_time", "at_run_time", 1);
+    let spec = ArchSpec::parse(Path::new("specs/glm-dsa.toml"), &broken).unwrap();
+    let err = plan::plan_arch(&spec, &d, &catalogue).unwrap_err().to_string();
+    assert!(err.contains("`n` is passed at run time but has no value"), "{err}");
+}

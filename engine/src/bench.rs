@@ -54,7 +54,7 @@
 //!   (the most the engine hands it, `combine_matvec::DEFAULT_MAX_SPLITS`).
 //!
 //! Shapes come from the registry: a specialized variant's baked params (k/n/qtype for matvec and
-//! matmul, n for the norms, n_ff, n_vocab, n_embd, heads and head sizes, k of the DSA top-k,
+//! matmul — matmul's n, passed at run time, from the shapes its spec entry planned it for —, n for the norms, n_ff, n_vocab, n_embd, heads and head sizes, k of the DSA top-k,
 //! n_expert/n_used of the router). Contexts: GQA decode at 4k and 32k, dense MLA decode at 32k
 //! and 128k, the DSA step at 128k visible keys (k = the arch's top-k); prefill chunks of 4096
 //! tokens; moe_matvec at one decode token (routed: n_used distinct experts of the router's
@@ -608,12 +608,12 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
 
 /// The n_vocab of an architecture's preset as far as the registry shows it (its argmax variant).
 fn arch_vocab(arch: &str) -> usize {
-    registry::variants().iter().find(|v| v.arch == Some(arch) && v.family == argmax::FAMILY).and_then(|v| int(v, "n_vocab")).unwrap_or(32000)
+    registry::variants().iter().find(|v| v.is_for(arch) && v.family == argmax::FAMILY).and_then(|v| int(v, "n_vocab")).unwrap_or(32000)
 }
 
 /// A baked int of `arch`'s first specialized variant of `family` (e.g. the router's n_expert).
 fn arch_int(arch: &str, family: &str, key: &str) -> Option<usize> {
-    registry::variants().iter().filter(|v| v.arch == Some(arch) && v.family == family).find_map(|v| int(v, key))
+    registry::variants().iter().filter(|v| v.is_for(arch) && v.family == family).find_map(|v| int(v, key))
 }
 
 /// Decode contexts of GQA attention (640: `memra bench --model`'s decode steps, where a step is
@@ -634,13 +634,14 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
         if family.is_some_and(|f| f != shape.family()) {
             return;
         }
-        if cases.iter().any(|c| c.shape == shape && c.specialized.map(|s| s.name) == Some(spec.name)) {
+        if cases.iter().any(|c| c.shape == shape && c.arch == arch && c.specialized.map(|s| s.name) == Some(spec.name)) {
             return;
         }
         cases.push(Case { shape, arch, specialized: Some(spec), generic: generic.or_else(|| generic_twin(spec)), rendered });
     };
-    for v in registry::variants().iter().filter(|v| !v.is_generic()) {
-        let Some(a) = v.arch else { continue };
+    // A variant two specs plan alike counts for each of them (each arch's geomean has it).
+    let pairs = registry::variants().iter().filter(|v| !v.is_generic()).flat_map(|v| v.archs().into_iter().map(move |a| (v, a)));
+    for (v, a) in pairs {
         if arch.is_some_and(|want| want != a) {
             continue;
         }
@@ -663,10 +664,14 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 }
             }
             "matmul" => {
-                let (Some(k), Some(n), Some(ty)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
+                let (Some(k), Some(ty)) = (int(v, "k"), sym_type(v)) else {
                     continue;
                 };
-                push(&mut cases, Shape::Matmul { ty, t: PREFILL_T, k, n }, a, v, None, false);
+                // N baked, or passed at run time: each shape this arch's spec planned it for.
+                let served = registry::served(v.name).iter().filter(|(sa, _)| *sa == a).filter_map(|(_, s)| s.iter().find(|(d, _)| *d == "n")).map(|&(_, n)| n as usize);
+                for n in int(v, "n").into_iter().chain(served) {
+                    push(&mut cases, Shape::Matmul { ty, t: PREFILL_T, k, n }, a, v, None, false);
+                }
             }
             "rmsnorm" => {
                 let Some(n) = int(v, "n") else { continue };
@@ -800,7 +805,7 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 // Routed experts come as a gate/up + down pair of one type; a gate/up variant with
                 // no down partner is a dense FFN or shared expert run as one expert (moe_matvec.rs).
                 let has_down_partner = registry::variants().iter().any(|d| {
-                    d.arch == Some(a)
+                    d.is_for(a)
                         && d.family == moe_matvec::FAMILY
                         && d.param("mode") == Some(Param::Sym("down"))
                         && d.param("qtype") == v.param("qtype")
@@ -1838,6 +1843,10 @@ mod tests {
             ("moe_router", "t4096_e256_k8_sigmoid"),
             ("moe_matvec", "t1_k6144_n2048_e256_u8_swiglu"),
             ("moe_matvec", "t1_k2048_n6144_e256_u8_down"),
+            // matmul takes N at run time: one variant per (K, type) times each shape it serves.
+            ("matmul", "t4096_k16384_n6144"),
+            ("matmul", "t4096_k6144_n2048"),
+            ("matmul", "t4096_k2048_n16384"),
         ];
         // The dense FFN / shared expert (Q8_0, no down partner) run as one expert, not routed.
         for c in cases.iter().filter(|c| c.shape.family() == "moe_matvec" && c.shape.dtype() == "q8_0") {
@@ -1846,10 +1855,12 @@ mod tests {
                 assert_eq!((n_expert, n_used), (1, 1), "{}", c.shape.label());
             }
         }
-        if registry::variants().iter().any(|v| v.arch == Some("glm-dsa") && v.family == "mla_decode") {
+        if registry::variants().iter().any(|v| v.is_for("glm-dsa") && v.family == "mla_decode") {
             want.push(("mla_decode", "h64_kv1_d576_dv512_c32768"));
             want.push(("mla_decode", "h64_kv1_d576_dv512_c131072"));
         }
+        let k6144 = cases.iter().filter(|c| c.specialized.is_some_and(|s| s.name == "matmul__k6144__q8_0")).count();
+        assert!(k6144 >= 4, "matmul__k6144__q8_0 timed at {k6144} shapes");
         for (family, label) in want {
             let c = cases
                 .iter()

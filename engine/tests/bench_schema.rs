@@ -687,4 +687,15 @@ fn bench_ab_compares_two_builds_runs() {
     assert!(text.contains("0 pairs only in a, 1 only in b"), "{text}");
     let bad = Command::new("python3").arg(&script).arg("--a").arg(dir.join("missing.json")).arg("--b").arg(&b1).output().expect("python3 runs");
     assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
+    // --by-shape pairs differently named variants of one shape (a dim baked in a, at run time in
+    // b); the kind keeps specialized and generic apart.
+    let row = |variant: &str, kind: &str, us: f64| json!({"family": "matmul", "variant": variant, "kind": kind, "arch": "glm-dsa", "dtype": "q8_0", "shape": "t4096_k64_n64", "median_us": us});
+    let (c, d) = (dir.join("c.json"), dir.join("d.json"));
+    std::fs::write(&c, json!({"commit": "cccc", "results": [row("mm__k64_n64", "specialized", 30.0), row("mm__generic", "generic", 40.0)]}).to_string()).unwrap();
+    std::fs::write(&d, json!({"commit": "dddd", "results": [row("mm__k64", "specialized", 20.0), row("mm__generic", "generic", 40.0)]}).to_string()).unwrap();
+    let by_name = Command::new("python3").arg(&script).arg("--a").arg(&c).arg("--b").arg(&d).output().expect("python3 runs");
+    assert!(String::from_utf8_lossy(&by_name.stdout).contains("geomean a/b, all: 1.000 over 1"), "{}", String::from_utf8_lossy(&by_name.stdout));
+    let by_shape = Command::new("python3").arg(&script).arg("--by-shape").arg("--a").arg(&c).arg("--b").arg(&d).output().expect("python3 runs");
+    let text = String::from_utf8_lossy(&by_shape.stdout).to_string();
+    assert!(by_shape.status.success() && text.contains("1.500") && text.contains("geomean a/b, all: 1.225 over 2"), "{text}");
 }

@@ -76,14 +76,22 @@ fn matmul_bf16_operands(
     y
 }
 
+/// The baked (K, N) of a test variant: both (as specialized variants used to be), K alone (as
+/// the specs plan matmul now: `at_run_time = ["n"]`), or neither (generic).
+fn bakes(k: usize, n: usize) -> [(Option<usize>, Option<usize>); 3] {
+    [(Some(k), Some(n)), (Some(k), None), (None, None)]
+}
+
 fn mm_variant(
     ty: GgmlType,
-    dims: Option<(usize, usize)>,
+    dims: (Option<usize>, Option<usize>),
     tune: &[(&'static str, i64)],
 ) -> &'static KernelVariant {
     let mut p: Vec<(&str, V)> = vec![("qtype", V::S(token(ty)))];
-    if let Some((k, n)) = dims {
+    if let Some(k) = dims.0 {
         p.push(("k", V::I(k as i64)));
+    }
+    if let Some(n) = dims.1 {
         p.push(("n", V::I(n as i64)));
     }
     p.extend(tune.iter().map(|(key, v)| (*key, V::I(*v))));
@@ -203,7 +211,7 @@ fn gpu_matmul_every_qtype_real_shape() {
     for ty in QTYPES {
         let (k, n) = (6144, 2048); // GLM-5 attn_q_a
         let w = random_weight(ty, k, n, &mut rng);
-        for dims in [Some((k, n)), None] {
+        for dims in bakes(k, n) {
             let kernel = load(&gpu, mm_variant(ty, dims, &[]));
             check(&gpu, &kernel, ty, &w, &Case::plain(130, k, n), &mut rng);
         }
@@ -228,7 +236,7 @@ fn gpu_matmul_real_shapes() {
     ];
     for &(ty, k, n, t) in cases {
         let w = random_weight(ty, k, n, &mut rng);
-        for dims in [Some((k, n)), None] {
+        for dims in bakes(k, n) {
             for bm in [128, 64] {
                 let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", bm)]));
                 check(&gpu, &kernel, ty, &w, &Case::plain(t, k, n), &mut rng);
@@ -246,7 +254,7 @@ fn gpu_matmul_awkward_sizes_every_qtype() {
         let k = awkward_k(ty);
         for n in [1, 7, 33, 4097] {
             let w = random_weight(ty, k, n, &mut rng);
-            for dims in [Some((k, n)), None] {
+            for dims in bakes(k, n) {
                 let kernel = load(&gpu, mm_variant(ty, dims, &[]));
                 for t in [1, 17, 130] {
                     check(&gpu, &kernel, ty, &w, &Case::plain(t, k, n), &mut rng);
@@ -256,7 +264,7 @@ fn gpu_matmul_awkward_sizes_every_qtype() {
         // One block per row, padded strides.
         let k1 = matvec::k_multiple(ty).unwrap();
         let w = random_weight(ty, k1, 33, &mut rng);
-        let kernel = load(&gpu, mm_variant(ty, None, &[("bm", 64)]));
+        let kernel = load(&gpu, mm_variant(ty, (None, None), &[("bm", 64)]));
         check(
             &gpu,
             &kernel,
@@ -283,7 +291,7 @@ fn gpu_matmul_accumulate_adds_to_y() {
     for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
         let (k, n) = (2048, 640);
         let w = random_weight(ty, k, n, &mut rng);
-        for dims in [Some((k, n)), None] {
+        for dims in bakes(k, n) {
             let kernel = load(&gpu, mm_variant(ty, dims, &[("accumulate", 1)]));
             check(
                 &gpu,
@@ -354,7 +362,7 @@ fn gpu_matmul_grouped_experts_match_each_experts_product() {
         let y0 = vec![f32::NAN; (total - 1) * ldy + n];
         let (dw, dx) = (up(s, &w), up(s, &x));
         let mut doff = up(s, &vec![0i32; offsets.len()]);
-        for dims in [Some((k, n)), None] {
+        for dims in bakes(k, n) {
             let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", 64)]));
             let mut dy = up(s, &y0);
             let dev_offsets = matmul::ExpertOffsets::upload(&kernel, &offsets, &mut doff).unwrap_or_else(|e| panic!("{e}"));
@@ -410,7 +418,7 @@ fn gpu_matmul_strided_batch_matches_each_heads_product() {
             terms.push(dot_terms(ty, m, k, n, &xz, t, None));
         }
         let (dw, dx) = (up(s, &mats.concat()), up(s, &x));
-        for dims in [Some((k, n)), None] {
+        for dims in bakes(k, n) {
             let kernel = load(&gpu, mm_variant(ty, dims, &[]));
             let mut dy = up(s, &y0);
             matmul::matmul_batched(&kernel, &dw.slice(..), &dx.slice(..), &mut dy.slice_mut(..), heads, t, k, n, (ldx, xr), (ldy, yr))

@@ -70,7 +70,7 @@ fn run_inner(cmd: &KernelsCommand) -> Result<bool, Error> {
         .filter(|v| match cmd.arch.as_deref() {
             None => true,
             Some("generic") => v.is_generic(),
-            Some(a) => v.arch == Some(a),
+            Some(a) => v.is_for(a),
         })
         .filter(|v| cmd.family.as_deref().is_none_or(|f| v.family == f))
         .collect();
@@ -176,8 +176,9 @@ fn load(variants: &[&'static KernelVariant], cmd: &KernelsCommand) -> Result<boo
     Ok(failures == 0)
 }
 
-fn arch_label(v: &KernelVariant) -> &'static str {
-    v.arch.unwrap_or("generic")
+/// `glm-dsa`, `deepseek2,glm-dsa` for a variant two specs plan alike, or `generic`.
+fn arch_label(v: &KernelVariant) -> String {
+    if v.is_generic() { "generic".into() } else { v.archs().join(",") }
 }
 
 fn print_table(header: &[&str], rows: &[Vec<String>]) {
@@ -206,7 +207,7 @@ fn print_list(variants: &[&'static KernelVariant], as_json: bool) {
         return;
     }
     let rows: Vec<Vec<String>> =
-        variants.iter().map(|v| vec![v.name.to_string(), v.family.to_string(), arch_label(v).to_string(), v.params_text()]).collect();
+        variants.iter().map(|v| vec![v.name.to_string(), v.family.to_string(), arch_label(v), v.params_text()]).collect();
     print_table(&["variant", "family", "arch", "params"], &rows);
     let generic = variants.iter().filter(|v| v.is_generic()).count();
     println!("{} variants ({} specialized, {generic} generic)", variants.len(), variants.len() - generic);
@@ -222,7 +223,7 @@ fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<Compile
         .iter()
         .zip(results)
         .map(|(v, r)| {
-            let mut row = vec![v.name.to_string(), v.family.to_string(), arch_label(v).to_string()];
+            let mut row = vec![v.name.to_string(), v.family.to_string(), arch_label(v)];
             match r {
                 Ok(c) => {
                     row.push(c.outcome.label().to_string());
@@ -268,7 +269,7 @@ fn json_row(v: &KernelVariant, result: Option<&Result<CompiledVariant, Error>>, 
             (k.to_string(), value)
         })
         .collect();
-    let mut row = json!({ "name": v.name, "family": v.family, "arch": v.arch, "params": params });
+    let mut row = json!({ "name": v.name, "family": v.family, "arch": v.arch, "archs": v.archs(), "params": params });
     if let Some(result) = result {
         row["sm"] = json!(arch.to_string());
         match result {

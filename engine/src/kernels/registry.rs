@@ -37,6 +37,20 @@ impl KernelVariant {
         self.arch.is_none()
     }
 
+    /// Every architecture whose spec asked for this variant (`arch` is the first; a name two
+    /// specs plan alike is one variant); empty for a generic one.
+    pub fn archs(&self) -> Vec<&'static str> {
+        match ARCHS.iter().find(|(n, _)| *n == self.name) {
+            Some((_, all)) => all.to_vec(),
+            None => self.arch.into_iter().collect(),
+        }
+    }
+
+    /// Whether `arch`'s spec asked for this variant.
+    pub fn is_for(&self, arch: &str) -> bool {
+        self.archs().contains(&arch)
+    }
+
     pub fn param(&self, key: &str) -> Option<Param> {
         self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
@@ -62,6 +76,15 @@ pub fn variants() -> &'static [KernelVariant] {
 
 pub fn find(name: &str) -> Option<&'static KernelVariant> {
     VARIANTS.iter().find(|v| v.name == name)
+}
+
+/// Per shape a variant serves through dims it takes at run time (a spec entry's `at_run_time`):
+/// the architecture and the (dim, value) pairs.
+pub type ServedShapes = &'static [(&'static str, &'static [(&'static str, i64)])];
+
+/// The shapes a variant serves through dims it takes at run time; empty when every dim is baked.
+pub fn served(name: &str) -> ServedShapes {
+    SERVED.iter().find(|(n, _)| *n == name).map_or(&[], |(_, s)| s)
 }
 
 /// The variants of one family, in registry order.
@@ -279,6 +302,27 @@ mod tests {
         let best = select_in_with(FIXTURE, "matvec", &[("k", Param::Int(640)), ("n", Param::Int(1024)), ("qtype", Param::Sym("q4_k"))], Policy::Best).unwrap();
         assert_eq!(best.variant.name, "matvec__k640_n1024_q4_k");
         assert!(select_in_with(FIXTURE, "matvec", &[("qtype", Param::Sym("q6_k"))], Policy::GenericOnly).is_err());
+    }
+
+    /// A variant that bakes K and takes N at run time (a spec's `at_run_time`) is the
+    /// specialized pick for every N at its K, its generic twin the `--generic` one; another K
+    /// falls back to the generic variant.
+    #[test]
+    fn a_variant_with_n_at_run_time_fits_every_n() {
+        static MM: &[KernelVariant] = &[
+            KernelVariant { name: "matmul__k6144__q8_0", family: "matmul", arch: Some("glm-dsa"), params: &[("k", Param::Int(6144)), ("qtype", Param::Sym("q8_0"))], source: SRC },
+            KernelVariant { name: "matmul__generic__q8_0", family: "matmul", arch: None, params: &[("qtype", Param::Sym("q8_0"))], source: SRC },
+        ];
+        for n in [1, 576, 2048, 154880] {
+            let want = [("k", Param::Int(6144)), ("n", Param::Int(n)), ("qtype", Param::Sym("q8_0"))];
+            let s = select_in(MM, "matmul", &want, true).unwrap();
+            assert!(s.specialized && s.variant.name == "matmul__k6144__q8_0", "n {n}: {}", s.reason);
+            assert_eq!(select_in_with(MM, "matmul", &want, Policy::GenericOnly).unwrap().variant.name, "matmul__generic__q8_0");
+        }
+        let other = [("k", Param::Int(2048)), ("n", Param::Int(2048)), ("qtype", Param::Sym("q8_0"))];
+        let s = select_in(MM, "matmul", &other, false).unwrap();
+        assert!(!s.specialized && s.reason.contains("k=6144"), "{}", s.reason);
+        assert!(select_in(MM, "matmul", &other, true).is_err());
     }
 
     static TWINS: &[KernelVariant] = &[

@@ -126,6 +126,7 @@ pub fn variant(family: &str, params: &[(&str, V)]) -> &'static KernelVariant {
             vec![]
         },
         params: planned,
+        served: Vec::new(),
     };
     let source = render_cuda(&pv, fam).unwrap_or_else(|e| panic!("{e}"));
     let params: Vec<(&'static str, Param)> = pv
