@@ -380,6 +380,36 @@ fn parallel_batch_reports_hits_and_misses_in_order() {
     assert_eq!(got, [("cache_demo__n8", CacheOutcome::Compiled), ("cache_demo__n4", CacheOutcome::Disk)]);
 }
 
+/// More misses than workers, weights mixed (`mla_decode` is heavy, the rest weigh 1): compiled
+/// heaviest first, reported in the caller's order, each under its own name.
+#[test]
+fn many_misses_of_mixed_weight_come_back_in_order() {
+    if !have_nvrtc("many_misses_of_mixed_weight_come_back_in_order") {
+        return;
+    }
+    let variants: Vec<&'static KernelVariant> = (0..9)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("weights_demo_{i}").into_boxed_str());
+            let source = Box::leak(format!("extern \"C\" __global__ void {name}(float* y) {{ y[threadIdx.x] += {i}.0f; }}\n").into_boxed_str());
+            let family = if i % 3 == 2 { "mla_decode" } else { "cache_demo" };
+            &*Box::leak(Box::new(KernelVariant { name, family, arch: None, params: &[], source }))
+        })
+        .collect();
+    assert!(variants[2].compile_weight() > variants[0].compile_weight(), "mla_decode has a Compile weight in templates/README.md");
+    let dir = TempDir::new("weights");
+    let cache = KernelCache::new(CacheConfig::at(&dir.0));
+    let results = compile_variants(&cache, &variants, &HeaderSet::new(&[]), SmArch(90));
+    let got: Vec<&str> = results.iter().map(|r| r.as_ref().map(|c| c.variant.name).unwrap()).collect();
+    let want: Vec<&str> = variants.iter().map(|v| v.name).collect();
+    assert_eq!(got, want);
+    for r in &results {
+        let c = r.as_ref().unwrap();
+        assert_eq!(c.outcome, CacheOutcome::Compiled);
+        let symbol = c.variant.name.as_bytes();
+        assert!(c.cubin.bytes.windows(symbol.len()).any(|w| w == symbol), "{}'s cubin lacks its entry point", c.variant.name);
+    }
+}
+
 #[test]
 fn clear_removes_every_entry() {
     if !have_nvrtc("clear_removes_every_entry") {
