@@ -45,3 +45,55 @@ fn load_times_a_start_up_on_the_gpu_and_says_why_it_cannot_without_one() {
     assert!(stderr.contains("libcuda") || stderr.contains("device"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Cold compiles in `memra nvrtc-worker` child processes (cuda::workers): every variant compiled
+/// and reported as such, its entry in the disk cache (a second run hits them all); the same with
+/// compiles kept in this process. NVRTC from the pip wheel (one SKIP line without it).
+#[test]
+fn cold_compiles_in_worker_processes_fill_the_cache() {
+    if memra_engine::cuda::library::nvrtc_or_skip("cold_compiles_in_worker_processes_fill_the_cache").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memra-workers-{}", std::process::id()));
+    let run = |procs: &str, clear: bool| {
+        let mut args = vec!["kernels", "--arch", "generic", "--family", "embed", "--compile", "--sm", "90", "--json"];
+        if clear {
+            args.push("--clear-cache");
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_memra")).args(&args).env("MEMRA_CACHE", &dir).env("MEMRA_NVRTC_PROCS", procs).output().expect("spawn memra");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("--json output");
+        (rows.iter().map(|r| r["cache"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for procs in ["2", "1"] {
+        let (cold, stderr) = run(procs, true);
+        assert!(cold.len() >= 2 && cold.iter().all(|c| c == "miss"), "MEMRA_NVRTC_PROCS={procs}: {cold:?}");
+        assert!(stderr.contains(&format!("{0}/{0}", cold.len())), "the progress line counts every compile once: {stderr}");
+        assert_eq!(stderr.contains(" in 2 processes "), procs == "2", "MEMRA_NVRTC_PROCS={procs}: {stderr}");
+        let cubins = std::fs::read_dir(dir.join("kernels").join(env!("CARGO_PKG_VERSION")).join("sm_90")).map_or(0, |d| d.count());
+        assert_eq!(cubins, cold.len(), "MEMRA_NVRTC_PROCS={procs}: one cache entry per variant");
+        let (warm, _) = run(procs, false);
+        assert!(warm.iter().all(|c| c == "hit"), "MEMRA_NVRTC_PROCS={procs}: {warm:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The worker itself: names it does not know are reported, and it fails.
+#[test]
+fn a_worker_reports_a_variant_it_does_not_have() {
+    let dir = std::env::temp_dir().join(format!("memra-worker-bad-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_memra"))
+        .args(["nvrtc-worker", "--sm", "90", "--cache-dir"])
+        .arg(&dir)
+        .arg("no_such_variant__n1")
+        .output()
+        .expect("spawn memra");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stdout.starts_with("error no_such_variant__n1 ") && stdout.contains("no kernel variant"), "{stdout}");
+    assert!(stderr.contains("1 of 1 variants failed") && !stderr.contains("panicked"), "{stderr}");
+    let help = memra(&["--help"]);
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("nvrtc-worker"), "an internal subcommand stays out of --help");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -20,6 +20,8 @@ struct Cli {
 const ENVIRONMENT: &str = "Environment:
   MEMRA_CACHE=DIR            kernel CUBIN cache and fetched models (default ~/.cache/memra)
   MEMRA_NO_NVRTC=1           never compile: a kernel missing from the cache is an error
+  MEMRA_NVRTC_PROCS=N        most child processes for cold compiles (default: the cores, at most
+                             16; 0 or 1: compile in this process)
   MEMRA_NVRTC_PATH, MEMRA_LIBCUDA_PATH, MEMRA_NCCL_PATH
                              where to look first for libnvrtc, libcuda, libnccl
   MEMRA_SEED=N               replay the random inputs of a test or `memra bench --synthetic`
@@ -50,15 +52,22 @@ enum Command {
     /// chart from saved results (`--report`, no GPU needed).
     #[command(after_help = "Examples:\n  memra bench\n  memra bench --arch glm-dsa --family matvec --json out/h200.json\n  memra bench --list\n  memra bench --model gemma-3-270m-q4_k_m.gguf --json model.json\n  memra bench --model gemma-3-270m-q4_k_m.gguf --breakdown\n  memra bench --report h200.json --peers peers.json --svg chart.svg")]
     Bench(memra_engine::bench::BenchArgs),
+    /// Internal: compile the named kernel variants into the cache for a cold start-up of another
+    /// memra process (memra_engine::cuda::workers).
+    #[command(name = "nvrtc-worker", hide = true)]
+    NvrtcWorker(memra_engine::cuda::workers::WorkerArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Cold compiles may run in child processes of this executable (`memra nvrtc-worker`).
+    memra_engine::cuda::workers::enable();
     match cli.command {
         Command::Inspect(args) => exit_code(inspect::run(&args)),
         Command::Run(args) => exit_code(memra_engine::run::run(&args)),
         Command::Kernels(args) => memra_engine::kernels::cli::run(&args),
         Command::Bench(args) => exit_code(memra_engine::bench::run(&args)),
+        Command::NvrtcWorker(args) => exit_code(memra_engine::cuda::workers::worker_main(&args).map_err(Into::into)),
     }
 }
 

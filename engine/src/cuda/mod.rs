@@ -10,6 +10,7 @@ pub mod graph;
 pub mod library;
 pub mod module;
 pub mod nvrtc;
+pub mod workers;
 
 use std::fmt;
 use std::path::PathBuf;

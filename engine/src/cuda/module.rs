@@ -13,6 +13,7 @@ use cudarc::nvrtc::Ptx;
 use rayon::prelude::*;
 
 use super::cache::{CacheOutcome, CompileJob, KernelCache};
+use super::workers;
 use super::nvrtc::{Cubin, HeaderSet};
 use super::{Error, SmArch};
 use crate::kernels::registry::KernelVariant;
@@ -51,14 +52,26 @@ pub fn compile_variants(
         .collect();
     let mut misses: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
     if !misses.is_empty() {
-        // Heaviest first, each worker taking the next miss as it frees up (longest-processing-
-        // time-first list scheduling): a cold start-up ends when its last compile does, and an
-        // attention kernel takes ~4x an elementwise one. In registry order (or under rayon's
-        // range splitting, which hands one worker a run of neighbours) they start late or
-        // back to back: glm-dsa's 77 took 3.0 s on a 16-core host instead of ~2.3.
+        // Heaviest first (longest-processing-time-first scheduling): a cold start-up ends when its
+        // last compile does, and one attention variant can take ~15x an elementwise one. Worker
+        // processes get shares balanced by weight; the threads below take the next miss as they
+        // free up (rayon's range splitting could hand one thread a run of heavy neighbours).
         misses.sort_by_key(|&i| std::cmp::Reverse(variants[i].compile_weight()));
         // Under MEMRA_NO_NVRTC=1 the misses fail at once; no progress line for compiles that never happen.
-        let progress = Progress::start(misses.len(), arch, cache.config().allow_compile);
+        let procs = workers::processes_for(cache, variants, &misses, headers);
+        let progress = Progress::start(misses.len(), arch, procs, cache.config().allow_compile);
+        if let Some(procs) = procs {
+            let asked = misses.len();
+            // Compiled by child processes into the disk cache: read back, reported as compiled.
+            for d in workers::compile(cache, variants, &misses, arch, procs, &|| progress.tick()) {
+                if let Ok(Some((cubin, _))) = cache.lookup(&job(variants[d.index])) {
+                    let variant = variants[d.index];
+                    results[d.index] = Some(Ok(CompiledVariant { variant, cubin, outcome: CacheOutcome::Compiled, seconds: d.seconds }));
+                }
+            }
+            misses.retain(|&i| results[i].is_none());
+            progress.done.store(asked - misses.len(), Ordering::Relaxed);
+        }
         let next = AtomicUsize::new(0);
         let compile_next = || {
             let mut done = Vec::new();
@@ -77,9 +90,9 @@ pub fn compile_variants(
             done
         };
         // rayon's pool size (RAYON_NUM_THREADS, else the cores), as the probes above use.
-        let workers = rayon::current_num_threads().clamp(1, misses.len());
+        let threads = rayon::current_num_threads().max(1).min(misses.len());
         let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers).map(|_| scope.spawn(compile_next)).collect();
+            let handles: Vec<_> = (0..threads).map(|_| scope.spawn(compile_next)).collect();
             handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
         });
         progress.finish();
@@ -90,21 +103,23 @@ pub fn compile_variants(
     results.into_iter().map(|r| r.expect("every variant was probed or compiled")).collect()
 }
 
-/// `compiling 37 kernels for sm_90 … 12/37`, redrawn in place on a terminal; on a pipe only the
+/// `compiling 37 kernels for sm_90 in 16 processes … 12/37`, redrawn in place on a terminal; on a pipe only the
 /// first and last lines, so logs stay short.
 struct Progress {
     total: usize,
     done: AtomicUsize,
     arch: SmArch,
+    /// Worker processes (cuda::workers), if the compiles run in them.
+    procs: Option<usize>,
     tty: bool,
     shown: bool,
     start: Instant,
 }
 
 impl Progress {
-    fn start(total: usize, arch: SmArch, shown: bool) -> Progress {
+    fn start(total: usize, arch: SmArch, procs: Option<usize>, shown: bool) -> Progress {
         let tty = std::io::stderr().is_terminal();
-        let p = Progress { total, done: AtomicUsize::new(0), arch, tty, shown, start: Instant::now() };
+        let p = Progress { total, done: AtomicUsize::new(0), arch, procs, tty, shown, start: Instant::now() };
         p.draw(0, false);
         p
     }
@@ -126,7 +141,8 @@ impl Progress {
         }
         let mut err = std::io::stderr().lock();
         let s = if self.total == 1 { "" } else { "s" };
-        let line = format!("compiling {} kernel{s} for {} … {done}/{}", self.total, self.arch, self.total);
+        let how = self.procs.map(|p| format!(" in {p} processes")).unwrap_or_default();
+        let line = format!("compiling {} kernel{s} for {}{how} … {done}/{}", self.total, self.arch, self.total);
         let _ = match (self.tty, last) {
             (true, false) => write!(err, "\r{line}"),
             (true, true) => writeln!(err, "\r{line} ({:.1} s)", self.start.elapsed().as_secs_f64()),
