@@ -63,17 +63,19 @@ fn cold_compiles_in_worker_processes_fill_the_cache() {
         let out = Command::new(env!("CARGO_BIN_EXE_memra")).args(&args).env("MEMRA_CACHE", &dir).env("MEMRA_NVRTC_PROCS", procs).output().expect("spawn memra");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("--json output");
-        (rows.iter().map(|r| r["cache"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let by = |r: &serde_json::Value| format!("{} {}", r["cache"].as_str().unwrap_or(""), r["compiled_by"].as_str().unwrap_or("-"));
+        (rows.iter().map(by).collect::<Vec<_>>(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     for procs in ["2", "1"] {
         let (cold, stderr) = run(procs, true);
-        assert!(cold.len() >= 2 && cold.iter().all(|c| c == "miss"), "MEMRA_NVRTC_PROCS={procs}: {cold:?}");
+        let want = if procs == "2" { "miss worker" } else { "miss this process" };
+        assert!(cold.len() >= 4 && cold.iter().all(|c| c == want), "MEMRA_NVRTC_PROCS={procs}: {cold:?}");
         assert!(stderr.contains(&format!("{0}/{0}", cold.len())), "the progress line counts every compile once: {stderr}");
         assert_eq!(stderr.contains(" in 2 processes "), procs == "2", "MEMRA_NVRTC_PROCS={procs}: {stderr}");
         let cubins = std::fs::read_dir(dir.join("kernels").join(env!("CARGO_PKG_VERSION")).join("sm_90")).map_or(0, |d| d.count());
         assert_eq!(cubins, cold.len(), "MEMRA_NVRTC_PROCS={procs}: one cache entry per variant");
         let (warm, _) = run(procs, false);
-        assert!(warm.iter().all(|c| c == "hit"), "MEMRA_NVRTC_PROCS={procs}: {warm:?}");
+        assert!(warm.iter().all(|c| c == "hit -"), "MEMRA_NVRTC_PROCS={procs}: {warm:?}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,6 +26,8 @@ pub struct CompiledVariant {
     pub outcome: CacheOutcome,
     /// Time spent getting it (cache read or NVRTC compile), seconds.
     pub seconds: f64,
+    /// Compiled by a worker process (`cuda::workers`), not in this one.
+    pub by_worker: bool,
 }
 
 /// Gets every variant's cubin for `arch`, compiling cache misses in parallel. Results keep the
@@ -44,7 +46,7 @@ pub fn compile_variants(
         .map(|&variant| {
             let start = Instant::now();
             match cache.lookup(&job(variant)) {
-                Ok(Some((cubin, outcome))) => Some(Ok(CompiledVariant { variant, cubin, outcome, seconds: start.elapsed().as_secs_f64() })),
+                Ok(Some((cubin, outcome))) => Some(Ok(CompiledVariant { variant, cubin, outcome, seconds: start.elapsed().as_secs_f64(), by_worker: false })),
                 Ok(None) => None,
                 Err(e) => Some(Err(e)),
             }
@@ -66,7 +68,7 @@ pub fn compile_variants(
             for d in workers::compile(cache, variants, &misses, arch, procs, &|| progress.tick()) {
                 if let Ok(Some((cubin, _))) = cache.lookup(&job(variants[d.index])) {
                     let variant = variants[d.index];
-                    results[d.index] = Some(Ok(CompiledVariant { variant, cubin, outcome: CacheOutcome::Compiled, seconds: d.seconds }));
+                    results[d.index] = Some(Ok(CompiledVariant { variant, cubin, outcome: CacheOutcome::Compiled, seconds: d.seconds, by_worker: true }));
                 }
             }
             misses.retain(|&i| results[i].is_none());
@@ -83,6 +85,7 @@ pub fn compile_variants(
                     cubin,
                     outcome,
                     seconds: start.elapsed().as_secs_f64(),
+                    by_worker: false,
                 });
                 progress.tick();
                 done.push((i, result));

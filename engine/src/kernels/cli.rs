@@ -226,7 +226,7 @@ fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<Compile
             let mut row = vec![v.name.to_string(), v.family.to_string(), arch_label(v)];
             match r {
                 Ok(c) => {
-                    row.push(c.outcome.label().to_string());
+                    row.push(if c.by_worker { "miss (worker)".to_string() } else { c.outcome.label().to_string() });
                     row.push(format!("{:.1}", c.seconds * 1e3));
                     if report {
                         let p = c.cubin.report();
@@ -243,7 +243,9 @@ fn print_compiled(variants: &[&'static KernelVariant], results: &[Result<Compile
     print_table(&header, &rows);
     let ok: Vec<&CompiledVariant> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     let hits = ok.iter().filter(|c| c.outcome.is_hit()).count();
-    let mut summary = format!("{} variants: {hits} cache hits, {} compiled, {:.2} s in all", variants.len(), ok.len() - hits, seconds);
+    let by_worker = ok.iter().filter(|c| c.by_worker).count();
+    let workers = if by_worker > 0 { format!(" ({by_worker} in worker processes)") } else { String::new() };
+    let mut summary = format!("{} variants: {hits} cache hits, {} compiled{workers}, {:.2} s in all", variants.len(), ok.len() - hits, seconds);
     if report {
         let spilling: Vec<&str> = ok.iter().filter(|c| c.cubin.report().spills()).map(|c| c.variant.name).collect();
         let max_regs = ok.iter().filter_map(|c| c.cubin.report().registers).max();
@@ -277,6 +279,9 @@ fn json_row(v: &KernelVariant, result: Option<&Result<CompiledVariant, Error>>, 
                 let p = c.cubin.report();
                 row["cache"] = json!(if c.outcome.is_hit() { "hit" } else { "miss" });
                 row["ms"] = json!(c.seconds * 1e3);
+                if !c.outcome.is_hit() {
+                    row["compiled_by"] = json!(if c.by_worker { "worker" } else { "this process" });
+                }
                 row["cubin_bytes"] = json!(c.cubin.bytes.len());
                 row["registers"] = json!(p.registers);
                 row["spill_stores"] = json!(p.spill_stores);
