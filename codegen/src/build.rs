@@ -247,7 +247,7 @@ pub fn generate(req: &BuildRequest) -> Result<Generated, BuildError> {
         .iter()
         .map(|(n, p)| (n.clone(), p.as_path()))
         .collect();
-    let mut registry = render::render_registry(&variants, &header_refs, &specialized_dims, &catalogue);
+    let mut registry = render::render_registry(&variants, &header_refs, &specialized_dims);
     registry.push_str(&render::render_shards(&sharded));
     files.push(("kernels.rs".into(), registry));
     Ok(Generated {

@@ -191,10 +191,6 @@ pub struct Family {
     pub name: String,
     /// Empty while the section has no Cfg table yet (a placeholder).
     pub fields: Vec<Field>,
-    /// A variant's NVRTC time relative to a one-pass elementwise kernel (the section's
-    /// `Compile weight: N` line; 1 without one): a cold start-up compiles the heaviest first,
-    /// so its longest compiles do not start last.
-    pub compile_weight: u32,
 }
 
 impl Family {
@@ -259,7 +255,6 @@ impl Catalogue {
                 families.push(Family {
                     name,
                     fields: Vec::new(),
-                    compile_weight: 1,
                 });
                 columns = None;
                 continue;
@@ -268,13 +263,6 @@ impl Catalogue {
                 continue;
             };
             let trimmed = line.trim();
-            if let Some(w) = trimmed.strip_prefix("Compile weight:") {
-                let w = w.trim().trim_end_matches('.');
-                family.compile_weight = w.parse().ok().filter(|&w: &u32| (1..=100).contains(&w)).ok_or_else(|| {
-                    err(format!("`{}`: compile weight `{w}` is not an integer in 1..=100", family.name))
-                })?;
-                continue;
-            }
             if !trimmed.starts_with('|') {
                 columns = None;
                 continue;
@@ -413,21 +401,6 @@ mod tests {
             c.family("matvec").unwrap().fields.is_empty(),
             "a placeholder section has no fields"
         );
-    }
-
-    #[test]
-    fn compile_weight_defaults_to_one_and_is_checked() {
-        let c = Catalogue::parse(Path::new("r"), README).unwrap();
-        assert!(c.families.iter().all(|f| f.compile_weight == 1));
-        let heavy = README.replace("## qk_norm_rope\n", "## qk_norm_rope\n\nCompile weight: 4.\n");
-        let c = Catalogue::parse(Path::new("r"), &heavy).unwrap();
-        assert_eq!(c.family("qk_norm_rope").unwrap().compile_weight, 4);
-        assert_eq!(c.family("rmsnorm").unwrap().compile_weight, 1);
-        for bad in ["0", "heavy", "1000", "-2"] {
-            let text = README.replace("## matvec\n", &format!("## matvec\nCompile weight: {bad}\n"));
-            let e = Catalogue::parse(Path::new("r"), &text).unwrap_err().0;
-            assert!(e.contains("`matvec`: compile weight") && e.starts_with("r:"), "{bad}: {e}");
-        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::dims::ModelDims;
-use crate::families::{Catalogue, Family, FieldKind};
+use crate::families::{Family, FieldKind};
 use crate::spec::{Value, module_name};
 use crate::variant::{KernelVariant, ParamVal};
 
@@ -57,7 +57,6 @@ pub fn render_registry(
     variants: &[KernelVariant],
     headers: &[(String, &Path)],
     specialized: &[ModelDims],
-    catalogue: &Catalogue,
 ) -> String {
     let mut out = String::new();
     out.push_str(
@@ -159,11 +158,6 @@ pub fn render_registry(
     // a default (matvec's XQ8: the integer path, whose q8 x the forwards' call sites provide
     // when they get such a variant): the selection rule's tie-break between otherwise equal
     // generic variants prefers the defaults.
-    out.push_str("/// Families whose variants take NVRTC longer than a one-pass elementwise kernel (templates/README.md\n/// `Compile weight`; the rest weigh 1): a cold start-up compiles the heaviest first.\npub static COMPILE_WEIGHT: &[(&str, u32)] = &[\n");
-    for f in catalogue.families.iter().filter(|f| f.compile_weight > 1) {
-        let _ = writeln!(out, "    ({:?}, {}),", f.name, f.compile_weight);
-    }
-    out.push_str("];\n\n");
     out.push_str("/// Variants whose tuning (or defaulted enum) differs from the family's README defaults.\npub static TUNED: &[&str] = &[\n");
     for v in variants {
         let tuned = v.params.iter().any(|p| p.kind != FieldKind::Dim && p.default.as_ref().is_some_and(|d| *d != p.value));

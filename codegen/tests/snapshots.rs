@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use memra_codegen::build::{self, BuildRequest, Generated};
-use memra_codegen::families::{Catalogue, FieldKind};
+use memra_codegen::families::FieldKind;
 use memra_codegen::render;
 use memra_codegen::variant::{KernelVariant, Param, ParamVal};
 
@@ -202,10 +202,8 @@ fn registry_snapshot() {
         "memra/common.cuh".to_string(),
         Path::new("/templates/memra/common.cuh"),
     )];
-    // One weighted family (a COMPILE_WEIGHT row), one at the default weight (none).
-    let catalogue = Catalogue::parse(Path::new("README.md"), "## matmul\n\nCompile weight: 3\n\n## embed\n").unwrap();
     check(
         "registry",
-        &render::render_registry(&variants, &headers, &[], &catalogue),
+        &render::render_registry(&variants, &headers, &[]),
     );
 }

@@ -54,13 +54,8 @@ pub fn compile_variants(
         .collect();
     let mut misses: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
     if !misses.is_empty() {
-        // Heaviest first (longest-processing-time-first scheduling): a cold start-up ends when its
-        // last compile does, and one attention variant can take ~15x an elementwise one. Worker
-        // processes get shares balanced by weight; the threads below take the next miss as they
-        // free up (rayon's range splitting could hand one thread a run of heavy neighbours).
-        misses.sort_by_key(|&i| std::cmp::Reverse(variants[i].compile_weight()));
-        // Under MEMRA_NO_NVRTC=1 the misses fail at once; no progress line for compiles that never happen.
         let procs = workers::processes_for(cache, variants, &misses, headers);
+        // Under MEMRA_NO_NVRTC=1 the misses fail at once; no progress line for compiles that never happen.
         let progress = Progress::start(misses.len(), arch, procs, cache.config().allow_compile);
         if let Some(procs) = procs {
             let asked = misses.len();
@@ -71,13 +66,13 @@ pub fn compile_variants(
                     results[d.index] = Some(Ok(CompiledVariant { variant, cubin, outcome: CacheOutcome::Compiled, seconds: d.seconds, by_worker: true }));
                 }
             }
+            // What no worker delivered is compiled below (a failing variant's error comes from there).
             misses.retain(|&i| results[i].is_none());
             progress.done.store(asked - misses.len(), Ordering::Relaxed);
         }
-        let next = AtomicUsize::new(0);
-        let compile_next = || {
-            let mut done = Vec::new();
-            while let Some(&i) = misses.get(next.fetch_add(1, Ordering::Relaxed)) {
+        let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = misses
+            .par_iter()
+            .map(|&i| {
                 let variant = variants[i];
                 let start = Instant::now();
                 let result = cache.get_or_compile(&job(variant)).map(|(cubin, outcome)| CompiledVariant {
@@ -88,16 +83,9 @@ pub fn compile_variants(
                     by_worker: false,
                 });
                 progress.tick();
-                done.push((i, result));
-            }
-            done
-        };
-        // rayon's pool size (RAYON_NUM_THREADS, else the cores), as the probes above use.
-        let threads = rayon::current_num_threads().max(1).min(misses.len());
-        let compiled: Vec<(usize, Result<CompiledVariant, Error>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..threads).map(|_| scope.spawn(compile_next)).collect();
-            handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-        });
+                (i, result)
+            })
+            .collect();
         progress.finish();
         for (i, result) in compiled {
             results[i] = Some(result);

@@ -69,7 +69,7 @@ pub struct Delivered {
     pub seconds: f64,
 }
 
-/// Compiles `variants[i]` for each `i` in `misses` (heaviest first) in `procs` child processes
+/// Compiles `variants[i]` for each `i` in `misses` in `procs` child processes
 /// ([`processes_for`]) into `cache`'s directory; `tick` runs as each one is reported. Returns
 /// what the workers reported compiled (the caller reads those entries back from the disk cache);
 /// a worker that does not start or stops early delivers less.
@@ -82,18 +82,13 @@ pub fn compile(
     tick: &(dyn Fn() + Sync),
 ) -> Vec<Delivered> {
     let (Some(exe), Some(dir)) = (WORKER_EXE.get(), cache.config().dir.as_ref()) else { return Vec::new() };
-    // Longest-processing-time first: each variant, heaviest first, to the lightest share so far.
-    let mut shares: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); procs];
-    for &i in misses {
-        let lightest = shares.iter_mut().min_by_key(|(w, _)| *w).expect("procs >= 1");
-        lightest.0 += u64::from(variants[i].compile_weight());
-        lightest.1.push(i);
-    }
+    // Dealt round-robin: a family's variants sit together in the registry and cost alike.
+    let shares: Vec<Vec<usize>> = (0..procs).map(|p| misses.iter().copied().skip(p).step_by(procs).collect()).collect();
     std::thread::scope(|scope| {
         let handles: Vec<_> = shares
             .iter()
-            .filter(|(_, share)| !share.is_empty())
-            .map(|(_, share)| scope.spawn(move || run_worker(exe, dir, arch, variants, share, tick)))
+            .filter(|share| !share.is_empty())
+            .map(|share| scope.spawn(move || run_worker(exe, dir, arch, variants, share, tick)))
             .collect();
         handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
     })

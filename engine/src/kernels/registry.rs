@@ -56,12 +56,6 @@ impl KernelVariant {
         self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
-    /// Its NVRTC time relative to a one-pass elementwise kernel (its family's `Compile weight` in
-    /// templates/README.md): `cuda::module` starts the heaviest compiles first.
-    pub fn compile_weight(&self) -> u32 {
-        COMPILE_WEIGHT.iter().find(|(f, _)| *f == self.family).map_or(1, |(_, w)| *w)
-    }
-
     /// `n=6144 threads=256`.
     pub fn params_text(&self) -> String {
         format_params(self.params.iter().map(|(k, v)| (*k, *v)))
