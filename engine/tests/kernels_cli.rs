@@ -99,3 +99,27 @@ fn a_worker_reports_a_variant_it_does_not_have() {
     assert!(!String::from_utf8_lossy(&help.stdout).contains("nvrtc-worker"), "an internal subcommand stays out of --help");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Workers whose cache entries cannot be written (a file sits where the cache's version directory
+/// should be): the parent says so, compiles in-process, keeps the kernels in memory, succeeds.
+#[test]
+fn worker_results_that_cannot_be_read_back_are_compiled_here() {
+    if memra_engine::cuda::library::nvrtc_or_skip("worker_results_that_cannot_be_read_back_are_compiled_here").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memra-workers-blocked-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("kernels")).unwrap();
+    std::fs::write(dir.join("kernels").join(env!("CARGO_PKG_VERSION")), b"not a directory").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memra"))
+        .args(["kernels", "--arch", "generic", "--family", "embed", "--compile", "--sm", "90", "--json"])
+        .env("MEMRA_CACHE", &dir)
+        .env("MEMRA_NVRTC_PROCS", "2")
+        .output()
+        .expect("spawn memra");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("were not in the cache afterwards") && stderr.contains("not writable"), "{stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("--json output");
+    assert!(rows.len() >= 4 && rows.iter().all(|r| r["compiled_by"] == "this process"), "{rows:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

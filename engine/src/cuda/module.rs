@@ -60,11 +60,22 @@ pub fn compile_variants(
         if let Some(procs) = procs {
             let asked = misses.len();
             // Compiled by child processes into the disk cache: read back, reported as compiled.
+            let mut unread = Vec::new();
             for d in workers::compile(cache, variants, &misses, arch, procs, &|| progress.tick()) {
-                if let Ok(Some((cubin, _))) = cache.lookup(&job(variants[d.index])) {
-                    let variant = variants[d.index];
-                    results[d.index] = Some(Ok(CompiledVariant { variant, cubin, outcome: CacheOutcome::Compiled, seconds: d.seconds, by_worker: true }));
+                let variant = variants[d.index];
+                match cache.lookup(&job(variant)) {
+                    Ok(Some((cubin, _))) => {
+                        results[d.index] = Some(Ok(CompiledVariant { variant, cubin, outcome: CacheOutcome::Compiled, seconds: d.seconds, by_worker: true }));
+                    }
+                    _ => unread.push(variant.name),
                 }
+            }
+            if let Some(first) = unread.first() {
+                // E.g. a worker that found another NVRTC (its version is part of the cache key).
+                eprintln!(
+                    "warning: memra: {} kernels compiled by workers were not in the cache afterwards (first: {first}); compiling them in this process",
+                    unread.len()
+                );
             }
             // What no worker delivered is compiled below (a failing variant's error comes from there).
             misses.retain(|&i| results[i].is_none());

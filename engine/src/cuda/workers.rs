@@ -94,7 +94,9 @@ pub fn compile(
     })
 }
 
-/// Runs one worker over `share` and collects its `ok NAME SECONDS` lines as they come.
+/// Runs one worker over `share` and collects its `ok NAME SECONDS` lines as they come. A worker
+/// that delivers less than its share says why on stderr (one line; the rest is compiled in this
+/// process).
 fn run_worker(
     exe: &Path,
     dir: &Path,
@@ -106,22 +108,51 @@ fn run_worker(
     let mut cmd = Command::new(exe);
     cmd.arg(SUBCOMMAND).arg("--sm").arg(arch.0.to_string()).arg("--cache-dir").arg(dir);
     cmd.args(share.iter().map(|&i| variants[i].name));
-    let Ok(mut child) = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn() else {
-        return Vec::new();
+    let mut child = match cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("warning: memra: cannot start a compile worker ({}: {e}); compiling in this process", exe.display());
+            return Vec::new();
+        }
     };
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let mut delivered = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let mut words = line.split_whitespace();
-            if let (Some("ok"), Some(name), Some(secs)) = (words.next(), words.next(), words.next())
-                && let Some(&index) = share.iter().find(|&&i| variants[i].name == name)
-            {
-                delivered.push(Delivered { index, seconds: secs.parse().unwrap_or(0.0) });
-                tick();
+    let mut failures = Vec::new();
+    // stderr drained on its own thread: a worker blocked on a full stderr pipe would never close stdout.
+    let err_text = std::thread::scope(|scope| {
+        let err = scope.spawn(move || {
+            let mut text = String::new();
+            if let Some(mut e) = stderr {
+                let _ = std::io::Read::read_to_string(&mut e, &mut text);
+            }
+            text
+        });
+        for line in stdout.map(|out| BufReader::new(out).lines().map_while(Result::ok)).into_iter().flatten() {
+            let mut words = line.splitn(3, ' ');
+            match (words.next(), words.next(), words.next()) {
+                (Some("ok"), Some(name), Some(secs)) => {
+                    if let Some(&index) = share.iter().find(|&&i| variants[i].name == name) {
+                        delivered.push(Delivered { index, seconds: secs.trim().parse().unwrap_or(0.0) });
+                        tick();
+                    }
+                }
+                (Some("error"), Some(name), _) => failures.push(name.to_string()),
+                _ => {}
             }
         }
+        err.join().unwrap_or_default()
+    });
+    let status = child.wait();
+    // A variant that fails to compile is reported with its full log by the in-process retry.
+    if delivered.len() + failures.len() < share.len() {
+        let why = err_text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+        eprintln!(
+            "warning: memra: a compile worker delivered {} of {} kernels ({status}: {why}); compiling the rest in this process",
+            delivered.len(),
+            share.len()
+        );
     }
-    let _ = child.wait();
     delivered
 }
 
