@@ -84,19 +84,24 @@ pub fn compile(
     let (Some(exe), Some(dir)) = (WORKER_EXE.get(), cache.config().dir.as_ref()) else { return Vec::new() };
     // Dealt round-robin: a family's variants sit together in the registry and cost alike.
     let shares: Vec<Vec<usize>> = (0..procs).map(|p| misses.iter().copied().skip(p).step_by(procs).collect()).collect();
-    std::thread::scope(|scope| {
+    let outcomes: Vec<(Vec<Delivered>, Option<String>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = shares
             .iter()
             .filter(|share| !share.is_empty())
             .map(|share| scope.spawn(move || run_worker(exe, dir, arch, variants, share, tick)))
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
-    })
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| (Vec::new(), Some("its reader thread panicked".into())))).collect()
+    });
+    // One line for all of them (a failed start or Ctrl-C would otherwise print one per worker).
+    let short: Vec<&String> = outcomes.iter().filter_map(|(_, why)| why.as_ref()).collect();
+    if let Some(first) = short.first() {
+        eprintln!("warning: memra: {} of {} compile workers fell short ({first}); compiling the rest in this process", short.len(), outcomes.len());
+    }
+    outcomes.into_iter().flat_map(|(delivered, _)| delivered).collect()
 }
 
-/// Runs one worker over `share` and collects its `ok NAME SECONDS` lines as they come. A worker
-/// that delivers less than its share says why on stderr (one line; the rest is compiled in this
-/// process).
+/// Runs one worker over `share` and collects its `ok NAME SECONDS` lines as they come, with why
+/// it fell short when it delivered neither a kernel nor a compile error for every name.
 fn run_worker(
     exe: &Path,
     dir: &Path,
@@ -104,20 +109,17 @@ fn run_worker(
     variants: &[&'static KernelVariant],
     share: &[usize],
     tick: &(dyn Fn() + Sync),
-) -> Vec<Delivered> {
+) -> (Vec<Delivered>, Option<String>) {
     let mut cmd = Command::new(exe);
     cmd.arg(SUBCOMMAND).arg("--sm").arg(arch.0.to_string()).arg("--cache-dir").arg(dir);
     cmd.args(share.iter().map(|&i| variants[i].name));
     let mut child = match cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
         Ok(child) => child,
-        Err(e) => {
-            eprintln!("warning: memra: cannot start a compile worker ({}: {e}); compiling in this process", exe.display());
-            return Vec::new();
-        }
+        Err(e) => return (Vec::new(), Some(format!("cannot start {}: {e}", exe.display()))),
     };
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let mut delivered = Vec::new();
-    let mut failures = Vec::new();
+    let mut failed = 0;
     // stderr drained on its own thread: a worker blocked on a full stderr pipe would never close stdout.
     let err_text = std::thread::scope(|scope| {
         let err = scope.spawn(move || {
@@ -136,7 +138,7 @@ fn run_worker(
                         tick();
                     }
                 }
-                (Some("error"), Some(name), _) => failures.push(name.to_string()),
+                (Some("error"), Some(_), _) => failed += 1,
                 _ => {}
             }
         }
@@ -144,16 +146,12 @@ fn run_worker(
     });
     let status = child.wait();
     // A variant that fails to compile is reported with its full log by the in-process retry.
-    if delivered.len() + failures.len() < share.len() {
+    let short = (delivered.len() + failed < share.len()).then(|| {
         let why = err_text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
         let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-        eprintln!(
-            "warning: memra: a compile worker delivered {} of {} kernels ({status}: {why}); compiling the rest in this process",
-            delivered.len(),
-            share.len()
-        );
-    }
-    delivered
+        format!("one delivered {} of {} kernels, {status}: {why}", delivered.len(), share.len())
+    });
+    (delivered, short)
 }
 
 /// Arguments of `memra nvrtc-worker` (internal: spawned by a cold start-up, see the module doc).
