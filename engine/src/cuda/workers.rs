@@ -171,7 +171,7 @@ pub struct WorkerArgs {
 /// `ok NAME SECONDS` or `error NAME MESSAGE` per variant. Fails if any did not compile.
 pub fn worker_main(args: &WorkerArgs) -> Result<(), Error> {
     let arch = SmArch::parse(&args.sm).ok_or_else(|| Error::Selection { detail: format!("{SUBCOMMAND}: --sm `{}` is not an architecture (90, sm_90)", args.sm) })?;
-    let cache = KernelCache::new(CacheConfig { dir: Some(args.cache_dir.clone()), allow_compile: true });
+    let cache = KernelCache::new(CacheConfig::at(&args.cache_dir));
     let headers = HeaderSet::registry();
     let mut failed = 0;
     let mut out = std::io::stdout().lock();
