@@ -1267,6 +1267,55 @@ pub fn time_interleaved(
     Ok(out)
 }
 
+/// Per-launch times of `n` kernels launched back to back, as a decode step runs its kernels:
+/// `iters` rounds (after `warmup`); in round `i` each kernel `j` (order rotating with `i`) runs
+/// [`STREAM_LAUNCHES`] times in a row between two events, after one clean L2 flush, on consecutive
+/// buffer sets (`f(j, c)` with a running count `c`, so the rotation keeps each launch's inputs out
+/// of L2 as in [`time_interleaved`]). The launch ramp and tail of one launch overlap the next's
+/// (what a per-launch event pair cannot show). Returns µs per launch per kernel, sorted.
+pub fn time_streamed(
+    gpu: &Gpu,
+    warmup: u32,
+    iters: u32,
+    flush: &mut L2Flush,
+    n: usize,
+    f: &mut dyn FnMut(usize, usize) -> Result<(), Error>,
+) -> Result<Vec<Vec<f64>>, Error> {
+    let s = gpu.stream();
+    let mut c = 0usize;
+    for _ in 0..warmup {
+        for j in 0..n {
+            f(j, c)?;
+            c += 1;
+        }
+    }
+    let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
+    for i in 0..iters as usize {
+        for j in round_order(i, n) {
+            flush.run()?;
+            let start = record(s)?;
+            for _ in 0..STREAM_LAUNCHES {
+                f(j, c)?;
+                c += 1;
+            }
+            events[j].push((start, record(s)?));
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for ev in &events {
+        let mut us = Vec::with_capacity(ev.len());
+        for (start, end) in ev {
+            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3 / STREAM_LAUNCHES as f64);
+        }
+        us.sort_by(f64::total_cmp);
+        out.push(us);
+    }
+    Ok(out)
+}
+
+/// Launches per timed batch of [`time_streamed`].
+pub const STREAM_LAUNCHES: usize = 8;
+
 fn median(sorted: &[f64]) -> f64 {
     let n = sorted.len();
     if n % 2 == 1 { sorted[n / 2] } else { 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]) }
@@ -1315,6 +1364,8 @@ pub struct Row {
     pub bytes: u64,
     pub flops: Option<u64>,
     pub speedup_vs_generic: Option<f64>,
+    /// Per-launch time in back-to-back batches ([`time_streamed`]), µs.
+    pub stream_us: Option<f64>,
 }
 
 impl Row {
@@ -1332,6 +1383,8 @@ impl Row {
             "buffer_sets": self.buffer_sets, "bytes": self.bytes, "gbps": self.gbps(),
             "pct_copy": 100.0 * self.gbps() / copy_gbps, "flops": self.flops, "tflops": self.tflops(),
             "speedup_vs_generic": self.speedup_vs_generic,
+            "stream_us": self.stream_us,
+            "stream_pct_copy": self.stream_us.map(|us| 100.0 * self.bytes as f64 / (us * 1e-6) / 1e9 / copy_gbps),
         })
     }
 }
@@ -1526,8 +1579,9 @@ fn measure_case(
     let variants: Vec<(&'static KernelVariant, Kind)> = case.variants().collect();
     let launched: Vec<&Kernel> = variants.iter().map(|(v, _)| kernels.get(v.name)).collect::<Result<_, _>>()?;
     let times = time_interleaved(gpu, args.warmup, args.iters, flush, launched.len(), &mut |j, i| prepared.launch(launched[j], i))?;
+    let streamed = time_streamed(gpu, 1, args.iters, flush, launched.len(), &mut |j, c| prepared.launch(launched[j], c))?;
     let mut measured: Vec<Row> = Vec::new();
-    for ((v, kind), us) in variants.into_iter().zip(times) {
+    for (((v, kind), us), stream) in variants.into_iter().zip(times).zip(streamed) {
         measured.push(Row {
             family: case.shape.family(),
             variant: v.name,
@@ -1544,6 +1598,7 @@ fn measure_case(
             bytes: case.shape.bytes(),
             flops: case.shape.flops(),
             speedup_vs_generic: None,
+            stream_us: Some(median(&stream)),
         });
     }
     let generic_us = measured.iter().find(|r| r.kind == Kind::Generic).map(|r| r.median_us);
@@ -1695,13 +1750,13 @@ pub fn table(rows: &[Row], copy_gbps: f64) -> String {
     let _ = writeln!(t, "copy bandwidth: {copy_gbps:.0} GB/s");
     let _ = writeln!(
         t,
-        "{:<17} {:<54} {:<11} {:<33} {:<7} {:>10} {:>8} {:>7} {:>8} {:>9}",
-        "family", "variant", "kind", "shape", "dtype", "median_us", "GB/s", "%copy", "TFLOP/s", "spec/gen"
+        "{:<17} {:<54} {:<11} {:<33} {:<7} {:>10} {:>8} {:>7} {:>8} {:>9} {:>10} {:>7}",
+        "family", "variant", "kind", "shape", "dtype", "median_us", "GB/s", "%copy", "TFLOP/s", "spec/gen", "stream_us", "%copy"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "{:<17} {:<54} {:<11} {:<33} {:<7} {:>10.2} {:>8.0} {:>6.1}% {:>8} {:>9}",
+            "{:<17} {:<54} {:<11} {:<33} {:<7} {:>10.2} {:>8.0} {:>6.1}% {:>8} {:>9} {:>10} {:>7}",
             r.family,
             r.variant,
             r.kind.label(),
@@ -1712,6 +1767,8 @@ pub fn table(rows: &[Row], copy_gbps: f64) -> String {
             100.0 * r.gbps() / copy_gbps,
             r.tflops().map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
             r.speedup_vs_generic.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into()),
+            r.stream_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+            r.stream_us.map(|x| format!("{:.1}%", 100.0 * r.bytes as f64 / (x * 1e-6) / 1e9 / copy_gbps)).unwrap_or_else(|| "-".into()),
         );
     }
     t
@@ -1973,6 +2030,7 @@ mod tests {
             bytes: 1,
             flops: None,
             speedup_vs_generic: Some(s),
+            stream_us: None,
         };
         let g = geomeans(&[row("a", 2.0), row("a", 8.0), row("b", 1.5)]);
         assert_eq!(g.len(), 2);

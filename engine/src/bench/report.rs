@@ -754,6 +754,8 @@ pub const RESULT: &[(&str, Ty)] = &[
     ("flops", Ty::IntOrNull),
     ("tflops", Ty::FloatOrNull),
     ("speedup_vs_generic", Ty::FloatOrNull),
+    ("stream_us", Ty::FloatOrNullOrAbsent),
+    ("stream_pct_copy", Ty::FloatOrNullOrAbsent),
 ];
 pub const MODEL: &[(&str, Ty)] = &[
     ("model", Ty::Str),
