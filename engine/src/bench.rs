@@ -1240,31 +1240,12 @@ pub fn time_interleaved(
     n: usize,
     f: &mut dyn FnMut(usize, usize) -> Result<(), Error>,
 ) -> Result<Vec<Vec<f64>>, Error> {
-    let s = gpu.stream();
     for i in 0..warmup as usize {
         for j in 0..n {
             f(j, i)?;
         }
     }
-    let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
-    for i in 0..iters as usize {
-        for j in round_order(i, n) {
-            flush.run()?;
-            let start = record(s)?;
-            f(j, warmup as usize + i)?;
-            events[j].push((start, record(s)?));
-        }
-    }
-    let mut out = Vec::with_capacity(n);
-    for ev in &events {
-        let mut us = Vec::with_capacity(ev.len());
-        for (start, end) in ev {
-            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3);
-        }
-        us.sort_by(f64::total_cmp);
-        out.push(us);
-    }
-    Ok(out)
+    timed_rounds(gpu, iters, flush, n, 1, &mut |j, i, _| f(j, warmup as usize + i))
 }
 
 /// Per-launch times of `n` kernels launched back to back, as a decode step runs its kernels:
@@ -1281,7 +1262,6 @@ pub fn time_streamed(
     n: usize,
     f: &mut dyn FnMut(usize, usize) -> Result<(), Error>,
 ) -> Result<Vec<Vec<f64>>, Error> {
-    let s = gpu.stream();
     let mut c = 0usize;
     for _ in 0..warmup {
         for j in 0..n {
@@ -1289,14 +1269,32 @@ pub fn time_streamed(
             c += 1;
         }
     }
+    timed_rounds(gpu, iters, flush, n, STREAM_LAUNCHES, &mut |j, _, _| {
+        f(j, c)?;
+        c += 1;
+        Ok(())
+    })
+}
+
+/// `iters` rounds; in round `i` each kernel `j` (order rotating with `i`) gets one clean L2
+/// flush, then `per_round` launches `f(j, i, l)` between two events. Returns µs per launch per
+/// kernel, sorted.
+fn timed_rounds(
+    gpu: &Gpu,
+    iters: u32,
+    flush: &mut L2Flush,
+    n: usize,
+    per_round: usize,
+    f: &mut dyn FnMut(usize, usize, usize) -> Result<(), Error>,
+) -> Result<Vec<Vec<f64>>, Error> {
+    let s = gpu.stream();
     let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
     for i in 0..iters as usize {
         for j in round_order(i, n) {
             flush.run()?;
             let start = record(s)?;
-            for _ in 0..STREAM_LAUNCHES {
-                f(j, c)?;
-                c += 1;
+            for l in 0..per_round {
+                f(j, i, l)?;
             }
             events[j].push((start, record(s)?));
         }
@@ -1305,7 +1303,7 @@ pub fn time_streamed(
     for ev in &events {
         let mut us = Vec::with_capacity(ev.len());
         for (start, end) in ev {
-            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3 / STREAM_LAUNCHES as f64);
+            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3 / per_round as f64);
         }
         us.sort_by(f64::total_cmp);
         out.push(us);
