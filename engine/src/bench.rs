@@ -136,6 +136,10 @@ pub struct BenchArgs {
     /// checked against the CPU oracle, then timed (bench/sweep.rs).
     #[arg(long, value_name = "FAMILY")]
     pub sweep: Option<String>,
+    /// `--sweep matvec`: only the shapes whose tensor label contains this text (e.g.
+    /// `attn_output`; `--list` shows the labels).
+    #[arg(long, value_name = "TEXT", requires = "sweep")]
+    pub tensor: Option<String>,
     /// Measure this whole model end to end (prefill and decode tokens/s, specialized and
     /// generic kernels) instead of the kernel families.
     #[arg(long, value_name = "FILE")]

@@ -637,6 +637,13 @@ pub fn run(args: &BenchArgs, family: &str) -> Result<(), Box<dyn std::error::Err
             return Err(format!("--sweep matvec --arch {model}: no shapes of that model (glm-5, qwen3-8b, gemma3-270m)").into());
         }
     }
+    if let Some(text) = &args.tensor {
+        cases.retain(|c| c.shape.tensor.contains(text.as_str()));
+        if cases.is_empty() {
+            let labels: Vec<&str> = SHAPES.iter().map(|s| s.tensor).collect();
+            return Err(format!("--sweep matvec --tensor {text}: no shape's label contains it ({})", labels.join("; ")).into());
+        }
+    }
     harness::run(args, matvec::FAMILY, &cases)
 }
 
