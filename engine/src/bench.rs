@@ -563,7 +563,10 @@ pub fn generic_twin(v: &KernelVariant) -> Option<&'static KernelVariant> {
 /// if it has one (its generic twin is then the registry's too: `None`), else one rendered here
 /// with its generic twin (the same tuning, dims at run time) rendered beside it, so the pair
 /// differs in the baked dims alone (leaked: they live as long as the process, like the registry).
+/// `n` is the case's N; the rendered variant bakes it only where `base` does (a spec entry's
+/// `at_run_time = ["n"]` keeps N a kernel argument).
 fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize) -> (&'static KernelVariant, Option<&'static KernelVariant>) {
+    let baked_n = int(base, "n").map(|_| n);
     if sym_type(base) == Some(ty) {
         return (base, None);
     }
@@ -572,7 +575,7 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
         v.family == matvec::FAMILY
             && !v.is_generic()
             && int(v, "k") == Some(k)
-            && int(v, "n") == Some(n)
+            && int(v, "n") == baked_n
             && v.param("qtype") == Some(Param::Sym(tok))
             && v.params.iter().filter(|(key, _)| *key != "qtype").all(|(key, val)| base.param(key) == Some(*val))
     }) {
@@ -614,7 +617,18 @@ fn matvec_in_type(base: &'static KernelVariant, ty: GgmlType, k: usize, n: usize
     };
     let generic_params = params.iter().copied().filter(|(key, _)| *key != "k" && *key != "n").collect();
     let generic = render(format!("matvec__generic__{tok}{suffix}"), None, (0, 0), generic_params);
-    (render(format!("matvec__k{k}_n{n}__{tok}{suffix}"), base.arch, (k, n), params), Some(generic))
+    let dims = match baked_n {
+        Some(n) => format!("k{k}_n{n}"),
+        None => format!("k{k}"),
+    };
+    (render(format!("matvec__{dims}__{tok}{suffix}"), base.arch, (k, baked_n.unwrap_or(0)), params), Some(generic))
+}
+
+/// The N a product variant is timed at for `arch`: its baked N, or, passed at run time, each N
+/// this arch's spec planned it for.
+fn served_n(v: &KernelVariant, arch: &str) -> Vec<usize> {
+    let served = registry::served(v.name).iter().filter(|(sa, _)| *sa == arch).filter_map(|(_, s)| s.iter().find(|(d, _)| *d == "n")).map(|&(_, n)| n as usize);
+    int(v, "n").into_iter().chain(served).collect()
 }
 
 /// The n_vocab of an architecture's preset as far as the registry shows it (its argmax variant).
@@ -658,7 +672,7 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
         }
         match v.family {
             "matvec" => {
-                let (Some(k), Some(n), Some(baked)) = (int(v, "k"), int(v, "n"), sym_type(v)) else {
+                let (Some(k), Some(baked)) = (int(v, "k"), sym_type(v)) else {
                     continue;
                 };
                 if int(v, "batch").unwrap_or(1) != 1 {
@@ -666,21 +680,21 @@ pub fn plan(arch: Option<&str>, family: Option<&str>) -> Vec<Case> {
                 }
                 let mut types = vec![baked];
                 types.extend(MATVEC_EXTRA_TYPES.iter().copied().filter(|t| *t != baked));
-                for ty in types {
-                    if matvec::k_multiple(ty).is_none_or(|m| !k.is_multiple_of(m)) {
-                        continue;
+                for n in served_n(v, a) {
+                    for &ty in &types {
+                        if matvec::k_multiple(ty).is_none_or(|m| !k.is_multiple_of(m)) {
+                            continue;
+                        }
+                        let (spec, generic) = matvec_in_type(v, ty, k, n);
+                        push(&mut cases, Shape::Matvec { ty, k, n }, a, spec, generic, generic.is_some());
                     }
-                    let (spec, generic) = matvec_in_type(v, ty, k, n);
-                    push(&mut cases, Shape::Matvec { ty, k, n }, a, spec, generic, generic.is_some());
                 }
             }
             "matmul" => {
                 let (Some(k), Some(ty)) = (int(v, "k"), sym_type(v)) else {
                     continue;
                 };
-                // N baked, or passed at run time: each shape this arch's spec planned it for.
-                let served = registry::served(v.name).iter().filter(|(sa, _)| *sa == a).filter_map(|(_, s)| s.iter().find(|(d, _)| *d == "n")).map(|&(_, n)| n as usize);
-                for n in int(v, "n").into_iter().chain(served) {
+                for n in served_n(v, a) {
                     push(&mut cases, Shape::Matmul { ty, t: PREFILL_T, k, n }, a, v, None, false);
                 }
             }
@@ -2003,6 +2017,22 @@ mod tests {
             assert_eq!((v.name, v.param(key), v.param("rows_per_group")), (name, Some(Param::Int(kept)), base.param("rows_per_group")));
             assert!(v.source.contains(&format!("XQ8 = {xq8_src};")), "{name}: {}", v.source);
         }
+    }
+
+    #[test]
+    fn a_matvec_with_n_at_run_time_is_rendered_with_n_at_run_time() {
+        static BASE: KernelVariant = KernelVariant {
+            name: "matvec__k4096__q8_0",
+            family: "matvec",
+            arch: Some("test"),
+            params: &[("k", Param::Int(4096)), ("qtype", Param::Sym("q8_0"))],
+            source: "",
+        };
+        let (v, generic) = matvec_in_type(&BASE, GgmlType::Q4_K, 4096, 12288);
+        assert_eq!(v.name, "matvec__k4096__q4_k");
+        assert!(v.source.contains("K = 4096;") && v.source.contains("N = 0;"), "{}", v.source);
+        assert_eq!((v.param("k"), v.param("n")), (Some(Param::Int(4096)), None));
+        assert_eq!(generic.map(|g| g.name), Some("matvec__generic__q4_k"));
     }
 
     #[test]
