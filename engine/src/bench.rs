@@ -1066,7 +1066,9 @@ impl Prepared {
         let set = &mut self.sets[i % n_sets];
         match (self.shape, set) {
             (Shape::Matvec { k, n, .. }, Set::Matrix { w, x, y }) => {
-                matvec::matvec(kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), k, n, 1, k, n)
+                let (xq, ldx) = self.shared.matvec_x(kernel, x, k)?;
+                let xv = xq.unwrap_or(x).slice(..);
+                matvec::matvec(kernel, &w.slice(..), &xv, &mut y.slice_mut(..), k, n, 1, ldx, n)
             }
             (Shape::Matmul { t, k, n, .. }, Set::Matrix { w, x, y }) => {
                 matmul::matmul(kernel, &w.slice(..), &x.slice(..), &mut y.slice_mut(..), t, k, n, k, n)

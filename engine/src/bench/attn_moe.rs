@@ -41,6 +41,37 @@ pub(super) struct Shared {
     /// quantize_q8, for the moe_matvec variants that read x as q8 rows (timed with them, as the
     /// forward launches it before them).
     quantize: Option<Kernel>,
+    /// The q8 row a matvec case on the integer path quantizes its x into (every set's x in turn).
+    xq: Option<CudaSlice<f32>>,
+}
+
+fn load_quantize(gpu: &Gpu) -> Result<Kernel, Error> {
+    let q = registry::find(QUANTIZE_Q8).ok_or_else(|| Error::Selection { detail: format!("{QUANTIZE_Q8} is not in this build") })?;
+    gpu.load_one(q)
+}
+
+fn shape_k(shape: &Shape) -> usize {
+    match *shape {
+        Shape::Matvec { k, .. } => k,
+        _ => 0,
+    }
+}
+
+impl Shared {
+    /// `x` as the matvec `kernel` reads it: as given (stride k), or, for a variant on the integer
+    /// path, quantized into the case's q8 row first (that launch timed with the product, as the
+    /// forward runs it: models::gpu::Linear).
+    pub(super) fn matvec_x(&mut self, kernel: &Kernel, x: &CudaSlice<f32>, k: usize) -> Result<(Option<&CudaSlice<f32>>, usize), Error> {
+        if !matvec::reads_q8(kernel)? {
+            return Ok((None, k));
+        }
+        let (Some(q), Some(xq)) = (self.quantize.as_ref(), self.xq.as_mut()) else {
+            return Err(checks::invalid(kernel, "reads q8 x but the case has no quantize_q8 (a type without the integer path)"));
+        };
+        let ldq = quantize_q8::row_floats(k);
+        quantize_q8::quantize_q8(q, &x.slice(..), &mut xq.slice_mut(..), k, 1, k, ldq)?;
+        Ok((Some(&*xq), ldq))
+    }
 }
 
 /// One buffer set of an attention / DSA / MoE case.
@@ -94,8 +125,12 @@ impl Shared {
                 if mode.is_paired() {
                     sh.experts_up = Some(fill.weights(ty, k, n_expert * n)?);
                 }
-                let q = registry::find(QUANTIZE_Q8).ok_or_else(|| Error::Selection { detail: format!("{QUANTIZE_Q8} is not in this build") })?;
-                sh.quantize = Some(gpu.load_one(q)?);
+                sh.quantize = Some(load_quantize(gpu)?);
+            }
+            // A matvec variant on the integer path (a spec entry's xq8 = 1) reads q8 x.
+            Shape::Matvec { ty, .. } if matvec::int_dot(ty) => {
+                sh.quantize = Some(load_quantize(gpu)?);
+                sh.xq = Some(alloc(gpu.stream(), quantize_q8::row_floats(shape_k(shape)))?);
             }
             _ => {}
         }

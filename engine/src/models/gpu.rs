@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PinnedHostSlice, ValidAsZeroBits};
 use memra_gguf::{GgmlType, Gguf, TensorInfo, quant};
@@ -206,16 +206,28 @@ impl KernelPlan {
         Ok(None)
     }
 
-    /// A matvec (decode) and a matmul (prefill) variant for a weight matrix.
+    /// A matvec (decode) and a matmul (prefill) variant for a weight matrix. A matvec on the
+    /// integer path (a spec entry's `xq8 = 1`) gets the quantize_q8 variant and a one-row q8
+    /// buffer of its own: [`Linear::forward`] quantizes x into it before the product.
     pub fn linear(&mut self, w: DeviceTensor) -> Result<Linear> {
-        let (matvec, matmul) = self.projection(&w.name, w.ty, w.k, w.n)?;
-        Ok(Linear { w, matvec, matmul })
+        let req = projection_request(&w.name, w.ty, w.k, w.n)?;
+        let named = |e: GpuModelError| err(format!("tensor '{}': {e}", w.name));
+        let product = self.product(matvec::FAMILY, &req).map_err(named)?;
+        let matmul = self.want(matmul::FAMILY, &req).map_err(named)?;
+        let q8 = match product.q8_x {
+            true => {
+                let quantize = self.want(quantize_q8::FAMILY, &[]).map_err(named)?;
+                Some((quantize, Mutex::new(Q8Activation::new(w.data.stream(), w.k, 1)?)))
+            }
+            false => None,
+        };
+        Ok(Linear { w, matvec: product.name, matmul, q8 })
     }
 
-    /// The matvec and matmul variants for a `k`-long, `n`-row matrix `name` of type `ty`.
+    /// The matvec and matmul variants for a `k`-long, `n`-row matrix `name` of type `ty`, for a
+    /// call site that passes f32 x ([`project`]).
     pub fn projection(&mut self, name: &str, ty: GgmlType, k: usize, n: usize) -> Result<(&'static str, &'static str)> {
-        let qtype = Param::Sym(qtype_token(matvec::FAMILY, ty).map_err(|e| err(format!("tensor '{name}': {e}")))?);
-        let req = [("k", Param::Int(k as i64)), ("n", Param::Int(n as i64)), ("qtype", qtype)];
+        let req = projection_request(name, ty, k, n)?;
         let matvec = self.want_f32_x(matvec::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
         let matmul = self.want(matmul::FAMILY, &req).map_err(|e| err(format!("tensor '{name}': {e}")))?;
         Ok((matvec, matmul))
@@ -267,17 +279,36 @@ pub fn qtype_token(family: &str, ty: GgmlType) -> Result<&'static str> {
         .ok_or_else(|| err(format!("no {family} kernel in this build reads {} data", ty.name())))
 }
 
+/// The request of a projection's matvec / matmul: its dims and weight type.
+fn projection_request(name: &str, ty: GgmlType, k: usize, n: usize) -> Result<[(&'static str, Param); 3]> {
+    let qtype = Param::Sym(qtype_token(matvec::FAMILY, ty).map_err(|e| err(format!("tensor '{name}': {e}")))?);
+    Ok([("k", Param::Int(k as i64)), ("n", Param::Int(n as i64)), ("qtype", qtype)])
+}
+
 /// A weight matrix with its decode and prefill kernels: `y[t] = W · x[t]`.
 pub struct Linear {
     pub w: DeviceTensor,
     matvec: &'static str,
     matmul: &'static str,
+    /// A matvec that reads x as q8 rows: the quantize_q8 variant and this projection's q8 row
+    /// (locked only to write it from `&self`; a forward runs on one thread).
+    q8: Option<(&'static str, Mutex<Q8Activation>)>,
 }
 
 impl Linear {
-    /// `x`: `[t, k]` packed, `y`: `[t, n]` packed. One token runs the matvec, more the matmul.
+    /// `x`: `[t, k]` packed, `y`: `[t, n]` packed. One token runs the matvec (quantizing x
+    /// first on the integer path), more the matmul.
     pub fn forward(&self, kernels: &Kernels, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f32>, t: usize) -> Result<()> {
-        project(kernels, (self.matvec, self.matmul), &self.w.name, &self.w.data.slice(..), self.w.k, self.w.n, x, y, t)
+        let (w, k, n) = (&self.w.data.slice(..), self.w.k, self.w.n);
+        match &self.q8 {
+            Some((quantize, q8)) if t == 1 => {
+                let mut q8 = q8.lock().unwrap_or_else(|p| p.into_inner());
+                let named = |e: CudaError| err(format!("tensor '{}': {e}", self.w.name));
+                q8.quantize(kernels.get(quantize)?, x, 1, k).map_err(named)?;
+                matvec::matvec(kernels.get(self.matvec)?, w, &q8.view(), y, k, n, 1, q8.ld(), n).map_err(named)
+            }
+            _ => project(kernels, (self.matvec, self.matmul), &self.w.name, w, k, n, x, y, t),
+        }
     }
 }
 
@@ -688,6 +719,23 @@ mod tests {
         let mut generic = KernelPlan::new(Policy::GenericOnly);
         let g = generic.product(moe_matvec::FAMILY, &req(6144, 2048, "q4_k", "swiglu")).unwrap();
         assert!(g.q8_x && g.name.starts_with("moe_matvec__generic__"), "{g:?}");
+    }
+
+    /// glm-dsa's decode projections are on the integer path too: at GLM-5's dims a projection's
+    /// matvec reads q8 x ([`Linear`] quantizes for it), and a call site that projects f32 x
+    /// ([`KernelPlan::projection`]) refuses it by name.
+    #[cfg(feature = "model-glm-dsa")]
+    #[test]
+    fn glm5_projections_read_q8_x_and_f32_projection_callers_refuse_them() {
+        let mut plan = KernelPlan::new(Policy::Best);
+        let req = [("k", Param::Int(16384)), ("n", Param::Int(6144)), ("qtype", Param::Sym("q8_0"))];
+        let p = plan.product(matvec::FAMILY, &req).unwrap();
+        assert!(p.q8_x && p.name == "matvec__k16384_n6144__q8_0_xq81", "{p:?}");
+        let e = plan.projection("blk.3.attn_output.weight", GgmlType::Q8_0, 16384, 6144).unwrap_err().to_string();
+        assert!(e.contains("blk.3.attn_output.weight") && e.contains(p.name), "{e}");
+        // BF16 has no integer path: f32 x.
+        let bf = [("k", Param::Int(16384)), ("n", Param::Int(6144)), ("qtype", Param::Sym("bf16"))];
+        assert!(!plan.product(matvec::FAMILY, &bf).unwrap().q8_x);
     }
 
     /// Dims no spec bakes: among the generic fits (f32 x and the spec-made xq8 = 1 twins) the
