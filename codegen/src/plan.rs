@@ -384,6 +384,7 @@ fn bake(
         });
     }
     without_xq8_where_no_int_path(&mut params);
+    without_xq8_outside(&mut params, k.xq8_types.as_deref());
     Ok(KernelVariant {
         family: family.name.clone(),
         archs: vec![spec.arch.clone()],
@@ -401,6 +402,19 @@ fn without_xq8_where_no_int_path(params: &mut [Param]) {
         _ => return,
     };
     for p in params.iter_mut().filter(|p| !int_dot && (p.key == "xq8" || p.key == "fuse_x")) {
+        p.value = ParamVal::Int(0);
+    }
+}
+
+/// An entry's `xq8_types` (when given) keeps the integer path to the listed weight types; a
+/// variant of another type takes f32 x.
+fn without_xq8_outside(params: &mut [Param], types: Option<&[(String, Loc)]>) {
+    let Some(types) = types else { return };
+    let listed = match params.iter().find(|p| p.key == "qtype").map(|p| &p.value) {
+        Some(ParamVal::Sym(q)) => types.iter().any(|(t, _)| t == q),
+        _ => return,
+    };
+    for p in params.iter_mut().filter(|p| !listed && (p.key == "xq8" || p.key == "fuse_x")) {
         p.value = ParamVal::Int(0);
     }
 }

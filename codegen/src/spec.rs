@@ -331,6 +331,11 @@ pub struct KernelSpec {
     /// shapes the variant serves) but passed to the kernel at run time, not baked: for a dim
     /// that only sizes the grid and the edge guards, one variant then serves every value.
     pub at_run_time: Vec<(String, Loc)>,
+    /// `xq8_types = ["q4_k", …]`: the weight types whose variants take the entry's integer path
+    /// (`xq8` / `fuse_x`); tensors of other types keep f32 x. Absent: every type that has the
+    /// integer path. (Where the f32 path decodes cheaply, Q8_0, the extra quantize launch can
+    /// cost more than the integer products save.)
+    pub xq8_types: Option<Vec<(String, Loc)>>,
     pub params: Vec<KernelParam>,
     /// Why the architecture needs it (free text).
     pub note: Option<String>,
@@ -1429,8 +1434,28 @@ fn parse_kernels(
                 }
             }
         }
+        let mut xq8_types = None;
+        if let Some((xpath, xspan, xitems)) = k.array(src, "xq8_types") {
+            let mut types = Vec::new();
+            for (j, x) in xitems.iter().enumerate() {
+                let int_path = |s: &str| crate::families::INT_DOT_QTYPES.iter().any(|t| crate::families::qtype_token(*t) == s);
+                match x.get_ref() {
+                    DeValue::String(s) if int_path(s) => types.push((s.to_string(), src.loc(&x.span(), &format!("{xpath}[{j}]")))),
+                    other => src.error(
+                        &x.span(),
+                        &format!("{xpath}[{j}]"),
+                        format!(
+                            "expected a weight type with the integer path ({}), found {}",
+                            crate::families::INT_DOT_QTYPES.iter().map(|t| crate::families::qtype_token(*t)).collect::<Vec<_>>().join(", "),
+                            describe(other)
+                        ),
+                    ),
+                }
+            }
+            xq8_types = Some((types, xspan, xpath));
+        }
         let mut params = Vec::new();
-        let reserved = ["family", "for", "pending", "tensors", "stack", "widen", "at_run_time"];
+        let reserved = ["family", "for", "pending", "tensors", "stack", "widen", "at_run_time", "xq8_types"];
         for (key, ppath, pspan, v) in k.all() {
             if reserved.contains(&key.as_str()) {
                 continue;
@@ -1471,12 +1496,20 @@ fn parse_kernels(
             {
                 src.error(span, &format!("{kpath}.widen"), "widen = true applies to a stacked entry: add stack = true");
             }
+            let on = |key: &str| params.iter().any(|p| p.key == key && !matches!(&p.value, ParamValue::Expr(e) if e.to_string() == "0"));
+            if let Some((_, span, xpath)) = &xq8_types
+                && !on("xq8")
+                && !on("fuse_x")
+            {
+                src.error(span, xpath, "xq8_types narrows the entry's integer path: add xq8 = 1 (or fuse_x = 1)");
+            }
             out.push(KernelSpec {
                 family: family.into_inner(),
                 tensors,
                 stack: stack.is_some_and(|(b, _)| b),
                 widen: widen.is_some_and(|(b, _)| b),
                 at_run_time,
+                xq8_types: xq8_types.map(|(types, ..)| types),
                 params,
                 note,
                 pending,

@@ -450,3 +450,15 @@ fn widen_needs_a_stacked_entry() {
     let text = BASE.replace("family = \"rmsnorm\"\n", "family = \"rmsnorm\"\nwiden = true\n");
     expect_error(&text, "widen = true", "kernels[0].widen", "add stack = true");
 }
+
+#[test]
+fn xq8_types_names_integer_path_types_and_needs_the_integer_path() {
+    let entry = "[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{i}.attn_q.weight\"]\nk = \"ne0\"\nn = \"ne1\"\nxq8 = 1\nxq8_types = [\"q4_k\", \"bf16\"]\n";
+    let text = format!("{BASE}\n{entry}");
+    expect_error(&text, "xq8_types", "kernels[1].xq8_types[1]", "expected a weight type with the integer path");
+    let entry = "[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{i}.attn_q.weight\"]\nk = \"ne0\"\nn = \"ne1\"\nxq8_types = [\"q4_k\"]\n";
+    let text = format!("{BASE}\n{entry}");
+    expect_error(&text, "xq8_types", "kernels[1].xq8_types", "add xq8 = 1");
+    let entry = "[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{i}.attn_q.weight\"]\nk = \"ne0\"\nn = \"ne1\"\nxq8 = 1\nxq8_types = [\"q4_k\", \"q6_k\"]\n";
+    assert!(parse(&format!("{BASE}\n{entry}")).is_ok());
+}

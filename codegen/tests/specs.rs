@@ -97,6 +97,33 @@ fn xq8_applies_only_to_types_with_an_integer_path() {
     }
 }
 
+/// `xq8_types` narrows an entry's integer path to the listed weight types: glm-dsa's attn_output
+/// entry plans xq8 = 1 for a Q4_K or Q6_K attn_output and f32 x for Q8_0; a Q4_K attn_q_a (the
+/// other, f32-x entry) stays f32.
+#[test]
+fn xq8_types_keeps_the_integer_path_to_the_listed_types() {
+    use memra_gguf::GgmlType;
+    let catalogue = Catalogue::load(&root().join("templates/README.md")).unwrap();
+    let spec = ArchSpec::load(&root().join("specs/glm-dsa.toml")).unwrap();
+    for (ty, xq8) in [(GgmlType::Q4_K, 1), (GgmlType::Q6_K, 1), (GgmlType::Q8_0, 0)] {
+        let mut d = dims::from_preset(&spec, None).unwrap();
+        for t in d.tensors.iter_mut().filter(|t| t.name.ends_with(".attn_output.weight") || t.name.ends_with(".attn_q_a.weight")) {
+            t.ggml_type = ty;
+        }
+        let plan = plan::plan_arch(&spec, &d, &catalogue).unwrap_or_else(|e| panic!("{ty:?}: {e}"));
+        let find = |k: &str, n: &str| {
+            plan.variants
+                .iter()
+                .find(|v| v.family == "matvec" && v.param("k").map(|x| x.to_string()).as_deref() == Some(k) && v.param("n").map(|x| x.to_string()).as_deref() == Some(n))
+                .unwrap_or_else(|| panic!("{ty:?}: no matvec {k}->{n}"))
+        };
+        let out = find("16384", "6144");
+        assert_eq!(out.param("xq8").map(|v| v.to_string()), Some(xq8.to_string()), "{ty:?}: {}", out.name());
+        let q_a = find("6144", "2048");
+        assert_eq!(q_a.param("xq8").map(|v| v.to_string()), Some("0".to_string()), "{ty:?}: {}", q_a.name());
+    }
+}
+
 /// No generic variant takes the integer path on a type without one (it would trap): with an
 /// `xq8` tuning in some spec, its generic values reach only the int-path types.
 #[test]

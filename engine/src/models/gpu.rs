@@ -721,21 +721,18 @@ mod tests {
         assert!(g.q8_x && g.name.starts_with("moe_matvec__generic__"), "{g:?}");
     }
 
-    /// glm-dsa's decode projections are on the integer path too: at GLM-5's dims a projection's
-    /// matvec reads q8 x ([`Linear`] quantizes for it), and a call site that projects f32 x
-    /// ([`KernelPlan::projection`]) refuses it by name.
+    /// glm-dsa's largest decode projections take the integer path in the types listed by their
+    /// entry's `xq8_types` (codegen's tests plan them); in the preset's Q8_0 they keep f32 x, and
+    /// a call site that projects f32 x ([`KernelPlan::projection`]) gets them.
     #[cfg(feature = "model-glm-dsa")]
     #[test]
-    fn glm5_projections_read_q8_x_and_f32_projection_callers_refuse_them() {
+    fn glm5_q8_0_projections_keep_f32_x() {
         let mut plan = KernelPlan::new(Policy::Best);
         let req = [("k", Param::Int(16384)), ("n", Param::Int(6144)), ("qtype", Param::Sym("q8_0"))];
         let p = plan.product(matvec::FAMILY, &req).unwrap();
-        assert!(p.q8_x && p.name == "matvec__k16384_n6144__q8_0_xq81", "{p:?}");
-        let e = plan.projection("blk.3.attn_output.weight", GgmlType::Q8_0, 16384, 6144).unwrap_err().to_string();
-        assert!(e.contains("blk.3.attn_output.weight") && e.contains(p.name), "{e}");
-        // BF16 has no integer path: f32 x.
-        let bf = [("k", Param::Int(16384)), ("n", Param::Int(6144)), ("qtype", Param::Sym("bf16"))];
-        assert!(!plan.product(matvec::FAMILY, &bf).unwrap().q8_x);
+        assert!(!p.q8_x && p.name == "matvec__k16384_n6144__q8_0", "{p:?}");
+        let (mv, _) = plan.projection("blk.3.attn_output.weight", GgmlType::Q8_0, 16384, 6144).unwrap();
+        assert_eq!(mv, p.name);
     }
 
     /// Dims no spec bakes: among the generic fits (f32 x and the spec-made xq8 = 1 twins) the
