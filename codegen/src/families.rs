@@ -63,6 +63,11 @@ pub const INT_DOT_QTYPES: &[GgmlType] = &[
     GgmlType::IQ4_XS,
 ];
 
+/// Whether the weight type named by `token` (`q4_k`) has the integer path.
+pub fn has_int_path(token: &str) -> bool {
+    INT_DOT_QTYPES.iter().any(|t| qtype_token(*t) == token)
+}
+
 impl FieldType {
     fn parse(s: &str) -> Option<FieldType> {
         Some(match s.trim_matches('`') {

@@ -10,7 +10,7 @@ use memra_gguf::quant::common_lossless_type;
 
 use crate::dims::{ModelDims, TensorInstance};
 use crate::expr::NameValue;
-use crate::families::{Catalogue, Family, FieldKind, FieldType, INT_DOT_QTYPES, QTYPES, qtype_token};
+use crate::families::{Catalogue, Family, FieldKind, FieldType, QTYPES, has_int_path, qtype_token};
 use crate::source::Loc;
 use crate::spec::{
     ArchSpec, KernelParam, KernelSpec, LM_HEAD, ParamValue, Router, TiedEmbeddings,
@@ -383,8 +383,7 @@ fn bake(
             default,
         });
     }
-    without_xq8_where_no_int_path(&mut params);
-    without_xq8_outside(&mut params, k.xq8_types.as_deref());
+    without_xq8_where_off(&mut params, k.xq8_types.as_deref());
     Ok(KernelVariant {
         family: family.name.clone(),
         archs: vec![spec.arch.clone()],
@@ -394,27 +393,15 @@ fn bake(
 }
 
 /// A kernel entry's tuning covers all its tensors, whatever their type; the integer path (`xq8`,
-/// or its tuning spelling `fuse_x`) exists only for [`INT_DOT_QTYPES`], so a variant of another
-/// type keeps the f32 path (its kernel would trap, the engine refuse it at launch).
-fn without_xq8_where_no_int_path(params: &mut [Param]) {
-    let int_dot = match params.iter().find(|p| p.key == "qtype").map(|p| &p.value) {
-        Some(ParamVal::Sym(q)) => INT_DOT_QTYPES.iter().any(|t| qtype_token(*t) == q),
+/// or its tuning spelling `fuse_x`) exists only for [`crate::families::INT_DOT_QTYPES`], so a variant of another
+/// type keeps the f32 path (its kernel would trap, the engine refuse it at launch). An entry's
+/// `xq8_types` (when given) narrows the path further to the listed types.
+fn without_xq8_where_off(params: &mut [Param], xq8_types: Option<&[(String, Loc)]>) {
+    let on = match params.iter().find(|p| p.key == "qtype").map(|p| &p.value) {
+        Some(ParamVal::Sym(q)) => has_int_path(q) && xq8_types.is_none_or(|types| types.iter().any(|(t, _)| t == q)),
         _ => return,
     };
-    for p in params.iter_mut().filter(|p| !int_dot && (p.key == "xq8" || p.key == "fuse_x")) {
-        p.value = ParamVal::Int(0);
-    }
-}
-
-/// An entry's `xq8_types` (when given) keeps the integer path to the listed weight types; a
-/// variant of another type takes f32 x.
-fn without_xq8_outside(params: &mut [Param], types: Option<&[(String, Loc)]>) {
-    let Some(types) = types else { return };
-    let listed = match params.iter().find(|p| p.key == "qtype").map(|p| &p.value) {
-        Some(ParamVal::Sym(q)) => types.iter().any(|(t, _)| t == q),
-        _ => return,
-    };
-    for p in params.iter_mut().filter(|p| !listed && (p.key == "xq8" || p.key == "fuse_x")) {
+    for p in params.iter_mut().filter(|p| !on && (p.key == "xq8" || p.key == "fuse_x")) {
         p.value = ParamVal::Int(0);
     }
 }
@@ -550,7 +537,7 @@ pub fn plan_generic(
                     .collect::<Vec<Param>>()
             });
             for mut params in combos.into_iter().chain(twins) {
-                without_xq8_where_no_int_path(&mut params);
+                without_xq8_where_off(&mut params, None);
                 push_unique(
                     &mut out,
                     KernelVariant {

@@ -1438,9 +1438,8 @@ fn parse_kernels(
         if let Some((xpath, xspan, xitems)) = k.array(src, "xq8_types") {
             let mut types = Vec::new();
             for (j, x) in xitems.iter().enumerate() {
-                let int_path = |s: &str| crate::families::INT_DOT_QTYPES.iter().any(|t| crate::families::qtype_token(*t) == s);
                 match x.get_ref() {
-                    DeValue::String(s) if int_path(s) => types.push((s.to_string(), src.loc(&x.span(), &format!("{xpath}[{j}]")))),
+                    DeValue::String(s) if crate::families::has_int_path(s) => types.push((s.to_string(), src.loc(&x.span(), &format!("{xpath}[{j}]")))),
                     other => src.error(
                         &x.span(),
                         &format!("{xpath}[{j}]"),

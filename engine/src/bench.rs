@@ -1267,22 +1267,41 @@ pub fn time_interleaved(
     n: usize,
     f: &mut dyn FnMut(usize, usize) -> Result<(), Error>,
 ) -> Result<Vec<Vec<f64>>, Error> {
+    let s = gpu.stream();
     for i in 0..warmup as usize {
         for j in 0..n {
             f(j, i)?;
         }
     }
-    timed_rounds(gpu, iters, flush, n, 1, &mut |j, i, _| f(j, warmup as usize + i))
+    let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
+    for i in 0..iters as usize {
+        for j in round_order(i, n) {
+            flush.run()?;
+            let start = record(s)?;
+            f(j, warmup as usize + i)?;
+            events[j].push((start, record(s)?));
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for ev in &events {
+        let mut us = Vec::with_capacity(ev.len());
+        for (start, end) in ev {
+            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3);
+        }
+        us.sort_by(f64::total_cmp);
+        out.push(us);
+    }
+    Ok(out)
 }
 
 /// Per-launch times of `n` kernels launched back to back, as a decode step runs its kernels:
 /// kernel `j`'s [`STREAM_LAUNCHES`] launches on consecutive buffer sets (`f(j, c)`, `c` counting
 /// up, so the rotation keeps each launch's inputs out of L2 as in [`time_interleaved`]) are
 /// captured once as a CUDA graph with programmatic dependent launch (cuda::graph, as
-/// models::gpu::StepGraph runs a decode step); then `iters` rounds, in round `i` each graph (order
-/// rotating with `i`) replayed once between two events after one clean L2 flush. One launch's
-/// start overlaps the previous one's tail here, which a per-launch event pair cannot show.
-/// Returns µs per launch per kernel, sorted.
+/// models::gpu::StepGraph runs a decode step); the graphs are then timed by
+/// [`time_interleaved`] (one untimed replay each first, which uploads the graph), each replay
+/// after its clean L2 flush. One launch's start overlaps the previous one's tail here, which a
+/// per-launch event pair cannot show. Returns µs per launch per kernel, sorted.
 pub fn time_streamed(
     gpu: &Gpu,
     iters: u32,
@@ -1294,45 +1313,8 @@ pub fn time_streamed(
     for j in 0..n {
         graphs.push(Graph::capture(gpu.stream(), true, || (0..STREAM_LAUNCHES).try_for_each(|c| f(j, c)))?);
     }
-    // One untimed replay each: the first launch of a graph uploads it.
-    graphs.iter().try_for_each(|g| g.launch())?;
-    let out = timed_rounds(gpu, iters, flush, n, 1, &mut |j, _, _| graphs[j].launch())?;
-    Ok(out.into_iter().map(|us| us.into_iter().map(|t| t / STREAM_LAUNCHES as f64).collect()).collect())
-}
-
-/// `iters` rounds; in round `i` each kernel `j` (order rotating with `i`) gets one clean L2
-/// flush, then `per_round` launches `f(j, i, l)` between two events. Returns µs per launch per
-/// kernel, sorted.
-fn timed_rounds(
-    gpu: &Gpu,
-    iters: u32,
-    flush: &mut L2Flush,
-    n: usize,
-    per_round: usize,
-    f: &mut dyn FnMut(usize, usize, usize) -> Result<(), Error>,
-) -> Result<Vec<Vec<f64>>, Error> {
-    let s = gpu.stream();
-    let mut events: Vec<Vec<(CudaEvent, CudaEvent)>> = (0..n).map(|_| Vec::with_capacity(iters as usize)).collect();
-    for i in 0..iters as usize {
-        for j in round_order(i, n) {
-            flush.run()?;
-            let start = record(s)?;
-            for l in 0..per_round {
-                f(j, i, l)?;
-            }
-            events[j].push((start, record(s)?));
-        }
-    }
-    let mut out = Vec::with_capacity(n);
-    for ev in &events {
-        let mut us = Vec::with_capacity(ev.len());
-        for (start, end) in ev {
-            us.push(start.elapsed_ms(end).map_err(drv("cuEventElapsedTime (a launch failed?)"))? as f64 * 1e3 / per_round as f64);
-        }
-        us.sort_by(f64::total_cmp);
-        out.push(us);
-    }
-    Ok(out)
+    let per_replay = time_interleaved(gpu, 1, iters, flush, n, &mut |j, _| graphs[j].launch())?;
+    Ok(per_replay.into_iter().map(|us| us.into_iter().map(|t| t / STREAM_LAUNCHES as f64).collect()).collect())
 }
 
 /// Launches per timed batch of [`time_streamed`].
@@ -1394,6 +1376,10 @@ impl Row {
     fn gbps(&self) -> f64 {
         self.bytes as f64 / (self.median_us * 1e-6) / 1e9
     }
+    /// `bytes / stream_us` as % of the copy bandwidth.
+    fn stream_pct_copy(&self, copy_gbps: f64) -> Option<f64> {
+        self.stream_us.map(|us| 100.0 * self.bytes as f64 / (us * 1e-6) / 1e9 / copy_gbps)
+    }
     fn tflops(&self) -> Option<f64> {
         self.flops.map(|f| f as f64 / (self.median_us * 1e-6) / 1e12)
     }
@@ -1406,7 +1392,7 @@ impl Row {
             "pct_copy": 100.0 * self.gbps() / copy_gbps, "flops": self.flops, "tflops": self.tflops(),
             "speedup_vs_generic": self.speedup_vs_generic,
             "stream_us": self.stream_us,
-            "stream_pct_copy": self.stream_us.map(|us| 100.0 * self.bytes as f64 / (us * 1e-6) / 1e9 / copy_gbps),
+            "stream_pct_copy": self.stream_pct_copy(copy_gbps),
         })
     }
 }
@@ -1797,7 +1783,7 @@ pub fn table(rows: &[Row], copy_gbps: f64) -> String {
             r.tflops().map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
             r.speedup_vs_generic.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into()),
             r.stream_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
-            r.stream_us.map(|x| format!("{:.1}%", 100.0 * r.bytes as f64 / (x * 1e-6) / 1e9 / copy_gbps)).unwrap_or_else(|| "-".into()),
+            r.stream_pct_copy(copy_gbps).map(|x| format!("{x:.1}%")).unwrap_or_else(|| "-".into()),
         );
     }
     t

@@ -50,13 +50,6 @@ fn load_quantize(gpu: &Gpu) -> Result<Kernel, Error> {
     gpu.load_one(q)
 }
 
-fn shape_k(shape: &Shape) -> usize {
-    match *shape {
-        Shape::Matvec { k, .. } => k,
-        _ => 0,
-    }
-}
-
 impl Shared {
     /// `x` as the matvec `kernel` reads it: as given (stride k), or, for a variant on the integer
     /// path, quantized into the case's q8 row first (that launch timed with the product, as the
@@ -128,9 +121,9 @@ impl Shared {
                 sh.quantize = Some(load_quantize(gpu)?);
             }
             // A matvec variant on the integer path (a spec entry's xq8 = 1) reads q8 x.
-            Shape::Matvec { ty, .. } if matvec::int_dot(ty) => {
+            Shape::Matvec { ty, k, .. } if matvec::int_dot(ty) => {
                 sh.quantize = Some(load_quantize(gpu)?);
-                sh.xq = Some(alloc(gpu.stream(), quantize_q8::row_floats(shape_k(shape)))?);
+                sh.xq = Some(alloc(gpu.stream(), quantize_q8::row_floats(k))?);
             }
             _ => {}
         }
