@@ -654,14 +654,22 @@ fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: us
     // In a bf16 cache: each element the reference's rounding or, where the two rotations fall
     // either side of a rounding midpoint, one bf16 step next to it; such elements are rare (a
     // few in 10^5), so more than 1 % of them is a bug (truncation instead of rounding, say).
+    // A rotated element near zero comes from cancellation, so the f32 rotation's error there is
+    // a few f32 ulps of the head's magnitude, not of the element (2.35e-6 vs 2.31e-6 in a head
+    // of magnitude ~1 was seen): that error is allowed on top of the step.
     if c.f32_cache {
         let err_k = rel_err(&got_k, &want_k);
         assert!(err_k <= 1e-5, "{what}: new k rows relative L2 {err_k:e}");
     } else {
         let bf16_step = |x: f32| 2f32.powi(x.abs().max(f32::MIN_POSITIVE).log2().floor() as i32 - 7);
+        let head_max: Vec<f32> = want_k.chunks(hd).map(|h| h.iter().fold(0f32, |m, x| m.max(x.abs()))).collect();
         let mut off = 0;
         for (i, (&g, &w)) in got_k.iter().zip(&want_k).enumerate() {
-            assert!(g == w || (g - w).abs() <= bf16_step(w), "{what}: new k element {i}: {g} vs reference {w}");
+            let f32_rotation = 16.0 * f32::EPSILON * head_max[i / hd];
+            assert!(
+                g == w || (g - w).abs() <= bf16_step(w) + f32_rotation,
+                "{what}: new k element {i}: {g} vs reference {w}"
+            );
             off += usize::from(g != w);
         }
         assert!(off <= 2 + got_k.len() / 100, "{what}: {off} of {} new k elements a bf16 step off the reference", got_k.len());
