@@ -1495,7 +1495,13 @@ fn parse_kernels(
             {
                 src.error(span, &format!("{kpath}.widen"), "widen = true applies to a stacked entry: add stack = true");
             }
-            let on = |key: &str| params.iter().any(|p| p.key == key && !matches!(&p.value, ParamValue::Expr(e) if e.to_string() == "0"));
+            // Off: `false`, or an expression of constants that folds to 0 (`0`, `1 - 1`).
+            let off = |v: &ParamValue| match v {
+                ParamValue::Expr(e) => e.names().is_empty() && e.eval(&|_| None).is_ok_and(|x| x == 0),
+                ParamValue::Bool(b) => !b,
+                ParamValue::Sym(_) => false,
+            };
+            let on = |key: &str| params.iter().any(|p| p.key == key && !off(&p.value));
             if let Some((_, span, xpath)) = &xq8_types
                 && !on("xq8")
                 && !on("fuse_x")

@@ -459,6 +459,11 @@ fn xq8_types_names_integer_path_types_and_needs_the_integer_path() {
     let entry = "[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{i}.attn_q.weight\"]\nk = \"ne0\"\nn = \"ne1\"\nxq8_types = [\"q4_k\"]\n";
     let text = format!("{BASE}\n{entry}");
     expect_error(&text, "xq8_types", "kernels[1].xq8_types", "add xq8 = 1");
+    // An integer path that is off however it is written.
+    for off in ["xq8 = 0", "xq8 = \"1 - 1\"", "xq8 = false\nfuse_x = \"0 * 4\""] {
+        let entry = format!("[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{{i}}.attn_q.weight\"]\nk = \"ne0\"\nn = \"ne1\"\n{off}\nxq8_types = [\"q4_k\"]\n");
+        expect_error(&format!("{BASE}\n{entry}"), "xq8_types", "kernels[1].xq8_types", "add xq8 = 1");
+    }
     let entry = "[[kernels]]\nfamily = \"matvec\"\ntensors = [\"blk.{i}.attn_q.weight\"]\nk = \"ne0\"\nn = \"ne1\"\nxq8 = 1\nxq8_types = [\"q4_k\", \"q6_k\"]\n";
     assert!(parse(&format!("{BASE}\n{entry}")).is_ok());
 }
