@@ -1497,7 +1497,7 @@ fn parse_kernels(
             }
             // Off: `false`, or an expression of constants that folds to 0 (`0`, `1 - 1`).
             let off = |v: &ParamValue| match v {
-                ParamValue::Expr(e) => e.names().is_empty() && e.eval(&|_| None).is_ok_and(|x| x == 0),
+                ParamValue::Expr(e) => e.eval(&|_| None).is_ok_and(|x| x == 0), // a name does not evaluate here
                 ParamValue::Bool(b) => !b,
                 ParamValue::Sym(_) => false,
             };
