@@ -81,6 +81,7 @@ inline void cp16_tail(void* smem, const void* gmem, long long rest) { cp16(smem,
 inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
+inline uint4 ld_stream(const void* p) { uint4 r; memcpy(&r, p, 16); return r; }
 }  // namespace async"#;
 
 const MATVEC_DRIVER: &str = r#"
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
     int waves = (tiles + max_blocks - 1) / max_blocks, grid = (tiles + waves - 1) / waves;
     for (int bx = 0; bx < grid; ++bx) {
         // XQ8 = 2: the block's whole q8 x after the stages.
-        const unsigned smem_bytes = G::SMEM + (G::XQ8_FUSED ? Cfg::BATCH * G::xf_row(k) : 0);
+        const unsigned smem_bytes = G::LAUNCH_SMEM + (G::XQ8_FUSED ? Cfg::BATCH * G::xf_row(k) : 0);
         std::vector<unsigned char> smem(smem_bytes + 64, 0xCD);
         std::barrier<> block_bar(Cfg::THREADS);
         g_block_barrier = &block_bar;
@@ -479,13 +480,19 @@ fn matvec_emulated(test: &str, xq8_cfg: u8) {
         let k_aw = awkward_k(ty);
         // (k, n, batch, BATCH, LANES, ROWS_PER_GROUP, ACCUMULATE, ldx pad, ldy pad); the ldx
         // pad (floats) goes after the f32 row or the q8 row.
-        let cases = [
+        let mut cases = vec![
             (k_aw, 33, 1, 1, 32, 2, 0, 0, 0),
             (2048, 17, 3, 8, 8, 1, 0, 12, 5),
             (k_aw, 9, 2, 2, 16, 2, 1, 0, 0),
             // 5 tiles of 16 rows: with 2 blocks, block 0 walks tiles 0, 2, 4 (pipeline across tiles).
             (k_aw, 70, 2, 2, 16, 1, 1, 4, 3),
         ];
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            // The direct path (LANES = 32, f32 x): 185 units a row = one whole step of 4 units a
+            // lane and a ragged rest; batched with padded strides; tiles walked by 2 blocks.
+            cases.push((1480, 21, 3, 4, 32, 1, 0, 12, 5));
+            cases.push((1480, 70, 2, 2, 32, 2, 1, 4, 3));
+        }
         for (k, n, batch, bmax, lanes, rpg, acc, px, py) in cases {
             let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
             let ldy = n + py;

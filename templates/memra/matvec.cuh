@@ -27,6 +27,9 @@
 //   int   FUSE_X          optional (absent = 0). 1: XQ8 = 2 as a tuning (the launch interface, f32 x,
 //                         is XQ8 = 0's), so specs choose it per entry like any tuning
 //
+// F32, F16 and BF16 with XQ8 = 0 and LANES = 32 take the direct path (run_direct below): no
+// shared memory, no STAGES; the geometry is the same tiles of R rows, dynamic shared memory 0.
+//
 // Kernel parameters, in order:
 //   (const unsigned char* w, const float* x, float* y, int k, int n, int batch, int ldx, int ldy)
 //   w: N·row_bytes(K) bytes, 16-byte aligned; x: [batch][ldx] f32, 16-byte aligned, ldx % 4 == 0;
@@ -87,6 +90,15 @@ __device__ __forceinline__ void cp16_tail(void* smem, const void* gmem, long lon
     u8* d = (u8*)smem;
     const u8* g = (const u8*)gmem;
     for (int b = 0; b < 16; ++b) d[b] = b < rest ? g[b] : (u8)0;
+}
+
+// 16 bytes of a weight row for the direct path: read once, so bypass L1 (x stays there).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
 }
 
 }  // namespace async
@@ -716,11 +728,16 @@ template <class Cfg> struct MatvecGeometry {
     enum : int { W_BYTES = ROWS * ROW_SLOT };
     enum : int { STAGE = W_BYTES + Cfg::BATCH * XS_ROW };
     enum : int { SMEM = Cfg::STAGES * STAGE + 16 };        // + funnel-shift over-read pad
+    // The direct path (unscaled 16-byte units, f32 x, a warp per row group) uses no shared memory.
+    enum : bool { DIRECT = !U::SCALED && U::UE == 8 && U::BYTES % 16 == 0 && !XQ8 && LANES == 32 };
+    enum : int { LAUNCH_SMEM = DIRECT ? 0 : SMEM };        // dynamic shared memory of a launch (XQ8 = 2: + the q8 x)
     // Blocks per SM that shared memory allows (227 KiB, 1 KiB reserved per block), at most 3:
     // the register budget ptxas is given (__launch_bounds__ min blocks). Batches of 4+ are
     // FMA-bound and get the whole register file (1) rather than spill.
     enum : int { SMEM_BLOCKS = 232448 / (SMEM + 1024) };
-    enum : int { MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS)) };
+    // The direct path is bound by loads in flight, not shared memory: 3 blocks (85 registers at 256
+    // threads; 64 spilled the generic BF16 body) keep 24+ warps per SM streaming.
+    enum : int { MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : DIRECT ? 3 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS)) };
 
     static_assert(LANES == 8 || LANES == 16 || LANES == 32, "LANES must be 8, 16 or 32");
     static_assert(Cfg::THREADS % LANES == 0 && Cfg::THREADS % 32 == 0 && Cfg::THREADS <= 1024, "bad THREADS");
@@ -1220,6 +1237,100 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     }
 }
 
+// The direct path (MatvecGeometry::DIRECT: F32 / F16 / BF16, f32 x, LANES = 32). Each warp owns
+// RPG rows of a tile; each lane loads 64 bytes of every row per step (4 BF16 / F16 units of 8
+// elements, 2 F32 units; 16-byte aligned) straight into registers with L1-bypassing 16-byte loads, and reads x through L1. Latency is
+// hidden by warps (no shared memory, so ~32 warps per SM) instead of a cp.async pipeline. H200,
+// session 27 (benches/probes/gemv_probe.cu): this loop streamed BF16 weights of 100-300 MB at
+// 95-110 % of the float4 copy bandwidth where the staged pipeline, every tuning swept, plateaued
+// at 72-76 % (it pays in occupancy for shared memory that 16-byte-aligned rows do not need).
+template <class Cfg, int NB>
+__device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>& src, const int k, const int n) {
+    using U = qunit::Unit<Cfg::QTYPE>;
+    using G = MatvecGeometry<Cfg>;
+    constexpr int RPG = G::RPG, D = 64 / U::BYTES, W = U::BYTES / 16;  // units per step, 16-byte words per unit
+    const int units = dim_or<Cfg::K>(k) / U::UE;                      // per row
+    const i64 rb = (i64)units * U::BYTES;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int n_tiles = (n + G::ROWS - 1) / G::ROWS;
+    bool waited = false;  // pdl_entry once per thread, after its first weight loads
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int first = tile * G::ROWS + warp * RPG;
+        if (first >= n) continue;  // no block-level barrier on this path
+        const u8* rows[RPG];
+#pragma unroll
+        for (int r = 0; r < RPG; ++r) rows[r] = src.w + (first + r < n ? first + r : n - 1) * rb;
+        float acc[RPG][NB];
+#pragma unroll
+        for (int r = 0; r < RPG; ++r)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+        // One unit of every row into acc (x of unit u of each batch row).
+        auto dot = [&](const typename U::Raw (&raw)[RPG], int u) {
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                if (b >= batch) break;
+                const float* xr = src.xrow(0, b) + u * U::UE;
+                const float4 xa = load_f4(xr), xb = load_f4(xr + 4);
+#pragma unroll
+                for (int r = 0; r < RPG; ++r) {
+                    float v[8];
+                    U::oct(raw[r], 0, 0, v);
+                    float s = acc[r][b];
+                    s = fmaf(v[0], xa.x, s), s = fmaf(v[1], xa.y, s), s = fmaf(v[2], xa.z, s), s = fmaf(v[3], xa.w, s);
+                    s = fmaf(v[4], xb.x, s), s = fmaf(v[5], xb.y, s), s = fmaf(v[6], xb.z, s), s = fmaf(v[7], xb.w, s);
+                    acc[r][b] = s;
+                }
+            }
+        };
+        auto load = [&](typename U::Raw (&raw)[RPG], int u) {
+#pragma unroll
+            for (int r = 0; r < RPG; ++r)
+#pragma unroll
+                for (int i = 0; i < W; ++i) {
+                    const uint4 t = async::ld_stream(rows[r] + (i64)u * U::BYTES + 16 * i);
+                    raw[r].w[4 * i] = t.x, raw[r].w[4 * i + 1] = t.y, raw[r].w[4 * i + 2] = t.z, raw[r].w[4 * i + 3] = t.w;
+                }
+        };
+        int u = lane;
+        // Whole steps: D units (64 bytes) per lane per row in flight.
+#pragma unroll 1
+        for (; u + 32 * (D - 1) < units; u += 32 * D) {
+            typename U::Raw raw[D][RPG];
+#pragma unroll
+            for (int d = 0; d < D; ++d) load(raw[d], u + 32 * d);
+            if (!waited) {
+                pdl_entry();
+                waited = true;
+            }
+#pragma unroll
+            for (int d = 0; d < D; ++d) dot(raw[d], u + 32 * d);
+        }
+#pragma unroll 1
+        for (; u < units; u += 32) {
+            typename U::Raw raw[RPG];
+            load(raw, u);
+            if (!waited) {
+                pdl_entry();
+                waited = true;
+            }
+            dot(raw, u);
+        }
+        if (!waited) {  // a lane past a short row's units: it stores sums all the same
+            pdl_entry();
+            waited = true;
+        }
+#pragma unroll
+        for (int r = 0; r < RPG; ++r)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) acc[r][b] += __shfl_xor_sync(FULL_MASK, acc[r][b], o);
+        src.template store<RPG, NB>(lane, first, acc, batch);
+    }
+    if (!waited) pdl_entry();
+}
+
 // Dispatch on the run-time batch to a body compiled for NB = the smallest of 1, 2, 4, 8 that
 // is >= batch (bodies for every NB would multiply NVRTC time). Rows batch..NB-1 of the staged x
 // are never written and their sums never stored.
@@ -1227,10 +1338,12 @@ template <class Cfg, int NB>
 __device__ __forceinline__ void dispatch(int batch, const DenseRows<Cfg>& src, int k, int n) {
     constexpr int MAX = Cfg::BATCH;
     if constexpr (NB >= MAX) {
-        run<Cfg, MAX>(batch, src, k, n, gridDim.x);
+        if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, MAX>(batch, src, k, n);
+        else run<Cfg, MAX>(batch, src, k, n, gridDim.x);
     } else {
         if (batch <= NB) {
-            run<Cfg, NB>(batch, src, k, n, gridDim.x);
+            if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, NB>(batch, src, k, n);
+            else run<Cfg, NB>(batch, src, k, n, gridDim.x);
         } else {
             dispatch<Cfg, 2 * NB>(batch, src, k, n);
         }
@@ -1244,7 +1357,7 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
                                             float* __restrict__ y, int k, int n, int batch, int ldx, int ldy) {
     {
         using G = MatvecGeometry<Cfg>;
-        const u32 need = (u32)G::SMEM + (G::XQ8_FUSED ? (u32)(Cfg::BATCH * G::xf_row(dim_or<Cfg::K>(k))) : 0u);
+        const u32 need = (u32)G::LAUNCH_SMEM + (G::XQ8_FUSED ? (u32)(Cfg::BATCH * G::xf_row(dim_or<Cfg::K>(k))) : 0u);
         if (async::dynamic_smem_bytes() < need) __trap();
     }
     if (batch < 1 || batch > Cfg::BATCH) __trap();

@@ -191,6 +191,21 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning, baked_k: Option<usize>) -> Optio
     })
 }
 
+/// Whether a plain matvec launch of `ty` with tuning `t` takes the direct path (matvec.cuh,
+/// `MatvecGeometry::DIRECT`): F32 / F16 / BF16 with f32 x and 32 lanes load their rows straight
+/// into registers, with no shared memory and no pipeline (`stages` unused).
+pub fn direct(ty: GgmlType, t: &MatvecTuning) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !t.xq8 && t.lanes == 32
+}
+
+/// The geometry a plain matvec launch uses (`MatvecGeometry::LAUNCH_SMEM`): [`geometry`], less
+/// its shared memory on the [`direct`] path. (moe_matvec, norm_matvec and combine_matvec always
+/// stage through shared memory: they take [`geometry`].)
+pub fn launch_geometry(ty: GgmlType, t: &MatvecTuning, baked_k: Option<usize>) -> Option<MatvecGeometry> {
+    let g = geometry(ty, t, baked_k)?;
+    Some(if direct(ty, t) { MatvecGeometry { smem_bytes: 0, ..g } } else { g })
+}
+
 /// One block per tile of `rows_per_block` rows (grid = tiles).
 pub fn launch_config(g: &MatvecGeometry, n: usize) -> LaunchConfig {
     launch_config_blocks(g, n, usize::MAX)
@@ -469,7 +484,7 @@ pub fn matvec_with(
     if n == 0 {
         return Ok(());
     }
-    let mut geo = geometry(ty, &tune, baked_k(kernel)).expect("qtype checked above");
+    let mut geo = launch_geometry(ty, &tune, baked_k(kernel)).expect("qtype checked above");
     geo.smem_bytes += fused_x_bytes(ty, &tune, k).unwrap_or(u32::MAX);
     if geo.smem_bytes > MAX_DYNAMIC_SMEM {
         return Err(checks::invalid(
@@ -533,6 +548,20 @@ pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatvecTun
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn float_types_with_32_lanes_launch_without_shared_memory() {
+        let d = MatvecTuning::default();
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            let g = launch_geometry(ty, &d, Some(6144)).unwrap();
+            assert_eq!((g.rows_per_block, g.smem_bytes), (16, 0), "{ty:?}");
+            // 8 lanes (batched tunings) keep the staged pipeline, as does every quantized type.
+            let t8 = MatvecTuning { lanes: 8, ..d };
+            assert_eq!(launch_geometry(ty, &t8, None), geometry(ty, &t8, None));
+        }
+        assert_eq!(launch_geometry(GgmlType::Q8_0, &d, None), geometry(GgmlType::Q8_0, &d, None));
+        assert!(geometry(GgmlType::Q8_0, &d, None).unwrap().smem_bytes > 0);
+    }
 
     #[test]
     fn geometry_matches_the_template_formula_by_hand() {

@@ -211,7 +211,12 @@ pub(super) fn grid_geometry(
     k: usize,
     grid: GridPolicy,
 ) -> Option<(MatvecGeometry, usize)> {
-    let mut geo = matvec::geometry(ty, t, matvec::baked_k(kernel))?;
+    let baked_k = matvec::baked_k(kernel);
+    let mut geo = if kernel.variant().family == matvec::FAMILY {
+        matvec::launch_geometry(ty, t, baked_k)?
+    } else {
+        matvec::geometry(ty, t, baked_k)?
+    };
     geo.smem_bytes += matvec::fused_x_bytes(ty, t, k).unwrap_or(0);
     let max = match grid {
         GridPolicy::PerTile => usize::MAX,
