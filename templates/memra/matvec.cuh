@@ -101,6 +101,16 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
+// 16 bytes of x (or anything an earlier kernel of the step writes) on the direct path, through
+// L1. asm volatile keeps it after pdl_entry()'s wait: a plain load through a const __restrict__
+// pointer is an invariant load the compiler may hoist above that asm (it read the previous
+// step's x under programmatic dependent launch: olmoe's F32 router, session 27).
+__device__ __forceinline__ float4 ld_ordered(const float* p) {
+    float4 r;
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
+    return r;
+}
+
 }  // namespace async
 
 // ---------------------------------------------------------------------------------------------
@@ -1239,11 +1249,12 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
 
 // The direct path (MatvecGeometry::DIRECT: F32 / F16 / BF16, f32 x, LANES = 32). Each warp owns
 // RPG rows of a tile; each lane loads 64 bytes of every row per step (4 BF16 / F16 units of 8
-// elements, 2 F32 units; 16-byte aligned) straight into registers with L1-bypassing 16-byte loads, and reads x through L1. Latency is
-// hidden by warps (no shared memory, so ~32 warps per SM) instead of a cp.async pipeline. H200,
-// session 27 (benches/probes/gemv_probe.cu): this loop streamed BF16 weights of 100-300 MB at
-// 95-110 % of the float4 copy bandwidth where the staged pipeline, every tuning swept, plateaued
-// at 72-76 % (it pays in occupancy for shared memory that 16-byte-aligned rows do not need).
+// elements, 2 F32 units; 16-byte aligned) straight into registers with L1-bypassing loads, and
+// reads x through L1 after the PDL wait (async::ld_ordered). Latency is hidden by warps (no
+// shared memory: 24+ warps per SM) instead of a cp.async pipeline. H200, session 27
+// (benches/probes/gemv_probe.cu, then memra bench): BF16 weights of 100-300 MB streamed at
+// 93-103 % of the copy bandwidth where the staged pipeline, every tuning swept, plateaued at
+// 72-76 % (it pays in occupancy for shared memory that 16-byte-aligned rows do not need).
 template <class Cfg, int NB>
 __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>& src, const int k, const int n) {
     using U = qunit::Unit<Cfg::QTYPE>;
@@ -1271,7 +1282,7 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
             for (int b = 0; b < NB; ++b) {
                 if (b >= batch) break;
                 const float* xr = src.xrow(0, b) + u * U::UE;
-                const float4 xa = load_f4(xr), xb = load_f4(xr + 4);
+                const float4 xa = async::ld_ordered(xr), xb = async::ld_ordered(xr + 4);
 #pragma unroll
                 for (int r = 0; r < RPG; ++r) {
                     float v[8];
