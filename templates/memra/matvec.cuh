@@ -101,13 +101,13 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-// 16 bytes of x (or anything an earlier kernel of the step writes) on the direct path, through
-// L1. asm volatile keeps it after pdl_entry()'s wait: a plain load through a const __restrict__
-// pointer is an invariant load the compiler may hoist above that asm (it read the previous
-// step's x under programmatic dependent launch: olmoe's F32 router, session 27).
-__device__ __forceinline__ float4 ld_ordered(const float* p) {
-    float4 r;
-    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
+// `p` as a pointer the compiler cannot see through, made after pdl_entry(): loads through it
+// depend on this asm, so they stay after the PDL wait. (A plain load through the kernel's
+// const __restrict__ x is an invariant load the compiler may hoist above that wait: olmoe's F32
+// router read the previous step's x in device-fed graphs, session 27.)
+__device__ __forceinline__ const float* after_wait(const float* p) {
+    const float* r;
+    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(p));
     return r;
 }
 
@@ -1250,7 +1250,7 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
 // The direct path (MatvecGeometry::DIRECT: F32 / F16 / BF16, f32 x, LANES = 32). Each warp owns
 // RPG rows of a tile; each lane loads 64 bytes of every row per step (4 BF16 / F16 units of 8
 // elements, 2 F32 units; 16-byte aligned) straight into registers with L1-bypassing loads, and
-// reads x through L1 after the PDL wait (async::ld_ordered). Latency is hidden by warps (no
+// reads x through L1 after the PDL wait (async::after_wait). Latency is hidden by warps (no
 // shared memory: 24+ warps per SM) instead of a cp.async pipeline. H200, session 27
 // (benches/probes/gemv_probe.cu, then memra bench): BF16 weights of 100-300 MB streamed at
 // 93-103 % of the copy bandwidth where the staged pipeline, every tuning swept, plateaued at
@@ -1265,6 +1265,7 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int n_tiles = (n + G::ROWS - 1) / G::ROWS;
     bool waited = false;  // pdl_entry once per thread, after its first weight loads
+    const float* x = nullptr;  // src.x, read only after the wait
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         const int first = tile * G::ROWS + warp * RPG;
         if (first >= n) continue;  // no block-level barrier on this path
@@ -1281,8 +1282,8 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
                 if (b >= batch) break;
-                const float* xr = src.xrow(0, b) + u * U::UE;
-                const float4 xa = async::ld_ordered(xr), xb = async::ld_ordered(xr + 4);
+                const float* xr = x + (i64)b * src.ldx + u * U::UE;
+                const float4 xa = load_f4(xr), xb = load_f4(xr + 4);
 #pragma unroll
                 for (int r = 0; r < RPG; ++r) {
                     float v[8];
@@ -1312,6 +1313,7 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
             for (int d = 0; d < D; ++d) load(raw[d], u + 32 * d);
             if (!waited) {
                 pdl_entry();
+                x = async::after_wait(src.x);
                 waited = true;
             }
 #pragma unroll
@@ -1323,6 +1325,7 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
             load(raw, u);
             if (!waited) {
                 pdl_entry();
+                x = async::after_wait(src.x);
                 waited = true;
             }
             dot(raw, u);
