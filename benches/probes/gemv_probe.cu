@@ -1,7 +1,7 @@
 // gemv_probe.cu — how close can a batch-1 matrix-vector product get to the copy bandwidth on
 // this GPU? A standalone probe (nvcc on the GPU machine), not part of the engine:
 //
-//   nvcc -O3 -arch=sm_90a -std=c++17 -o gemv_probe benches/probes/gemv_probe.cu && ./gemv_probe
+//   nvcc -O3 -arch=sm_90a -std=c++17 -o gemv_probe benches/probes/gemv_probe.cu && ./gemv_probe [staged]
 //
 // Prints, in one process: the 1 GiB float4 copy bandwidth (bytes read + written); a read-only
 // pass (float4 sum) over 50 / 100 / 200 / 1024 MB; and weight-streaming matvecs that load the
@@ -62,6 +62,18 @@ __global__ void read_sum(const uint4* __restrict__ a, size_t n, float* out) {
     if (acc == 0x12345678u) out[blockIdx.x] = 1.0f;  // keeps the loads alive
 }
 
+// Each row's warp sum to y (lane 0).
+template <int R>
+__device__ __forceinline__ void warp_store(float (&acc)[R], int lane, int row0, int n, float* y) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float s = acc[r];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0 && row0 + r < n) y[row0 + r] = s;
+    }
+}
+
 // BF16 W [N][K], a warp per R rows, each lane U·R uint4 (8 weights each) in flight.
 template <int K, int R, int U>
 __global__ void gemv_bf16(const uint4* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n) {
@@ -101,13 +113,7 @@ __global__ void gemv_bf16(const uint4* __restrict__ w, const float* __restrict__
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        float s = acc[r];
-#pragma unroll
-        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0 && row0 + r < n) y[row0 + r] = s;
-    }
+    warp_store<R>(acc, lane, row0, n, y);
 }
 
 // Q8_0 W: rows of K/32 blocks of 34 bytes (f16 d, 32 × i8). Eight blocks = 272 bytes = 17
@@ -166,18 +172,204 @@ __global__ void gemv_q8_0(const uint4* __restrict__ w, const float* __restrict__
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] += rr == r ? part : 0.f;
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        float s = acc[r];
-#pragma unroll
-        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0 && row0 + r < n) y[row0 + r] = s;
-    }
+    warp_store<R>(acc, lane, row0, n, y);
 }
 
 constexpr int gcd_c(int a, int b) { return b ? gcd_c(b, a % b) : a; }
 // Rows per warp that keep all 32 lanes busy at this K.
 template <int K> constexpr int q8_rows() { return 32 / gcd_c(K / 256, 32); }
+
+// Warp-staged: a warp owns R rows; their groups (Q8_0: 8 blocks = 272 B = 17 uint4; Q4_K: one
+// 144-byte block = 9 uint4) go 32 at a time through the warp's own shared-memory buffer:
+// coalesced 16-byte loads in (consecutive lanes, consecutive addresses within a row), one group
+// per lane out (16-byte shared reads at a 272 / 144-byte stride: no bank conflicts). No block
+// barrier, 4 warps a block. x as int8 blocks of 32 (xq) with a scale (xd) and Σq (xs) each, products
+// by __dp4a, as llama.cpp's q8_1 path.
+__device__ __forceinline__ int dp4a(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }
+
+template <int GW>  // uint4 per group
+__device__ __forceinline__ void stage_round(const uint4* __restrict__ w, uint4* buf, int lane, int f0, int nf, int G,
+                                            int row0, int n) {
+    uint4 t[GW];
+#pragma unroll
+    for (int j = 0; j < GW; ++j) {
+        const int q = j * 32 + lane, fl = q / GW, i = q - fl * GW;
+        if (fl < nf) {
+            const int f = f0 + fl, r = f / G, g = f - r * G;
+            t[j] = ld_stream(w + (size_t)min(row0 + r, n - 1) * G * GW + g * GW + i);
+        }
+    }
+    __syncwarp();  // the previous round's reads of buf are done
+#pragma unroll
+    for (int j = 0; j < GW; ++j)
+        if (j * 32 + lane < nf * GW) buf[j * 32 + lane] = t[j];
+    __syncwarp();
+}
+
+template <int K, int R>
+__global__ void __launch_bounds__(128) gemv_q8_0_staged(const uint4* __restrict__ w, const signed char* __restrict__ xq,
+                                                        const float* __restrict__ xd, float* __restrict__ y, int n) {
+    constexpr int G = K / 256, GW = 17;
+    __shared__ uint4 smem[4][32 * GW];
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int row0 = (blockIdx.x * 4 + wib) * R;
+    if (row0 >= n) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const uint4* xq4 = reinterpret_cast<const uint4*>(xq);
+#pragma unroll 1
+    for (int f0 = 0; f0 < R * G; f0 += 32) {
+        const int nf = min(32, R * G - f0);
+        stage_round<GW>(w, smem[wib], lane, f0, nf, G, row0, n);
+        if (lane < nf) {
+            const int f = f0 + lane, rr = f / G, g = f - rr * G;
+            uint4 q[GW];
+#pragma unroll
+            for (int i = 0; i < GW; ++i) q[i] = smem[wib][lane * GW + i];
+            const u32* wd = reinterpret_cast<const u32*>(q);
+            float part = 0.f;
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                const int off = 34 * b, xb = g * 8 + b;
+                float d;
+                u32 qs[8];
+                if ((off & 3) == 0) {
+                    d = __half2float(__ushort_as_half((unsigned short)(wd[off / 4] & 0xFFFFu)));
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) qs[j] = __funnelshift_r(wd[off / 4 + j], wd[off / 4 + j + 1], 16);
+                } else {
+                    d = __half2float(__ushort_as_half((unsigned short)(wd[off / 4] >> 16)));
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) qs[j] = wd[off / 4 + 1 + j];
+                }
+                const uint4 xa = __ldg(xq4 + 2 * xb), xc = __ldg(xq4 + 2 * xb + 1);
+                int si = 0;
+                si = dp4a(qs[0], xa.x, si), si = dp4a(qs[1], xa.y, si), si = dp4a(qs[2], xa.z, si), si = dp4a(qs[3], xa.w, si);
+                si = dp4a(qs[4], xc.x, si), si = dp4a(qs[5], xc.y, si), si = dp4a(qs[6], xc.z, si), si = dp4a(qs[7], xc.w, si);
+                part = fmaf(d * __ldg(xd + xb), (float)si, part);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += rr == r ? part : 0.f;
+        }
+    }
+    warp_store<R>(acc, lane, row0, n, y);
+}
+
+// Q4_K (144 B per 256): d, dmin (f16), scales[12] (6-bit scale and min per 32), qs[128]: bytes
+// 32j..32j+31 hold sub-block 2j (low nibbles) and 2j + 1 (high nibbles).
+__device__ __forceinline__ void k4_scale_min(const unsigned char* sc, int j, int& s, int& m) {
+    if (j < 4) {
+        s = sc[j] & 63, m = sc[j + 4] & 63;
+    } else {
+        s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+template <int K, int R>
+__global__ void __launch_bounds__(128) gemv_q4_k_staged(const uint4* __restrict__ w, const signed char* __restrict__ xq,
+                                                        const float* __restrict__ xd, const float* __restrict__ xs,
+                                                        float* __restrict__ y, int n) {
+    constexpr int G = K / 256, GW = 9;
+    __shared__ uint4 smem[4][32 * GW];
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int row0 = (blockIdx.x * 4 + wib) * R;
+    if (row0 >= n) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const uint4* xq4 = reinterpret_cast<const uint4*>(xq);
+#pragma unroll 1
+    for (int f0 = 0; f0 < R * G; f0 += 32) {
+        const int nf = min(32, R * G - f0);
+        stage_round<GW>(w, smem[wib], lane, f0, nf, G, row0, n);
+        if (lane < nf) {
+            const int f = f0 + lane, rr = f / G, g = f - rr * G;
+            uint4 q[GW];
+#pragma unroll
+            for (int i = 0; i < GW; ++i) q[i] = smem[wib][lane * GW + i];
+            const u32* wd = reinterpret_cast<const u32*>(q);
+            const unsigned char* sc = reinterpret_cast<const unsigned char*>(q) + 4;
+            const float d = __half2float(__ushort_as_half((unsigned short)(wd[0] & 0xFFFFu)));
+            const float dmin = __half2float(__ushort_as_half((unsigned short)(wd[0] >> 16)));
+            float part = 0.f;
+#pragma unroll
+            for (int sb = 0; sb < 8; ++sb) {
+                int s, m;
+                k4_scale_min(sc, sb, s, m);
+                const int xb = g * 8 + sb;
+                const uint4 xa = __ldg(xq4 + 2 * xb), xc = __ldg(xq4 + 2 * xb + 1);
+                const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xc.x, xc.y, xc.z, xc.w};
+                int si = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const u32 word = wd[4 + 8 * (sb / 2) + j];
+                    si = dp4a((sb & 1) ? (word >> 4) & 0x0F0F0F0Fu : word & 0x0F0F0F0Fu, xw[j], si);
+                }
+                const float dx = __ldg(xd + xb);
+                part += dx * (d * (float)s * (float)si - dmin * (float)m * __ldg(xs + xb));
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += rr == r ? part : 0.f;
+        }
+    }
+    warp_store<R>(acc, lane, row0, n, y);
+}
+
+// x → int8 blocks of 32: d = max|x| / 127, q = round(x / d), Σq (one thread per block).
+__global__ void quantize_x(const float* x, signed char* xq, float* xd, float* xs, int k) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= k / 32) return;
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+    const float d = amax / 127.f, inv = d > 0 ? 1.f / d : 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+        const int q = __float2int_rn(x[32 * b + i] * inv);
+        xq[32 * b + i] = (signed char)q;
+        sum += q;
+    }
+    xd[b] = d;
+    xs[b] = (float)sum;
+}
+
+__global__ void ref_q8_0_x8(const unsigned char* w, const signed char* xq, const float* xd, float* y, int k, int n) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    double s = 0;
+    const unsigned char* row = w + (size_t)r * (k / 32) * 34;
+    for (int b = 0; b < k / 32; ++b) {
+        const unsigned char* blk = row + 34 * b;
+        const double d = __half2float(__ushort_as_half((unsigned short)(blk[0] | (blk[1] << 8))));
+        long long si = 0;
+        for (int i = 0; i < 32; ++i) si += (signed char)blk[2 + i] * xq[32 * b + i];
+        s += d * xd[b] * (double)si;
+    }
+    y[r] = (float)s;
+}
+
+__global__ void ref_q4_k_x8(const unsigned char* w, const signed char* xq, const float* xd, float* y, int k, int n) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    double s = 0;
+    const unsigned char* row = w + (size_t)r * (k / 256) * 144;
+    for (int g = 0; g < k / 256; ++g) {
+        const unsigned char* blk = row + 144 * g;
+        const double d = __half2float(__ushort_as_half((unsigned short)(blk[0] | (blk[1] << 8))));
+        const double dmin = __half2float(__ushort_as_half((unsigned short)(blk[2] | (blk[3] << 8))));
+        for (int sb = 0; sb < 8; ++sb) {
+            int sc, m;
+            k4_scale_min(blk + 4, sb, sc, m);
+            for (int i = 0; i < 32; ++i) {
+                const int byte = blk[16 + 32 * (sb / 2) + i];
+                const int q = (sb & 1) ? byte >> 4 : byte & 15;
+                const int e = g * 256 + sb * 32 + i;
+                s += (d * sc * q - dmin * m) * (double)xq[e] * xd[e / 32];
+            }
+        }
+    }
+    y[r] = (float)s;
+}
 
 // Naive references: one thread per row.
 __global__ void ref_bf16(const unsigned short* w, const float* x, float* y, int k, int n) {
@@ -207,9 +399,13 @@ __global__ void fill_bytes(unsigned char* p, size_t n, u32 seed, int q8) {
         h *= 2246822519u;
         h ^= h >> 13;
         unsigned char b = (unsigned char)h;
-        if (q8) {
+        if (q8 == 1) {
             size_t o = i % 34;  // keep d a small normal f16: 0x2Axx ≈ 0.03..0.06
             if (o == 1) b = 0x2A;
+        } else if (q8 == 2) {
+            size_t o = i % 144;  // Q4_K: d ≈ 0.002..0.004, dmin ≈ 0.0005..0.001
+            if (o == 1) b = 0x18;
+            if (o == 3) b = 0x10;
         } else if (i & 1) {
             b = (unsigned char)(0x3C + (h >> 8) % 3) ^ ((h >> 16) & 0x80);  // bf16 high byte: |v| ≈ 0.01..0.1
         }
@@ -310,6 +506,82 @@ static void q8_case(unsigned char* const* w, const float* x, float* y, const flo
     report(name, (double)K / 32 * 34 * n + 4.0 * K + 4.0 * n, timeit(launch, copies));
 }
 
+struct XQ {
+    signed char* q;
+    float *d, *s;
+};
+
+template <int K, int R>
+static void q8s_case(unsigned char* const* w, XQ x, float* y, const float* ref, int n, int copies) {
+    const int warps = (n + R - 1) / R, blocks = (warps + 3) / 4;
+    auto launch = [&](int c) { gemv_q8_0_staged<K, R><<<blocks, 128>>>((const uint4*)w[c], x.q, x.d, y, n); };
+    CK(cudaMemset(y, 0xFF, n * 4));
+    launch(0);
+    CK(cudaDeviceSynchronize());
+    char name[128];
+    snprintf(name, sizeof name, "q8_0 staged x8 %5dx%-6d R%d", K, n, R);
+    check(name, y, ref, n, 0);
+    report(name, (double)K / 32 * 34 * n + 1.125 * K + 4.0 * n, timeit(launch, copies));
+}
+
+template <int K, int R>
+static void q4ks_case(unsigned char* const* w, XQ x, float* y, const float* ref, int n, int copies) {
+    const int warps = (n + R - 1) / R, blocks = (warps + 3) / 4;
+    auto launch = [&](int c) { gemv_q4_k_staged<K, R><<<blocks, 128>>>((const uint4*)w[c], x.q, x.d, x.s, y, n); };
+    CK(cudaMemset(y, 0xFF, n * 4));
+    launch(0);
+    CK(cudaDeviceSynchronize());
+    char name[128];
+    snprintf(name, sizeof name, "q4_k staged x8 %5dx%-6d R%d", K, n, R);
+    check(name, y, ref, n, 0);
+    report(name, (double)K / 256 * 144 * n + 1.25 * K + 4.0 * n, timeit(launch, copies));
+}
+
+// Quantized types only, warp-staged (x as int8 blocks).
+template <int K>
+static void staged_shape(int n) {
+    const size_t q8 = (size_t)K / 32 * 34 * n, q4 = (size_t)K / 256 * 144 * n;
+    const int copies = 8;
+    unsigned char *w8[8], *w4[8];
+    for (int c = 0; c < copies; ++c) {
+        CK(cudaMalloc(&w8[c], q8));
+        CK(cudaMalloc(&w4[c], q4));
+        fill_bytes<<<1024, 256>>>(w8[c], q8, 29 + c, 1);
+        fill_bytes<<<1024, 256>>>(w4[c], q4, 31 + c, 2);
+    }
+    float *x, *y, *r8, *r4;
+    XQ xq;
+    CK(cudaMalloc(&x, K * 4));
+    CK(cudaMalloc(&y, n * 4));
+    CK(cudaMalloc(&r8, n * 4));
+    CK(cudaMalloc(&r4, n * 4));
+    CK(cudaMalloc(&xq.q, K));
+    CK(cudaMalloc(&xq.d, K / 32 * 4));
+    CK(cudaMalloc(&xq.s, K / 32 * 4));
+    std::vector<float> hx(K);
+    for (int i = 0; i < K; ++i) hx[i] = std::sin(0.37f * i) + 0.25f;
+    CK(cudaMemcpy(x, hx.data(), K * 4, cudaMemcpyHostToDevice));
+    quantize_x<<<(K / 32 + 127) / 128, 128>>>(x, xq.q, xq.d, xq.s, K);
+    ref_q8_0_x8<<<(n + 127) / 128, 128>>>(w8[0], xq.q, xq.d, r8, K, n);
+    ref_q4_k_x8<<<(n + 127) / 128, 128>>>(w4[0], xq.q, xq.d, r4, K, n);
+    CK(cudaDeviceSynchronize());
+    q8s_case<K, 1>(w8, xq, y, r8, n, copies);
+    q8s_case<K, 2>(w8, xq, y, r8, n, copies);
+    q4ks_case<K, 1>(w4, xq, y, r4, n, copies);
+    q4ks_case<K, 2>(w4, xq, y, r4, n, copies);
+    for (int c = 0; c < copies; ++c) {
+        CK(cudaFree(w8[c]));
+        CK(cudaFree(w4[c]));
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    CK(cudaFree(r8));
+    CK(cudaFree(r4));
+    CK(cudaFree(xq.q));
+    CK(cudaFree(xq.d));
+    CK(cudaFree(xq.s));
+}
+
 // One shape: 8 weight copies (fewer when large), x, the reference, then the variants.
 template <int K>
 static void shape(int n) {
@@ -353,7 +625,7 @@ static void shape(int n) {
     CK(cudaFree(rq));
 }
 
-int main() {
+int main(int argc, char** argv) {
     cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
     printf("gemv_probe: %s, %d SMs, L2 %d MB\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20);
@@ -373,6 +645,17 @@ int main() {
                t.first, g_copy, 2.0 * bytes / t.second / 1e3);
         CK(cudaFree(a));
         CK(cudaFree(b));
+    }
+    if (argc > 1 && strcmp(argv[1], "staged") == 0) {
+        staged_shape<16384>(6144);
+        staged_shape<6144>(12288);
+        staged_shape<12288>(6144);
+        staged_shape<6144>(24576);
+        staged_shape<4096>(12288);
+        staged_shape<12288>(4096);
+        staged_shape<6144>(6144);
+        printf("done\n");
+        return 0;
     }
     for (double mb : {50.0, 100.0, 200.0, 1024.0}) {
         const size_t bytes = (size_t)(mb * 1e6) / 16 * 16;

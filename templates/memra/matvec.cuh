@@ -1253,8 +1253,8 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
 // reads x through L1 after the PDL wait (async::after_wait). Latency is hidden by warps (no
 // shared memory: 24+ warps per SM) instead of a cp.async pipeline. H200, session 27
 // (benches/probes/gemv_probe.cu, then memra bench): BF16 weights of 100-300 MB streamed at
-// 93-103 % of the copy bandwidth where the staged pipeline, every tuning swept, plateaued at
-// 72-76 % (it pays in occupancy for shared memory that 16-byte-aligned rows do not need).
+// 94-96 % of the copy bandwidth per launch where the staged pipeline, every tuning swept,
+// plateaued at 66-76 % (it pays in occupancy for shared memory that 16-byte-aligned rows do not need).
 template <class Cfg, int NB>
 __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>& src, const int k, const int n) {
     using U = qunit::Unit<Cfg::QTYPE>;

@@ -316,6 +316,8 @@ pub fn plan() -> Vec<SweepCase> {
                 for t in candidates_for(ty, batch)
                     .into_iter()
                     .filter(|t| fits(ty, t, shape.k) && (batch > 1 || t.lanes == 32 || shape.k <= SHORT_ROW_K))
+                    // The direct path has no pipeline: candidates that differ in stages alone are one kernel.
+                    .filter(|t| !matvec::direct(ty, t) || t.stages == MatvecTuning::default().stages)
                 {
                     let g = match generic
                         .iter()
