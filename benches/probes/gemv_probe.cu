@@ -1,7 +1,7 @@
 // gemv_probe.cu — how close can a batch-1 matrix-vector product get to the copy bandwidth on
 // this GPU? A standalone probe (nvcc on the GPU machine), not part of the engine:
 //
-//   nvcc -O3 -arch=sm_90a -std=c++17 -o gemv_probe benches/probes/gemv_probe.cu && ./gemv_probe [staged]
+//   nvcc -O3 -arch=sm_90a -std=c++17 -o gemv_probe benches/probes/gemv_probe.cu && ./gemv_probe [staged | direct]
 //
 // Prints, in one process: the 1 GiB float4 copy bandwidth (bytes read + written); a read-only
 // pass (float4 sum) over 50 / 100 / 200 / 1024 MB; and weight-streaming matvecs that load the
@@ -316,6 +316,121 @@ __global__ void __launch_bounds__(128) gemv_q4_k_staged(const uint4* __restrict_
     warp_store<R>(acc, lane, row0, n, y);
 }
 
+// Direct quantized loads (no shared memory), x as int8 blocks and __dp4a. A warp owns R rows,
+// a lane one unit per step (D steps in flight).
+// Q4_K: a unit is 64 elements of one 144-byte block (4 per block): the block's 16-byte header (d,
+// dmin, 12 scale bytes) and the unit's 32 quant bytes, all 16-byte aligned: 3 uint4 loads.
+__device__ __forceinline__ void k4_sm_words(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
+    const u32 sh = 8u * (u32)(j & 3);
+    const u32 a = (s0 >> sh) & 0xFFu, b = (s1 >> sh) & 0xFFu, c = (s2 >> sh) & 0xFFu;
+    sc = (int)(j < 4 ? (a & 63u) : ((c & 0xFu) | ((a >> 6) << 4)));
+    m = (int)(j < 4 ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+}
+
+template <int K, int R, int D>
+__global__ void __launch_bounds__(256) gemv_q4_k_direct(const uint4* __restrict__ w, const signed char* __restrict__ xq,
+                                                        const float* __restrict__ xd, const float* __restrict__ xs,
+                                                        float* __restrict__ y, int n) {
+    constexpr int UNITS = K / 64, VR = K / 256 * 9;  // units per row, uint4 per row
+    static_assert(UNITS % (32 * D) == 0, "K must be a multiple of 2048·D");
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    const int row0 = warp * R;
+    if (row0 >= n) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const uint4* xq4 = reinterpret_cast<const uint4*>(xq);
+#pragma unroll 1
+    for (int u0 = lane; u0 < UNITS; u0 += 32 * D) {
+        uint4 h[D][R], q0[D][R], q1[D][R];
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int u = u0 + 32 * d, blk = u >> 2, sub = u & 3;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint4* b = w + (size_t)min(row0 + r, n - 1) * VR + blk * 9;
+                h[d][r] = ld_stream(b);
+                q0[d][r] = ld_stream(b + 1 + 2 * sub);
+                q1[d][r] = ld_stream(b + 2 + 2 * sub);
+            }
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int u = u0 + 32 * d, sub = u & 3, xb = 2 * u;
+            const uint4 xa0 = __ldg(xq4 + 2 * xb), xa1 = __ldg(xq4 + 2 * xb + 1);
+            const uint4 xb0 = __ldg(xq4 + 2 * xb + 2), xb1 = __ldg(xq4 + 2 * xb + 3);
+            const u32 x0[8] = {xa0.x, xa0.y, xa0.z, xa0.w, xa1.x, xa1.y, xa1.z, xa1.w};
+            const u32 x1[8] = {xb0.x, xb0.y, xb0.z, xb0.w, xb1.x, xb1.y, xb1.z, xb1.w};
+            const float dx0 = __ldg(xd + xb), dx1 = __ldg(xd + xb + 1), sx0 = __ldg(xs + xb), sx1 = __ldg(xs + xb + 1);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const u32 qw[8] = {q0[d][r].x, q0[d][r].y, q0[d][r].z, q0[d][r].w, q1[d][r].x, q1[d][r].y, q1[d][r].z, q1[d][r].w};
+                int s0 = 0, s1 = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    s0 = dp4a(qw[j] & 0x0F0F0F0Fu, x0[j], s0);
+                    s1 = dp4a((qw[j] >> 4) & 0x0F0F0F0Fu, x1[j], s1);
+                }
+                const float dd = __half2float(__ushort_as_half((unsigned short)(h[d][r].x & 0xFFFFu)));
+                const float dm = __half2float(__ushort_as_half((unsigned short)(h[d][r].x >> 16)));
+                int sc0, m0, sc1, m1;
+                k4_sm_words(h[d][r].y, h[d][r].z, h[d][r].w, 2 * sub, sc0, m0);
+                k4_sm_words(h[d][r].y, h[d][r].z, h[d][r].w, 2 * sub + 1, sc1, m1);
+                acc[r] += dx0 * (dd * (float)(sc0 * s0) - dm * (float)m0 * sx0) + dx1 * (dd * (float)(sc1 * s1) - dm * (float)m1 * sx1);
+            }
+        }
+    }
+    warp_store<R>(acc, lane, row0, n, y);
+}
+
+// Q8_0: a lane per 34-byte block, its 32 quant bytes as 9 aligned words (through L1: a warp's
+// blocks are 1088 contiguous bytes) funnel-shifted by 0 or 16 bits, d as one 16-bit load.
+template <int K, int R, int D>
+__global__ void __launch_bounds__(256) gemv_q8_0_direct(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
+                                                        const float* __restrict__ xd, float* __restrict__ y, int n) {
+    constexpr int BLOCKS = K / 32;
+    static_assert(BLOCKS % (32 * D) == 0, "K must be a multiple of 1024·D");
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    const int row0 = warp * R;
+    if (row0 >= n) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const uint4* xq4 = reinterpret_cast<const uint4*>(xq);
+    const u32 sh = lane & 1 ? 0u : 16u;  // block b's quant bytes start at 34b + 2: b even -> 2 mod 4
+#pragma unroll 1
+    for (int b0 = lane; b0 < BLOCKS; b0 += 32 * D) {
+        u32 q[D][R][9];
+        unsigned short dh[D][R];
+#pragma unroll
+        for (int d = 0; d < D; ++d)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const unsigned char* blk = w + ((size_t)min(row0 + r, n - 1) * BLOCKS + b0 + 32 * d) * 34;
+                const u32* a = reinterpret_cast<const u32*>((size_t)(blk + 2) & ~(size_t)3);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) q[d][r][i] = __ldg(a + i);
+                q[d][r][8] = __ldg(a + (sh ? 8 : 7));  // unused when sh = 0: stay inside the row
+                dh[d][r] = __ldg(reinterpret_cast<const unsigned short*>(blk));
+            }
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int xb = b0 + 32 * d;
+            const uint4 xa = __ldg(xq4 + 2 * xb), xc = __ldg(xq4 + 2 * xb + 1);
+            const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xc.x, xc.y, xc.z, xc.w};
+            const float dx = __ldg(xd + xb);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                int si = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) si = dp4a(__funnelshift_r(q[d][r][j], q[d][r][j + 1], sh), xw[j], si);
+                acc[r] = fmaf(__half2float(__ushort_as_half(dh[d][r])) * dx, (float)si, acc[r]);
+            }
+        }
+    }
+    warp_store<R>(acc, lane, row0, n, y);
+}
+
 // x → int8 blocks of 32: d = max|x| / 127, q = round(x / d), Σq (one thread per block).
 __global__ void quantize_x(const float* x, signed char* xq, float* xd, float* xs, int k) {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -537,9 +652,35 @@ static void q4ks_case(unsigned char* const* w, XQ x, float* y, const float* ref,
     report(name, (double)K / 256 * 144 * n + 1.25 * K + 4.0 * n, timeit(launch, copies));
 }
 
+template <int K, int R, int D>
+static void q4kd_case(unsigned char* const* w, XQ x, float* y, const float* ref, int n, int copies) {
+    const int warps = (n + R - 1) / R, blocks = (warps * 32 + 255) / 256;
+    auto launch = [&](int c) { gemv_q4_k_direct<K, R, D><<<blocks, 256>>>((const uint4*)w[c], x.q, x.d, x.s, y, n); };
+    CK(cudaMemset(y, 0xFF, n * 4));
+    launch(0);
+    CK(cudaDeviceSynchronize());
+    char name[128];
+    snprintf(name, sizeof name, "q4_k direct x8 %5dx%-6d R%d D%d", K, n, R, D);
+    check(name, y, ref, n, 0);
+    report(name, (double)K / 256 * 144 * n + 1.25 * K + 4.0 * n, timeit(launch, copies));
+}
+
+template <int K, int R, int D>
+static void q8d_case(unsigned char* const* w, XQ x, float* y, const float* ref, int n, int copies) {
+    const int warps = (n + R - 1) / R, blocks = (warps * 32 + 255) / 256;
+    auto launch = [&](int c) { gemv_q8_0_direct<K, R, D><<<blocks, 256>>>(w[c], x.q, x.d, y, n); };
+    CK(cudaMemset(y, 0xFF, n * 4));
+    launch(0);
+    CK(cudaDeviceSynchronize());
+    char name[128];
+    snprintf(name, sizeof name, "q8_0 direct x8 %5dx%-6d R%d D%d", K, n, R, D);
+    check(name, y, ref, n, 0);
+    report(name, (double)K / 32 * 34 * n + 1.125 * K + 4.0 * n, timeit(launch, copies));
+}
+
 // Quantized types only, warp-staged (x as int8 blocks).
 template <int K>
-static void staged_shape(int n) {
+static void staged_shape(int n, bool direct = false) {
     const size_t q8 = (size_t)K / 32 * 34 * n, q4 = (size_t)K / 256 * 144 * n;
     const int copies = 8;
     unsigned char *w8[8], *w4[8];
@@ -569,6 +710,14 @@ static void staged_shape(int n) {
     q8s_case<K, 2>(w8, xq, y, r8, n, copies);
     q4ks_case<K, 1>(w4, xq, y, r4, n, copies);
     q4ks_case<K, 2>(w4, xq, y, r4, n, copies);
+    if (direct) {
+        q8d_case<K, 1, 1>(w8, xq, y, r8, n, copies);
+        q8d_case<K, 2, 1>(w8, xq, y, r8, n, copies);
+        if constexpr (K % 2048 == 0) q8d_case<K, 1, 2>(w8, xq, y, r8, n, copies);
+        if constexpr (K % 2048 == 0) q4kd_case<K, 1, 1>(w4, xq, y, r4, n, copies);
+        if constexpr (K % 2048 == 0) q4kd_case<K, 2, 1>(w4, xq, y, r4, n, copies);
+        if constexpr (K % 4096 == 0) q4kd_case<K, 1, 2>(w4, xq, y, r4, n, copies);
+    }
     for (int c = 0; c < copies; ++c) {
         CK(cudaFree(w8[c]));
         CK(cudaFree(w4[c]));
@@ -645,6 +794,16 @@ int main(int argc, char** argv) {
                t.first, g_copy, 2.0 * bytes / t.second / 1e3);
         CK(cudaFree(a));
         CK(cudaFree(b));
+    }
+    if (argc > 1 && strcmp(argv[1], "direct") == 0) {
+        staged_shape<16384>(6144, true);
+        staged_shape<6144>(12288, true);
+        staged_shape<12288>(6144, true);
+        staged_shape<4096>(12288, true);
+        staged_shape<12288>(4096, true);
+        staged_shape<6144>(6144, true);
+        printf("done\n");
+        return 0;
     }
     if (argc > 1 && strcmp(argv[1], "staged") == 0) {
         staged_shape<16384>(6144);

@@ -488,6 +488,12 @@ fn matvec_emulated(test: &str, xq8_cfg: u8) {
             // 5 tiles of 16 rows: with 2 blocks, block 0 walks tiles 0, 2, 4 (pipeline across tiles).
             (k_aw, 70, 2, 2, 16, 1, 1, 4, 3),
         ];
+        if xq8_cfg == 1 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K) {
+            // The integer path's direct form (LANES = 32, q8 rows): batched with padded strides,
+            // tiles walked by 2 blocks, the tensor's last block through the over-read guard.
+            cases.push((2048, 21, 3, 4, 32, 1, 0, 12, 5));
+            cases.push((k_aw, 70, 2, 2, 32, 2, 1, 4, 3));
+        }
         if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             // The direct path (LANES = 32, f32 x): 185 units a row = one whole step of 4 units a
             // lane and a ragged rest; batched with padded strides; tiles walked by 2 blocks.

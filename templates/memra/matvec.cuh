@@ -27,8 +27,9 @@
 //   int   FUSE_X          optional (absent = 0). 1: XQ8 = 2 as a tuning (the launch interface, f32 x,
 //                         is XQ8 = 0's), so specs choose it per entry like any tuning
 //
-// F32, F16 and BF16 with XQ8 = 0 and LANES = 32 take the direct path (run_direct below): no
-// shared memory, no STAGES; the geometry is the same tiles of R rows, dynamic shared memory 0.
+// F32, F16 and BF16 with XQ8 = 0, and Q8_0 and Q4_K with XQ8 = 1, take the direct path when
+// LANES = 32 (run_direct / run_direct_q8 below): no shared memory, no STAGES; the geometry is the
+// same tiles of R rows, dynamic shared memory 0.
 //
 // Kernel parameters, in order:
 //   (const unsigned char* w, const float* x, float* y, int k, int n, int batch, int ldx, int ldy)
@@ -158,7 +159,7 @@ __device__ __forceinline__ float one_plus(u32 w, int j) {
 }
 
 // NW little-endian words starting at p, which is ALIGN-byte aligned. For ALIGN 2 it reads the
-// aligned words around the range (up to 4 bytes past its end) and funnel-shifts them.
+// aligned words around the range (never past its end) and funnel-shifts them.
 template <int ALIGN, int NW> __device__ __forceinline__ void load_words(const u8* p, u32 (&w)[NW]) {
     if constexpr (ALIGN % 16 == 0 && NW % 4 == 0) {
 #pragma unroll
@@ -182,7 +183,11 @@ template <int ALIGN, int NW> __device__ __forceinline__ void load_words(const u8
         const u32 shift = ((u32)reinterpret_cast<u64>(p) & 2u) * 8u;
         u32 t[NW + 1];
 #pragma unroll
-        for (int i = 0; i <= NW; ++i) t[i] = a[i];
+        for (int i = 0; i < NW; ++i) t[i] = a[i];
+        // The last word only for its low half (shift 16), which are the range's last 2 bytes;
+        // with shift 0 it goes unused: read as those 2 bytes, nothing past the range is touched
+        // (the direct path reads a tensor's last block in place).
+        t[NW] = load_u16(p + 4 * NW - 2);
 #pragma unroll
         for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(t[i], t[i + 1], shift);
     }
@@ -267,6 +272,8 @@ struct UnitBase {
     enum : bool { SCALED = true, XSUM = false };
     enum : bool { INT_DOT = false, IMIN = false };
     enum : int { IGROUPS = 1 };
+    // The integer path (XQ8 = 1) loads this type's units straight from global memory (run_direct_q8).
+    enum : bool { DIRECT_Q8 = false };
     __host__ __device__ static constexpr int ga(int) { return 0; }
     __host__ __device__ static constexpr int gb(int) { return 0; }
 };
@@ -333,6 +340,7 @@ struct NibbleRuns {
 // Q8_0 (34 B): d:f16, qs:i8[32].
 template <> struct Unit<QType::Q8_0> : Block32UnitBase {
     enum : int { BYTES = 34, ALIGN = 2, UPL = 1 };
+    enum : bool { DIRECT_Q8 = true };
     struct Raw { float d; u32 q[8]; };
     __device__ static void load(const u8* blk, int, Raw& r) {
         r.d = f16_to_f32(load_u16(blk));
@@ -504,6 +512,7 @@ template <> struct Unit<QType::Q5_1> : Block32UnitBase, NibbleRuns {
 // value = d·sc_j·q − dmin·m_j.
 template <> struct Unit<QType::Q4_K> : UnitBase {
     enum : int { UE = 64, BLOCK = 256, BYTES = 144, UPB = 4, ALIGN = 16, UPL = 1, GROUPS = 2 };
+    enum : bool { DIRECT_Q8 = true };
     enum : bool { XSUM = true };
     __host__ __device__ static constexpr int xa(int o) { return 4 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 32 + 4 * o; }
@@ -739,7 +748,10 @@ template <class Cfg> struct MatvecGeometry {
     enum : int { STAGE = W_BYTES + Cfg::BATCH * XS_ROW };
     enum : int { SMEM = Cfg::STAGES * STAGE + 16 };        // + funnel-shift over-read pad
     // The direct path (unscaled 16-byte units, f32 x, a warp per row group) uses no shared memory.
-    enum : bool { DIRECT = !U::SCALED && U::UE == 8 && U::BYTES % 16 == 0 && !XQ8 && LANES == 32 };
+    // So does the integer path with x as quantize_q8 rows (XQ8 = 1) for DIRECT_Q8 types.
+    enum : bool { DIRECT_FLOAT = !U::SCALED && U::UE == 8 && U::BYTES % 16 == 0 && !XQ8 && LANES == 32 };
+    enum : bool { DIRECT_Q8 = U::DIRECT_Q8 && XQ8 && !XQ8_FUSED && LANES == 32 };
+    enum : bool { DIRECT = DIRECT_FLOAT || DIRECT_Q8 };
     enum : int { LAUNCH_SMEM = DIRECT ? 0 : SMEM };        // dynamic shared memory of a launch (XQ8 = 2: + the q8 x)
     // Blocks per SM that shared memory allows (227 KiB, 1 KiB reserved per block), at most 3:
     // the register budget ptxas is given (__launch_bounds__ min blocks). Batches of 4+ are
@@ -1345,6 +1357,91 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
     if (!waited) pdl_entry();
 }
 
+// The integer path's direct form (MatvecGeometry::DIRECT_Q8: XQ8 = 1, LANES = 32, Q8_0 / Q4_K):
+// run_direct's warps and lanes, one unit per lane per step loaded by U::load straight from global
+// memory (through L1: Q8_0's 34-byte blocks are read as aligned words, a warp's 32 blocks being
+// 1,088 contiguous bytes), x's int8 run and (d, Σq) pairs from its quantize_q8 row, compute_q8's
+// sums. H200, session 27 (benches/probes/gemv_probe.cu, `…-s27-gemv-probe-direct-quant.txt`): Q8_0
+// 16384→6144 at 82 % of the copy bandwidth per launch, Q4_K 65 %, where the staged integer path
+// gave 62 % and 51 %.
+template <class Cfg, int NB>
+__device__ __forceinline__ void run_direct_q8(const int batch, const DenseRows<Cfg>& src, const int k, const int n) {
+    using U = qunit::Unit<Cfg::QTYPE>;
+    using G = MatvecGeometry<Cfg>;
+    constexpr int RPG = G::RPG, UE = U::UE, XB = UE / 32, IG = U::IGROUPS;
+    const int K = dim_or<Cfg::K>(k), units = K / UE;
+    const i64 rb = (i64)(K / U::BLOCK) * U::BYTES;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int n_tiles = (n + G::ROWS - 1) / G::ROWS;
+    bool waited = false;
+    const u8* x = nullptr;  // src.x as bytes, read only after the wait
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int first = tile * G::ROWS + warp * RPG;
+        if (first >= n) continue;
+        const u8* rows[RPG];
+#pragma unroll
+        for (int r = 0; r < RPG; ++r) rows[r] = src.w + (first + r < n ? first + r : n - 1) * rb;
+        float acc[RPG][NB];
+#pragma unroll
+        for (int r = 0; r < RPG; ++r)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+#pragma unroll 1
+        for (int u = lane; u < units; u += 32) {
+            const int bi = u / U::UPB, sub = u % U::UPB;
+            typename U::Raw raw[RPG];
+#pragma unroll
+            for (int r = 0; r < RPG; ++r) U::load(rows[r] + (i64)bi * U::BYTES, sub, raw[r]);  // within the block
+            if (!waited) {
+                pdl_entry();
+                x = reinterpret_cast<const u8*>(async::after_wait(src.x));
+                waited = true;
+            }
+#pragma unroll
+            for (int xb = 0; xb < XB; ++xb) {
+                u32 wq[RPG][8];
+#pragma unroll
+                for (int r = 0; r < RPG; ++r) U::ints(raw[r], sub, xb, wq[r]);
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    if (b >= batch) break;
+                    const u8* xr = x + (i64)b * src.ldx * 4;
+                    const int e = u * UE + 32 * xb;  // first element of this x block
+                    const uint4 x0 = *reinterpret_cast<const uint4*>(xr + e);
+                    const uint4 x1 = *reinterpret_cast<const uint4*>(xr + e + 16);
+                    const int xw[8] = {(int)x0.x, (int)x0.y, (int)x0.z, (int)x0.w, (int)x1.x, (int)x1.y, (int)x1.z, (int)x1.w};
+                    const float* dxs = reinterpret_cast<const float*>(xr + K + 8 * (e / 32));  // (d, Σq)
+#pragma unroll
+                    for (int r = 0; r < RPG; ++r) {
+                        float t = 0.0f;
+#pragma unroll
+                        for (int g = 0; g < IG; ++g) {
+                            int sum = 0;
+#pragma unroll
+                            for (int i = 8 * g / IG; i < 8 * (g + 1) / IG; ++i) sum = __dp4a((int)wq[r][i], xw[i], sum);
+                            t = fmaf(U::iscale(raw[r], xb, g), (float)sum, t);
+                        }
+                        if constexpr (U::IMIN) t = fmaf(U::imin(raw[r], xb), dxs[1], t);
+                        acc[r][b] = fmaf(dxs[0], t, acc[r][b]);
+                    }
+                }
+            }
+        }
+        if (!waited) {
+            pdl_entry();
+            waited = true;
+        }
+#pragma unroll
+        for (int r = 0; r < RPG; ++r)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) acc[r][b] += __shfl_xor_sync(FULL_MASK, acc[r][b], o);
+        src.template store<RPG, NB>(lane, first, acc, batch);
+    }
+    if (!waited) pdl_entry();
+}
+
 // Dispatch on the run-time batch to a body compiled for NB = the smallest of 1, 2, 4, 8 that
 // is >= batch (bodies for every NB would multiply NVRTC time). Rows batch..NB-1 of the staged x
 // are never written and their sums never stored.
@@ -1352,11 +1449,13 @@ template <class Cfg, int NB>
 __device__ __forceinline__ void dispatch(int batch, const DenseRows<Cfg>& src, int k, int n) {
     constexpr int MAX = Cfg::BATCH;
     if constexpr (NB >= MAX) {
-        if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, MAX>(batch, src, k, n);
+        if constexpr (MatvecGeometry<Cfg>::DIRECT_Q8) run_direct_q8<Cfg, MAX>(batch, src, k, n);
+        else if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, MAX>(batch, src, k, n);
         else run<Cfg, MAX>(batch, src, k, n, gridDim.x);
     } else {
         if (batch <= NB) {
-            if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, NB>(batch, src, k, n);
+            if constexpr (MatvecGeometry<Cfg>::DIRECT_Q8) run_direct_q8<Cfg, NB>(batch, src, k, n);
+            else if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, NB>(batch, src, k, n);
             else run<Cfg, NB>(batch, src, k, n, gridDim.x);
         } else {
             dispatch<Cfg, 2 * NB>(batch, src, k, n);

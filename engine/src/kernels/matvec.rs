@@ -192,10 +192,13 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning, baked_k: Option<usize>) -> Optio
 }
 
 /// Whether a plain matvec launch of `ty` with tuning `t` takes the direct path (matvec.cuh,
-/// `MatvecGeometry::DIRECT`): F32 / F16 / BF16 with f32 x and 32 lanes load their rows straight
-/// into registers, with no shared memory and no pipeline (`stages` unused).
+/// `MatvecGeometry::DIRECT`): with 32 lanes, F32 / F16 / BF16 on f32 x and Q8_0 / Q4_K on
+/// quantize_q8 rows (`xq8 = 1`) load their rows straight into registers, with no shared memory
+/// and no pipeline (`stages` unused).
 pub fn direct(ty: GgmlType, t: &MatvecTuning) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !t.xq8 && t.lanes == 32
+    let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !t.xq8;
+    let q8 = matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K) && t.reads_q8_rows();
+    (float || q8) && t.lanes == 32
 }
 
 /// The geometry a plain matvec launch uses (`MatvecGeometry::LAUNCH_SMEM`): [`geometry`], less
@@ -550,7 +553,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn float_types_with_32_lanes_launch_without_shared_memory() {
+    fn direct_path_launches_without_shared_memory() {
         let d = MatvecTuning::default();
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
             let g = launch_geometry(ty, &d, Some(6144)).unwrap();
@@ -561,6 +564,14 @@ mod tests {
         }
         assert_eq!(launch_geometry(GgmlType::Q8_0, &d, None), geometry(GgmlType::Q8_0, &d, None));
         assert!(geometry(GgmlType::Q8_0, &d, None).unwrap().smem_bytes > 0);
+        // The integer path on quantize_q8 rows: Q8_0 and Q4_K load directly, Q6_K stages; x
+        // quantized in the block (fuse_x) always stages.
+        let xq8 = MatvecTuning { xq8: true, ..d };
+        for (ty, smem0) in [(GgmlType::Q8_0, true), (GgmlType::Q4_K, true), (GgmlType::Q6_K, false)] {
+            assert_eq!(launch_geometry(ty, &xq8, None).unwrap().smem_bytes == 0, smem0, "{ty:?}");
+        }
+        let fused = MatvecTuning { fuse_x: true, ..xq8 };
+        assert!(launch_geometry(GgmlType::Q8_0, &fused, None).unwrap().smem_bytes > 0);
     }
 
     #[test]
