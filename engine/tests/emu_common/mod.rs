@@ -87,6 +87,8 @@ inline void cp16_tail(void* smem, const void* gmem, long long rest) { cp16(smem,
 inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
+inline uint4 ld_stream(const void* p) { uint4 r; memcpy(&r, p, 16); return r; }
+inline const float* after_wait(const float* p) { return p; }
 }  // namespace async"#;
 
 /// Runs `body` as a grid of `grid` blocks of `threads` threads, blocks one after another, with
