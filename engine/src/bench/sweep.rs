@@ -659,16 +659,15 @@ mod tests {
         // 9 shapes × 5 types minus Q4_K/Q6_K at K = 640 (one shape), + lm_head Q8_0, + the
         // 32-row projection in 2 types, + 2 big shapes in 3 types; × 2 batches.
         assert_eq!(cases.len(), (9 * 5 - 2 + 1 + 2 + 2 * 3) * 2);
-        // Batch 1: the taller / deeper tunings also run on the integer path.
+        // Batch 1: the taller / deeper tunings also run on the integer path (on quantize_q8 rows
+        // Q4_K takes the direct path, where stages do not exist: one candidate per shape of rows).
         let q4k = cases
             .iter()
             .find(|c| c.ty == GgmlType::Q4_K && c.batch == 1)
             .unwrap();
-        for fuse_x in [false, true] {
-            assert!(q4k.candidates.iter().any(|(t, ..)| t.xq8
-                && t.fuse_x == fuse_x
-                && (t.threads, t.rows_per_group, t.stages) == (256, 4, 4)));
-        }
+        assert!(q4k.candidates.iter().any(|(t, ..)| t.xq8 && t.fuse_x && (t.threads, t.rows_per_group, t.stages) == (256, 4, 4)));
+        assert!(q4k.candidates.iter().any(|(t, ..)| t.xq8 && !t.fuse_x && (t.threads, t.rows_per_group) == (256, 4)));
+        assert!(!q4k.candidates.iter().any(|(t, ..)| matvec::direct(GgmlType::Q4_K, t) && t.stages != MatvecTuning::default().stages));
         for c in &cases {
             assert!(
                 !c.candidates.is_empty(),
