@@ -68,6 +68,7 @@ template <int CT> inline int dim_or(int rt) { return CT != 0 ? CT : rt; }
 inline void pdl_entry() {}  // programmatic dependent launch: nothing to wait for on the host
 inline void prefetch_l2(const void*) {}
 inline float4 load_f4(const float* p) { float4 r; memcpy(&r, p, 16); return r; }
+inline uint4 ldg16(const void* p) { uint4 r; memcpy(&r, p, 16); return r; }
 inline float f16_to_f32(u16 h) { unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023; float v;
   if (e == 0) v = std::ldexp((float)m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = std::ldexp((float)(m | 1024), (int)e - 25);
   return s ? -v : v; }
@@ -81,7 +82,6 @@ inline void cp16_tail(void* smem, const void* gmem, long long rest) { cp16(smem,
 inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
-inline uint4 ld_stream(const void* p) { uint4 r; memcpy(&r, p, 16); return r; }
 inline const float* after_wait(const float* p) { return p; }
 }  // namespace async"#;
 
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     int waves = (tiles + max_blocks - 1) / max_blocks, grid = (tiles + waves - 1) / waves;
     for (int bx = 0; bx < grid; ++bx) {
         // XQ8 = 2: the block's whole q8 x after the stages.
-        const unsigned smem_bytes = G::LAUNCH_SMEM + (G::XQ8_FUSED ? Cfg::BATCH * G::xf_row(k) : 0);
+        const unsigned smem_bytes = memra::MatvecLaunch<Cfg>::LAUNCH_SMEM + (G::XQ8_FUSED ? Cfg::BATCH * G::xf_row(k) : 0);
         std::vector<unsigned char> smem(smem_bytes + 64, 0xCD);
         std::barrier<> block_bar(Cfg::THREADS);
         g_block_barrier = &block_bar;

@@ -183,4 +183,14 @@ __device__ __forceinline__ u32 load_u32_a2(const u8* p) {  // 2-byte aligned
     return (u32)load_u16(p) | ((u32)load_u16(p + 2) << 16);
 }
 
+// 16 bytes read once per kernel (weights, cache rows): the read-only path without allocating in L1,
+// so data that is reused (x, indices) keeps it.
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
 }  // namespace memra

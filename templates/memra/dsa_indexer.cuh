@@ -58,14 +58,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], u32 a0, u32 a1, u32 a2, 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 ldg16(const void* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
 // First of the four contiguous dims lane-in-group c holds in k-step ks. bf16: one 16-byte load
 // (8 dims) serves k-steps 2L and 2L+1; f32: one load (4 dims) per k-step.
 template <CacheType C> __device__ __forceinline__ int dim_of(int ks, int c) {

@@ -93,15 +93,6 @@ __device__ __forceinline__ void cp16_tail(void* smem, const void* gmem, long lon
     for (int b = 0; b < 16; ++b) d[b] = b < rest ? g[b] : (u8)0;
 }
 
-// 16 bytes of a weight row for the direct path: read once, so bypass L1 (x stays there).
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
 // `p` as a pointer the compiler cannot see through, made after pdl_entry(): loads through it
 // depend on this asm, so they stay after the PDL wait. (A plain load through the kernel's
 // const __restrict__ x is an invariant load the compiler may hoist above that wait: olmoe's F32
@@ -159,8 +150,9 @@ __device__ __forceinline__ float one_plus(u32 w, int j) {
 }
 
 // NW little-endian words starting at p, which is ALIGN-byte aligned. For ALIGN 2 it reads the
-// aligned words around the range (never past its end) and funnel-shifts them.
-template <int ALIGN, int NW> __device__ __forceinline__ void load_words(const u8* p, u32 (&w)[NW]) {
+// aligned words around the range (up to 4 bytes past its end; EXACT: never past it, one 16-bit
+// read more in flight, which the staged paths' tightest bodies pay in spills) and funnel-shifts them.
+template <int ALIGN, int NW, bool EXACT = false> __device__ __forceinline__ void load_words(const u8* p, u32 (&w)[NW]) {
     if constexpr (ALIGN % 16 == 0 && NW % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < NW / 4; ++i) {
@@ -184,10 +176,10 @@ template <int ALIGN, int NW> __device__ __forceinline__ void load_words(const u8
         u32 t[NW + 1];
 #pragma unroll
         for (int i = 0; i < NW; ++i) t[i] = a[i];
-        // The last word only for its low half (shift 16), which are the range's last 2 bytes;
-        // with shift 0 it goes unused: read as those 2 bytes, nothing past the range is touched
-        // (the direct path reads a tensor's last block in place).
-        t[NW] = load_u16(p + 4 * NW - 2);
+        // The last word serves only with its low half (shift 16), the range's last 2 bytes, and
+        // goes unused with shift 0: EXACT reads just those 2 bytes (the direct path reads a
+        // tensor's last block in place, with nothing after it).
+        t[NW] = EXACT ? (u32)load_u16(p + 4 * NW - 2) : a[NW];
 #pragma unroll
         for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(t[i], t[i + 1], shift);
     }
@@ -342,9 +334,10 @@ template <> struct Unit<QType::Q8_0> : Block32UnitBase {
     enum : int { BYTES = 34, ALIGN = 2, UPL = 1 };
     enum : bool { DIRECT_Q8 = true };
     struct Raw { float d; u32 q[8]; };
-    __device__ static void load(const u8* blk, int, Raw& r) {
+    // EXACT: read nothing past the block (run_direct_q8 reads global memory in place).
+    template <bool EXACT = false> __device__ static void load(const u8* blk, int, Raw& r) {
         r.d = f16_to_f32(load_u16(blk));
-        load_words<2, 8>(blk + 2, r.q);
+        load_words<2, 8, EXACT>(blk + 2, r.q);
     }
     __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
@@ -747,19 +740,11 @@ template <class Cfg> struct MatvecGeometry {
     enum : int { W_BYTES = ROWS * ROW_SLOT };
     enum : int { STAGE = W_BYTES + Cfg::BATCH * XS_ROW };
     enum : int { SMEM = Cfg::STAGES * STAGE + 16 };        // + funnel-shift over-read pad
-    // The direct path (unscaled 16-byte units, f32 x, a warp per row group) uses no shared memory.
-    // So does the integer path with x as quantize_q8 rows (XQ8 = 1) for DIRECT_Q8 types.
-    enum : bool { DIRECT_FLOAT = !U::SCALED && U::UE == 8 && U::BYTES % 16 == 0 && !XQ8 && LANES == 32 };
-    enum : bool { DIRECT_Q8 = U::DIRECT_Q8 && XQ8 && !XQ8_FUSED && LANES == 32 };
-    enum : bool { DIRECT = DIRECT_FLOAT || DIRECT_Q8 };
-    enum : int { LAUNCH_SMEM = DIRECT ? 0 : SMEM };        // dynamic shared memory of a launch (XQ8 = 2: + the q8 x)
     // Blocks per SM that shared memory allows (227 KiB, 1 KiB reserved per block), at most 3:
     // the register budget ptxas is given (__launch_bounds__ min blocks). Batches of 4+ are
     // FMA-bound and get the whole register file (1) rather than spill.
     enum : int { SMEM_BLOCKS = 232448 / (SMEM + 1024) };
-    // The direct path is bound by loads in flight, not shared memory: 3 blocks (85 registers at 256
-    // threads; 64 spilled the generic BF16 body) keep 24+ warps per SM streaming.
-    enum : int { MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : DIRECT ? 3 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS)) };
+    enum : int { MIN_BLOCKS = Cfg::BATCH >= 4 ? 1 : (SMEM_BLOCKS < 1 ? 1 : (SMEM_BLOCKS > 3 ? 3 : SMEM_BLOCKS)) };
 
     static_assert(LANES == 8 || LANES == 16 || LANES == 32, "LANES must be 8, 16 or 32");
     static_assert(Cfg::THREADS % LANES == 0 && Cfg::THREADS % 32 == 0 && Cfg::THREADS <= 1024, "bad THREADS");
@@ -769,6 +754,21 @@ template <class Cfg> struct MatvecGeometry {
     static_assert(UPC % U::UPB == 0, "a chunk must hold whole blocks");
     static_assert(Cfg::K == 0 || Cfg::K % U::BLOCK == 0, "K must be a multiple of the block size");
     static_assert(!XQ8 || U::UE % 32 == 0 || !U::INT_DOT, "integer-path units hold whole x blocks");
+};
+
+// The plain matvec's launch (MEMRA_DEFINE_MATVEC; moe_matvec, norm_matvec and combine_matvec
+// always stage and take MatvecGeometry): with 32 lanes, unscaled 16-byte units on f32 x and
+// DIRECT_Q8 types on quantize_q8 rows (XQ8 = 1) take the direct path, with no shared memory.
+template <class Cfg> struct MatvecLaunch : MatvecGeometry<Cfg> {
+    using G = MatvecGeometry<Cfg>;
+    using U = typename G::U;
+    enum : bool { DIRECT_FLOAT = !U::SCALED && U::UE == 8 && U::BYTES % 16 == 0 && !G::XQ8 && G::LANES == 32 };
+    enum : bool { DIRECT_Q8 = U::DIRECT_Q8 && G::XQ8 && !G::XQ8_FUSED && G::LANES == 32 };
+    enum : bool { DIRECT = DIRECT_FLOAT || DIRECT_Q8 };
+    enum : int { LAUNCH_SMEM = DIRECT ? 0 : G::SMEM };  // dynamic shared memory (XQ8 = 2: + the q8 x)
+    // The direct path is bound by loads in flight, not shared memory: 3 blocks (85 registers at 256
+    // threads; 64 spilled the generic BF16 body) keep 24+ warps per SM streaming.
+    enum : int { MIN_BLOCKS = DIRECT && Cfg::BATCH < 4 ? 3 : G::MIN_BLOCKS };
 };
 
 namespace matvec_detail {
@@ -1259,7 +1259,7 @@ __device__ __forceinline__ void run(const int batch, const Src& src, const int k
     }
 }
 
-// The direct path (MatvecGeometry::DIRECT: F32 / F16 / BF16, f32 x, LANES = 32). Each warp owns
+// The direct path (MatvecLaunch::DIRECT: F32 / F16 / BF16, f32 x, LANES = 32). Each warp owns
 // RPG rows of a tile; each lane loads 64 bytes of every row per step (4 BF16 / F16 units of 8
 // elements, 2 F32 units; 16-byte aligned) straight into registers with L1-bypassing loads, and
 // reads x through L1 after the PDL wait (async::after_wait). Latency is hidden by warps (no
@@ -1312,7 +1312,7 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
             for (int r = 0; r < RPG; ++r)
 #pragma unroll
                 for (int i = 0; i < W; ++i) {
-                    const uint4 t = async::ld_stream(rows[r] + (i64)u * U::BYTES + 16 * i);
+                    const uint4 t = ldg16(rows[r] + (i64)u * U::BYTES + 16 * i);
                     raw[r].w[4 * i] = t.x, raw[r].w[4 * i + 1] = t.y, raw[r].w[4 * i + 2] = t.z, raw[r].w[4 * i + 3] = t.w;
                 }
         };
@@ -1357,7 +1357,7 @@ __device__ __forceinline__ void run_direct(const int batch, const DenseRows<Cfg>
     if (!waited) pdl_entry();
 }
 
-// The integer path's direct form (MatvecGeometry::DIRECT_Q8: XQ8 = 1, LANES = 32, Q8_0 / Q4_K):
+// The integer path's direct form (MatvecLaunch::DIRECT_Q8: XQ8 = 1, LANES = 32, Q8_0 / Q4_K):
 // run_direct's warps and lanes, one unit per lane per step loaded by U::load straight from global
 // memory (through L1: Q8_0's 34-byte blocks are read as aligned words, a warp's 32 blocks being
 // 1,088 contiguous bytes), x's int8 run and (d, Σq) pairs from its quantize_q8 row, compute_q8's
@@ -1391,7 +1391,12 @@ __device__ __forceinline__ void run_direct_q8(const int batch, const DenseRows<C
             const int bi = u / U::UPB, sub = u % U::UPB;
             typename U::Raw raw[RPG];
 #pragma unroll
-            for (int r = 0; r < RPG; ++r) U::load(rows[r] + (i64)bi * U::BYTES, sub, raw[r]);  // within the block
+            for (int r = 0; r < RPG; ++r) {
+                const u8* blk = rows[r] + (i64)bi * U::BYTES;
+                // In place, so nothing past the block: 2-byte-aligned units read exactly.
+                if constexpr (U::ALIGN % 4 == 0) U::load(blk, sub, raw[r]);
+                else U::template load<true>(blk, sub, raw[r]);
+            }
             if (!waited) {
                 pdl_entry();
                 x = reinterpret_cast<const u8*>(async::after_wait(src.x));
@@ -1449,13 +1454,13 @@ template <class Cfg, int NB>
 __device__ __forceinline__ void dispatch(int batch, const DenseRows<Cfg>& src, int k, int n) {
     constexpr int MAX = Cfg::BATCH;
     if constexpr (NB >= MAX) {
-        if constexpr (MatvecGeometry<Cfg>::DIRECT_Q8) run_direct_q8<Cfg, MAX>(batch, src, k, n);
-        else if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, MAX>(batch, src, k, n);
+        if constexpr (MatvecLaunch<Cfg>::DIRECT_Q8) run_direct_q8<Cfg, MAX>(batch, src, k, n);
+        else if constexpr (MatvecLaunch<Cfg>::DIRECT) run_direct<Cfg, MAX>(batch, src, k, n);
         else run<Cfg, MAX>(batch, src, k, n, gridDim.x);
     } else {
         if (batch <= NB) {
-            if constexpr (MatvecGeometry<Cfg>::DIRECT_Q8) run_direct_q8<Cfg, NB>(batch, src, k, n);
-            else if constexpr (MatvecGeometry<Cfg>::DIRECT) run_direct<Cfg, NB>(batch, src, k, n);
+            if constexpr (MatvecLaunch<Cfg>::DIRECT_Q8) run_direct_q8<Cfg, NB>(batch, src, k, n);
+            else if constexpr (MatvecLaunch<Cfg>::DIRECT) run_direct<Cfg, NB>(batch, src, k, n);
             else run<Cfg, NB>(batch, src, k, n, gridDim.x);
         } else {
             dispatch<Cfg, 2 * NB>(batch, src, k, n);
@@ -1469,7 +1474,7 @@ template <class Cfg>
 __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                             float* __restrict__ y, int k, int n, int batch, int ldx, int ldy) {
     {
-        using G = MatvecGeometry<Cfg>;
+        using G = MatvecLaunch<Cfg>;
         const u32 need = (u32)G::LAUNCH_SMEM + (G::XQ8_FUSED ? (u32)(Cfg::BATCH * G::xf_row(dim_or<Cfg::K>(k))) : 0u);
         if (async::dynamic_smem_bytes() < need) __trap();
     }
@@ -1484,7 +1489,7 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ w,
 }  // namespace memra
 
 #define MEMRA_DEFINE_MATVEC(SYMBOL, CFG)                                                                        \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS, memra::MatvecGeometry<CFG>::MIN_BLOCKS)           \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, memra::MatvecLaunch<CFG>::MIN_BLOCKS)              \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int k, \
                int n, int batch, int ldx, int ldy) {                                                            \
         memra::matvec_impl<CFG>(w, x, y, k, n, batch, ldx, ldy);                                                \

@@ -192,7 +192,7 @@ pub fn geometry(ty: GgmlType, t: &MatvecTuning, baked_k: Option<usize>) -> Optio
 }
 
 /// Whether a plain matvec launch of `ty` with tuning `t` takes the direct path (matvec.cuh,
-/// `MatvecGeometry::DIRECT`): with 32 lanes, F32 / F16 / BF16 on f32 x and Q8_0 / Q4_K on
+/// `MatvecLaunch::DIRECT`): with 32 lanes, F32 / F16 / BF16 on f32 x and Q8_0 / Q4_K on
 /// quantize_q8 rows (`xq8 = 1`) load their rows straight into registers, with no shared memory
 /// and no pipeline (`stages` unused).
 pub fn direct(ty: GgmlType, t: &MatvecTuning) -> bool {
@@ -201,7 +201,7 @@ pub fn direct(ty: GgmlType, t: &MatvecTuning) -> bool {
     (float || q8) && t.lanes == 32
 }
 
-/// The geometry a plain matvec launch uses (`MatvecGeometry::LAUNCH_SMEM`): [`geometry`], less
+/// The geometry a plain matvec launch uses (`MatvecLaunch::LAUNCH_SMEM`): [`geometry`], less
 /// its shared memory on the [`direct`] path. (moe_matvec, norm_matvec and combine_matvec always
 /// stage through shared memory: they take [`geometry`].)
 pub fn launch_geometry(ty: GgmlType, t: &MatvecTuning, baked_k: Option<usize>) -> Option<MatvecGeometry> {

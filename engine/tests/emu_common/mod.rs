@@ -73,6 +73,7 @@ inline void pdl_entry() {}  // programmatic dependent launch: nothing to wait fo
 inline void prefetch_l2(const void*) {}
 using std::min; using std::max;
 inline float4 load_f4(const float* p) { float4 r; memcpy(&r, p, 16); return r; }
+inline uint4 ldg16(const void* p) { uint4 r; memcpy(&r, p, 16); return r; }
 inline float f16_to_f32(u16 h) { unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023; float v;
   if (e == 0) v = std::ldexp((float)m, -24); else if (e == 31) v = m ? NAN : INFINITY; else v = std::ldexp((float)(m | 1024), (int)e - 25);
   return s ? -v : v; }
@@ -87,7 +88,6 @@ inline void cp16_tail(void* smem, const void* gmem, long long rest) { cp16(smem,
 inline void commit() {}
 template <int P> inline void wait() {}
 inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
-inline uint4 ld_stream(const void* p) { uint4 r; memcpy(&r, p, 16); return r; }
 inline const float* after_wait(const float* p) { return p; }
 }  // namespace async"#;
 
