@@ -204,7 +204,7 @@ template <class K> void mla(int nh, int kvl, int rope, int max_ctx, int n_split,
         std::vector<float> two(out.size(), NAN);
         run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
             mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 1, 1); });
-        run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
+        run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, mla_detail::merge_smem_bytes(n_split), [&] {
             mla_decode_impl<K>((const float*)q.data(), c.data(), &pos, two.data(), work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2, 1); });
         if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
     }
@@ -232,7 +232,7 @@ template <class K> void mla_batch(int nh, int kvl, int rope, int max_ctx, int n_
             return;
         }
         run_grid({(unsigned)n_split, hbs, (unsigned)nq}, 256, smem, [&] { mla_decode_impl<K>(qq, c.data(), pp, o, work.data(), nh, kvl, rope, max_ctx, n_split, scale, 1, nq); });
-        run_grid({3, hbs, (unsigned)nq}, 256, 0, [&] { mla_decode_impl<K>(qq, c.data(), pp, o, work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2, nq); });
+        run_grid({3, hbs, (unsigned)nq}, 256, mla_detail::merge_smem_bytes(n_split), [&] { mla_decode_impl<K>(qq, c.data(), pp, o, work.data(), nh, kvl, rope, max_ctx, n_split, scale, 2, nq); });
     };
     launch((const float*)q.data(), pos, out.data(), n_q);
     for (int j = 0; j < n_q; ++j) launch((const float*)q.data() + j * nh * D, pos + j, one.data() + j * per_q, 1);

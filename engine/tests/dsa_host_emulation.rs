@@ -172,7 +172,7 @@ template <class K> void run_sparse(int nh, int kvl, int rope, int max_ctx, int i
         std::vector<float> two(out.size(), NAN);
         run_grid({(unsigned)n_split, (unsigned)((nh + 63) / 64), 1}, 256, smem, [&] {
             mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1, 1); });
-        run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, 0, [&] {
+        run_grid({3, (unsigned)((nh + 63) / 64), 1}, 256, mla_detail::merge_smem_bytes(n_split), [&] {
             mla_sparse_decode_impl<K>((const float*)q.data(), c.data(), (const int*)ix.data(), (const int*)cnt.data(), two.data(), work, nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2, 1); });
         if (memcmp(two.data(), out.data(), out.size() * 4) != 0) { fprintf(stderr, "phases 1 + 2 differ from phase 0\n"); exit(3); }
         // Phase 3: partials, a barrier per head block, the merge spread over the blocks (which
@@ -208,7 +208,7 @@ template <class K> void sparse_batch(int nh, int kvl, int rope, int max_ctx, int
             return;
         }
         run_grid({(unsigned)n_split, hbs, (unsigned)nq}, 256, smem, [&] { mla_sparse_decode_impl<K>(qq, c.data(), ii, cc, o, work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 1, nq); });
-        run_grid({3, hbs, (unsigned)nq}, 256, 0, [&] { mla_sparse_decode_impl<K>(qq, c.data(), ii, cc, o, work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2, nq); });
+        run_grid({3, hbs, (unsigned)nq}, 256, mla_detail::merge_smem_bytes(n_split), [&] { mla_sparse_decode_impl<K>(qq, c.data(), ii, cc, o, work.data(), nh, kvl, rope, max_ctx, idx_cap, n_split, scale, 2, nq); });
     };
     launch((const float*)q.data(), idx, cnt, out.data(), n_q);
     for (int j = 0; j < n_q; ++j) launch((const float*)q.data() + j * nh * D, idx + j * idx_cap, cnt + j, one.data() + j * per_q, 1);

@@ -23,8 +23,9 @@
 //   counter to 0.
 //   phase (how a split launch combines): 0 = as just said; 1 = write the partials only (no
 //   counter, no combine; n_split > 1); 2 = combine only, after a phase-1 launch with the same
-//   n_split: grid (any X, ceil(n_head / 64), n_q), no dynamic shared memory, the X blocks of y take
-//   turns over head block y's (head, 128-column) units. The last-block combine reads every
+//   n_split: grid (any X, ceil(n_head / 64), n_q), dynamic shared memory (n_split + 16)·4 bytes
+//   (merge_smem_bytes), the X blocks of y take turns over head block y's (head, 256-column) units,
+//   each with 8 partial loads in flight per thread. The last-block combine reads every
 //   partial (n_split · 64 · kv_lora · 4 bytes: 17 MB at 132 splits) through one multiprocessor;
 //   phases 1 + 2 spread that over the grid (memra_engine::kernels::mla_decode picks them above
 //   LAST_BLOCK_COMBINE_MAX splits).
@@ -106,46 +107,98 @@ template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {
     }
 }
 
-// Merges the n_split partials (acc, m, l) of global head hg into out[hg][c0 .. c0 + 128): warp w
-// takes 16 columns, its lanes = 8 split groups (lane / 4, splits s ≡ lane / 4 mod 8) × 4 float4
-// columns, summed across the groups by shuffles; many independent 16-byte loads per thread, so
-// the merge runs near L2 bandwidth. Every thread of the block calls it with the same arguments.
+// Columns of out one merge unit covers.
+constexpr int MERGE_COLS = 256;
+// Partial loads a thread has in flight before it uses any.
+constexpr int MERGE_BATCH = 8;
+
+// Dynamic shared memory a merge needs (phase 2 launches with it; phases 0 and 3 reuse the
+// block's own): the n_split split weights and 16 reduction slots.
+__host__ __device__ constexpr unsigned merge_smem_bytes(int n_split) { return (unsigned)(n_split + 16) * 4u; }
+
+// The block's dynamic shared memory as floats (the same declaration as `run`'s).
+__device__ __forceinline__ float* merge_smem() {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    return reinterpret_cast<float*>(smem_raw);
+}
+
+// Merges the n_split partials (acc, m, l) of global head hg into out[hg][c0 .. c0 + 256) ∩ [.., KVL).
+// First the split weights w_s = 2^(m_s − M) (M = max m_s; 0 for an empty split) into shared
+// memory ws and L = Σ w_s·l_s, each split's (m, l) read once; then warp w takes float4 columns
+// 8w .. 8w + 7, its lanes = 4 split groups (lane / 8: splits s ≡ lane / 8 mod 4) × 8 columns (a
+// group's loads are 128 contiguous bytes), each thread with MERGE_BATCH independent 16-byte loads
+// in flight before it uses any (the merge is bound by the loads in flight: one load at a time per
+// thread ran at a quarter of L2 bandwidth), summed across the groups by shuffles. Every thread of
+// the block calls it with the same arguments; ws (merge_smem_bytes) is free again on return.
 __device__ __forceinline__ void merge_unit(float* __restrict__ out, const float* work_acc, const float* work_ml,
-                                           int hg, int c0, int KVL, int n_split) {
-    const int lane = threadIdx.x & 31, sg = lane >> 2;
-    const int col = c0 + 16 * (int)(threadIdx.x >> 5) + 4 * (lane & 3);
+                                           int hg, int c0, int KVL, int n_split, float* ws) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    float* red = ws + n_split;  // [2][8]: per-warp maxima, then per-warp sums
     const i64 part0 = (i64)hg * n_split;
-    float M = neg_inf();
-    for (int s2 = sg; s2 < n_split; s2 += 8) M = fmaxf(M, ldcg(work_ml + (part0 + s2) * 2));
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) M = fmaxf(M, __shfl_xor_sync(FULL_MASK, M, o));
-    float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float L = 0.0f;
-    if (M != neg_inf()) {
-#pragma unroll 4
-        for (int s2 = sg; s2 < n_split; s2 += 8) {
-            const float wt = merge_w(ldcg(work_ml + (part0 + s2) * 2), M);
-            const float4 a = ldcg4(work_acc + (part0 + s2) * KVL + col);
-            L = fmaf(ldcg(work_ml + (part0 + s2) * 2 + 1), wt, L);
-            A.x = fmaf(a.x, wt, A.x);
-            A.y = fmaf(a.y, wt, A.y);
-            A.z = fmaf(a.z, wt, A.z);
-            A.w = fmaf(a.w, wt, A.w);
-        }
+    float mx = neg_inf();
+    for (int s = tid; s < n_split; s += 256) {
+        const float m = ldcg(work_ml + (part0 + s) * 2);
+        ws[s] = m;
+        mx = fmaxf(mx, m);
     }
 #pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-        L += __shfl_xor_sync(FULL_MASK, L, o);
+    for (int o = 1; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    float M = red[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) M = fmaxf(M, red[w]);
+    float l = 0.0f;
+    for (int s = tid; s < n_split; s += 256) {  // each thread rewrites its own slots
+        const float wt = merge_w(ws[s], M);
+        ws[s] = wt;
+        l = fmaf(ldcg(work_ml + (part0 + s) * 2 + 1), wt, l);
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) l += __shfl_xor_sync(FULL_MASK, l, o);
+    if (lane == 0) red[8 + warp] = l;
+    __syncthreads();  // the weights and the sums
+    float L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) L += red[8 + w];
+
+    const int sg = lane >> 3;
+    const int col = c0 + 4 * (8 * warp + (lane & 7));
+    float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    auto add = [&](const float4& a, float wt) {
+        A.x = fmaf(a.x, wt, A.x);
+        A.y = fmaf(a.y, wt, A.y);
+        A.z = fmaf(a.z, wt, A.z);
+        A.w = fmaf(a.w, wt, A.w);
+    };
+    if (M != neg_inf() && col < KVL) {
+        const float* base = work_acc + part0 * KVL + col;
+        int s = sg;
+        for (; s + 4 * (MERGE_BATCH - 1) < n_split; s += 4 * MERGE_BATCH) {
+            float4 a[MERGE_BATCH];
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; ++b) a[b] = ldcg4(base + (i64)(s + 4 * b) * KVL);
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; ++b) add(a[b], ws[s + 4 * b]);
+        }
+        for (; s < n_split; s += 4) add(ldcg4(base + (i64)s * KVL), ws[s]);
+    }
+#pragma unroll
+    for (int o = 8; o < 32; o <<= 1) {
         A.x += __shfl_xor_sync(FULL_MASK, A.x, o);
         A.y += __shfl_xor_sync(FULL_MASK, A.y, o);
         A.z += __shfl_xor_sync(FULL_MASK, A.z, o);
         A.w += __shfl_xor_sync(FULL_MASK, A.w, o);
     }
-    if (sg == 0) {
+    if (sg == 0 && col < KVL) {
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
         *reinterpret_cast<float4*>(out + (i64)hg * KVL + col) = make_float4(A.x * inv, A.y * inv, A.z * inv, A.w * inv);
     }
+    __syncthreads();  // ws and red are reused by the next unit
 }
+
+// Merge units of a head: 256-column slices of its kv_lora outputs.
+__device__ __forceinline__ int merge_units_per_head(int KVL) { return (KVL + MERGE_COLS - 1) / MERGE_COLS; }
 
 // Where the partials sit in work: after the counters (16-byte aligned).
 __device__ __forceinline__ i64 partials_offset(int n_head) { return ((n_head + HB - 1) / HB + 3) / 4 * 4; }
@@ -174,21 +227,23 @@ __device__ __forceinline__ void combine_last(float* __restrict__ out, float* wor
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    const int units = KVL / 128;
-    for (int u = 0; u < hb * units; ++u) merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * 128, KVL, n_split);
+    const int units = merge_units_per_head(KVL);
+    for (int u = 0; u < hb * units; ++u)
+        merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * MERGE_COLS, KVL, n_split, merge_smem());
     if (threadIdx.x == 0) counters[hblk] = 0u;
 }
 
-// Phase 2: the blocks of grid.x take turns over head block y's (head, 128-column) units (a
-// phase-1 launch wrote the partials; the launch boundary orders them).
+// Phase 2: the blocks of grid.x take turns over head block y's (head, 256-column) units (a
+// phase-1 launch wrote the partials; the launch boundary orders them). Dynamic shared memory:
+// merge_smem_bytes(n_split).
 __device__ __forceinline__ void combine_slice(float* __restrict__ out, float* work, int n_head, int KVL,
                                               int n_split, int n_q) {
     const int h_base = blockIdx.y * HB, hb = min(HB, n_head - h_base);
-    const int units = KVL / 128;
+    const int units = merge_units_per_head(KVL);
     const float* work_acc = work_acc_of(work, n_head, KVL, n_split);
     const float* work_ml = work_ml_of(work, n_head, KVL, n_split, n_q);
     for (int u = blockIdx.x; u < hb * units; u += gridDim.x)
-        merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * 128, KVL, n_split);
+        merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * MERGE_COLS, KVL, n_split, merge_smem());
 }
 
 // T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read

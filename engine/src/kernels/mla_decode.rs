@@ -100,9 +100,18 @@ pub const MAX_QUERIES: usize = 65_535;
 /// head block).
 pub const LAST_BLOCK_COMBINE_MAX: usize = 4;
 
-/// Phase-2 blocks per head block: one per (head, 128 latent columns).
+/// Latent columns one merge unit covers (`MERGE_COLS` in the template).
+pub const MERGE_COLS: usize = 256;
+
+/// Phase-2 blocks per head block: one per (head, 256 latent columns).
 pub fn combine_blocks(n_head: usize, kv_lora: usize) -> usize {
-    n_head.min(HEADS_PER_BLOCK) * kv_lora.div_ceil(128)
+    n_head.min(HEADS_PER_BLOCK) * kv_lora.div_ceil(MERGE_COLS)
+}
+
+/// Dynamic shared memory of a merge (the template's `merge_smem_bytes`): the split weights and
+/// 16 reduction slots. Phase 2 launches with it; phases 0 and 3 merge in the split blocks' own.
+pub fn combine_smem_bytes(n_split: usize) -> usize {
+    (n_split + 16) * 4
 }
 
 /// The phases a wrapper launches for `n_split` splits and `n_q` query tokens (grid.z), each with
@@ -119,7 +128,7 @@ pub(crate) fn phases_batch(p: &MlaDecodeParams, smem: usize, n_q: usize) -> Vec<
             n_q as u32,
         ),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: combine_smem_bytes(p.n_split) as u32,
     };
     vec![(1, launch_config_batch(p, smem, n_q)), (2, merge)]
 }
@@ -233,7 +242,11 @@ pub(crate) fn check_launch<C: CacheElem>(
     checks::check_dim(kernel, "n_head", p.n_head)?;
     checks::check_dim(kernel, "kv_lora", p.kv_lora)?;
     checks::check_dim(kernel, "rope", p.rope)?;
-    let smem = smem_bytes(p.n_head, p.kv_lora, p.rope, elem);
+    // A split launch merges in its blocks' shared memory (phases 0 and 3): at least the merge's.
+    let mut smem = smem_bytes(p.n_head, p.kv_lora, p.rope, elem);
+    if p.n_split > 1 {
+        smem = smem.max(combine_smem_bytes(p.n_split));
+    }
     if smem > MAX_SMEM {
         return Err(checks::invalid(
             kernel,
@@ -319,7 +332,7 @@ pub fn mla_decode_batch<C: CacheElem>(
         // n_split > 1 (checked above; the counter phase 0 only for n_q = 1, `phases_batch`);
         // rows read are < pos + 1 ≤ max_ctx (other positions write NaN without reading); the
         // dynamic shared memory is the template's formula and the function's limit was raised
-        // to it (phase 2 uses none); phase 2 follows phase 1 on the same stream.
+        // to it (phase 2's merge needs less); phase 2 follows phase 1 on the same stream.
         unsafe { launch(kernel, cfg, &mut args)? }
     }
     Ok(())
@@ -342,7 +355,9 @@ mod tests {
         assert_eq!(splits_for(7, 64, 132), 1);
         assert_eq!(work_floats(64, 512, 2), 4 + 64 * 2 * 514);
         assert_eq!(work_floats(320, 512, 3), 8 + 320 * 3 * 514);
-        assert_eq!(combine_blocks(64, 512), 256);
+        assert_eq!(combine_blocks(64, 512), 128);
+        assert_eq!(combine_blocks(3, 384), 6);
+        assert_eq!(combine_smem_bytes(132), 592);
         let p = MlaDecodeParams {
             n_head: 64,
             kv_lora: 512,
@@ -358,7 +373,8 @@ mod tests {
         let p = MlaDecodeParams { n_split: 132, ..p };
         let two = phases_batch(&p, 0, 1);
         assert_eq!(two.iter().map(|(ph, _)| *ph).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(two[1].1.grid_dim, (256, 1, 1));
+        assert_eq!(two[1].1.grid_dim, (128, 1, 1));
+        assert_eq!(two[1].1.shared_mem_bytes, 592);
     }
 
     #[test]
@@ -392,11 +408,11 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(ph(&p, 1), [(0, (2, 2, 1), 7)]);
-        assert_eq!(ph(&p, 3), [(1, (2, 2, 3), 7), (2, (256, 2, 3), 0)]);
+        assert_eq!(ph(&p, 3), [(1, (2, 2, 3), 7), (2, (128, 2, 3), 72)]);
         let one = MlaDecodeParams { n_split: 1, ..p };
         assert_eq!(ph(&one, 40), [(0, (1, 2, 40), 7)]);
         let many = MlaDecodeParams { n_split: 9, ..p };
-        assert_eq!(ph(&many, 1), [(1, (9, 2, 1), 7), (2, (256, 2, 1), 0)]);
-        assert_eq!(ph(&many, 2), [(1, (9, 2, 2), 7), (2, (256, 2, 2), 0)]);
+        assert_eq!(ph(&many, 1), [(1, (9, 2, 1), 7), (2, (128, 2, 1), 100)]);
+        assert_eq!(ph(&many, 2), [(1, (9, 2, 2), 7), (2, (128, 2, 2), 100)]);
     }
 }

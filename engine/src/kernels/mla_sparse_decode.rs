@@ -200,9 +200,9 @@ mod tests {
         // one query: phases 1 + 2 over both.
         assert_eq!(
             ph(64, 64, 132, 2),
-            vec![(1, (64, 1, 2)), (2, (256, 1, 2))]
+            vec![(1, (64, 1, 2)), (2, (128, 1, 2))]
         );
-        assert_eq!(ph(64, 3, 132, 5), vec![(1, (3, 1, 5)), (2, (256, 1, 5))]);
+        assert_eq!(ph(64, 3, 132, 5), vec![(1, (3, 1, 5)), (2, (128, 1, 5))]);
         assert_eq!(ph(64, 1, 132, 500), vec![(0, (1, 1, 500))]);
         // The batched split count: 132 multiprocessors over 3 queries, 44 each (≥ 32 rows).
         assert_eq!(splits_for_batch(2048, 64, 132, 3), 44);
