@@ -370,7 +370,7 @@ fn emulator_source() -> String {
         &mla,
         "__device__ __forceinline__ float ldcg(",
         "template <CacheType C> struct Elem;",
-        "inline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
+        mla_common::LOADS_HOST,
         "mla_decode.cuh",
     );
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";

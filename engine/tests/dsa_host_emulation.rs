@@ -334,20 +334,14 @@ fn emulator_source() -> String {
         &mla,
         "__device__ __forceinline__ float ldcg(",
         "template <CacheType C> struct Elem;",
-        "inline float ldcg(const float* p) { return *p; }\ninline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }\n",
+        mla_common::LOADS_HOST,
         "mla_decode.cuh",
     );
     let decl = "extern __shared__ __align__(16) unsigned char smem_raw[];";
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
     let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
-    let sparse = splice(
-        &strip(template("mla_sparse_decode.cuh")),
-        "__device__ __forceinline__ u32 load_volatile(",
-        "// end of grid-scope primitives",
-        TOPK_GRID_HOST,
-        "mla_sparse_decode.cuh",
-    );
+    let sparse = strip(template("mla_sparse_decode.cuh"));
     let common_parts = [
         (
             "// Store one f32 as the cache element type.",

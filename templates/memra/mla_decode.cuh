@@ -23,12 +23,15 @@
 //   counter to 0.
 //   phase (how a split launch combines): 0 = as just said; 1 = write the partials only (no
 //   counter, no combine; n_split > 1); 2 = combine only, after a phase-1 launch with the same
-//   n_split: grid (any X, ceil(n_head / 64), n_q), dynamic shared memory (n_split + 16)·4 bytes
-//   (merge_smem_bytes), the X blocks of y take turns over head block y's (head, 256-column) units,
-//   each with 8 partial loads in flight per thread. The last-block combine reads every
-//   partial (n_split · 64 · kv_lora · 4 bytes: 17 MB at 132 splits) through one multiprocessor;
-//   phases 1 + 2 spread that over the grid (memra_engine::kernels::mla_decode picks them above
-//   LAST_BLOCK_COMBINE_MAX splits).
+//   n_split: grid (any X, ceil(n_head / 64), n_q), dynamic shared memory (2·n_split + 16)·4 bytes
+//   (merge_smem_bytes), the X blocks of y take turns over head block y's (head, 256-column)
+//   units; 3 (n_split > 1, n_q = 1) = partials, then the n_split blocks of a head block meet at a
+//   barrier (the head block's counter, left at zero) and merge the units spread over all of them:
+//   phases 1 + 2 in one launch, which needs every block of the grid resident at once
+//   (n_split · ceil(n_head / 64) ≤ the multiprocessor count: the tensor-core form's shared memory
+//   allows one block per multiprocessor). The last-block combine reads every partial
+//   (n_split · 64 · kv_lora · 4 bytes: 17 MB at 132 splits) through one multiprocessor; phases 3
+//   or 1 + 2 spread that over the grid (memra_engine::kernels::mla_decode::phases_batch picks).
 //   work (f32 units): u32 counters [ceil(n_head / 64)] padded to a multiple of 4 (zeroed once when
 //   allocated), then acc [n_q, n_head, n_split, kv_lora] and (m, l) [n_q, n_head, n_split, 2].
 //   The counters belong to query 0 only: n_q > 1 with n_split > 1 takes phases 1 + 2 (no
@@ -86,11 +89,20 @@ __device__ __forceinline__ float ldcg(const float* p) {
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 }
+__device__ __forceinline__ float2 ldcg2(const float* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ float4 ldcg4(const float* p) {
     float4 v;
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
+// Grid-scope primitives of phase 3's barrier (the counter lives in L2; loads bypass L1).
+__device__ __forceinline__ u32 load_volatile(const u32* p) { return *(const volatile u32*)p; }
+__device__ __forceinline__ u32 fetch_add(u32* p, u32 v) { return atomicAdd(p, v); }
+__device__ __forceinline__ void store_zero(u32* p) { *(volatile u32*)p = 0u; }
 
 template <CacheType C> struct Elem;
 template <> struct Elem<CacheType::BF16> { enum : int { BYTES = 2 }; enum : int { TR = 16 }; };
@@ -110,11 +122,11 @@ template <CacheType C> __device__ __forceinline__ float4 ld4(const char* p) {
 // Columns of out one merge unit covers.
 constexpr int MERGE_COLS = 256;
 // Partial loads a thread has in flight before it uses any.
-constexpr int MERGE_BATCH = 8;
+constexpr int MERGE_BATCH = 12;
 
 // Dynamic shared memory a merge needs (phase 2 launches with it; phases 0 and 3 reuse the
-// block's own): the n_split split weights and 16 reduction slots.
-__host__ __device__ constexpr unsigned merge_smem_bytes(int n_split) { return (unsigned)(n_split + 16) * 4u; }
+// block's own): each split's weight and l, and 16 reduction slots.
+__host__ __device__ constexpr unsigned merge_smem_bytes(int n_split) { return (unsigned)(2 * n_split + 16) * 4u; }
 
 // The block's dynamic shared memory as floats (the same declaration as `run`'s).
 __device__ __forceinline__ float* merge_smem() {
@@ -123,23 +135,36 @@ __device__ __forceinline__ float* merge_smem() {
 }
 
 // Merges the n_split partials (acc, m, l) of global head hg into out[hg][c0 .. c0 + 256) ∩ [.., KVL).
-// First the split weights w_s = 2^(m_s − M) (M = max m_s; 0 for an empty split) into shared
-// memory ws and L = Σ w_s·l_s, each split's (m, l) read once; then warp w takes float4 columns
-// 8w .. 8w + 7, its lanes = 4 split groups (lane / 8: splits s ≡ lane / 8 mod 4) × 8 columns (a
-// group's loads are 128 contiguous bytes), each thread with MERGE_BATCH independent 16-byte loads
-// in flight before it uses any (the merge is bound by the loads in flight: one load at a time per
-// thread ran at a quarter of L2 bandwidth), summed across the groups by shuffles. Every thread of
-// the block calls it with the same arguments; ws (merge_smem_bytes) is free again on return.
+// Warp w takes float4 columns 8w .. 8w + 7, its lanes = 4 split groups (lane / 8: splits
+// s ≡ lane / 8 mod 4) × 8 columns (a group's loads are 128 contiguous bytes). Each thread's first
+// MERGE_BATCH partial loads go out before anything else (they do not depend on the weights); then
+// the split weights w_s = 2^(m_s − M) (M = max m_s; 0 for an empty split) and L = Σ w_s·l_s
+// through shared memory ws (each split's (m, l) read once, the reads overlapping the partials'),
+// then the rest of the partials, MERGE_BATCH loads in flight a thread (the merge is bound by
+// loads in flight: one at a time per thread ran at a quarter of L2 bandwidth), summed across the
+// groups by shuffles. Every thread of the block calls it with the same arguments; ws
+// (merge_smem_bytes) is free again on return.
 __device__ __forceinline__ void merge_unit(float* __restrict__ out, const float* work_acc, const float* work_ml,
                                            int hg, int c0, int KVL, int n_split, float* ws) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    float* red = ws + n_split;  // [2][8]: per-warp maxima, then per-warp sums
+    float* ls = ws + n_split;       // [n_split] each split's l
+    float* red = ls + n_split;      // [2][8]: per-warp maxima, then per-warp sums
     const i64 part0 = (i64)hg * n_split;
+    const int sg = lane >> 3;
+    const int col = c0 + 4 * (8 * warp + (lane & 7));
+    const bool live = col < KVL;
+    const float* base = work_acc + part0 * KVL + col;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 a[MERGE_BATCH];
+#pragma unroll
+    for (int b = 0; b < MERGE_BATCH; ++b) a[b] = live && sg + 4 * b < n_split ? ldcg4(base + (i64)(sg + 4 * b) * KVL) : zero;
+
     float mx = neg_inf();
     for (int s = tid; s < n_split; s += 256) {
-        const float m = ldcg(work_ml + (part0 + s) * 2);
-        ws[s] = m;
-        mx = fmaxf(mx, m);
+        const float2 ml = ldcg2(work_ml + (part0 + s) * 2);
+        ws[s] = ml.x;
+        ls[s] = ml.y;
+        mx = fmaxf(mx, ml.x);
     }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
@@ -152,7 +177,7 @@ __device__ __forceinline__ void merge_unit(float* __restrict__ out, const float*
     for (int s = tid; s < n_split; s += 256) {  // each thread rewrites its own slots
         const float wt = merge_w(ws[s], M);
         ws[s] = wt;
-        l = fmaf(ldcg(work_ml + (part0 + s) * 2 + 1), wt, l);
+        l = fmaf(ls[s], wt, l);
     }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) l += __shfl_xor_sync(FULL_MASK, l, o);
@@ -162,20 +187,19 @@ __device__ __forceinline__ void merge_unit(float* __restrict__ out, const float*
 #pragma unroll
     for (int w = 0; w < 8; ++w) L += red[8 + w];
 
-    const int sg = lane >> 3;
-    const int col = c0 + 4 * (8 * warp + (lane & 7));
-    float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    auto add = [&](const float4& a, float wt) {
-        A.x = fmaf(a.x, wt, A.x);
-        A.y = fmaf(a.y, wt, A.y);
-        A.z = fmaf(a.z, wt, A.z);
-        A.w = fmaf(a.w, wt, A.w);
+    float4 A = zero;
+    auto add = [&](const float4& v, float wt) {
+        A.x = fmaf(v.x, wt, A.x);
+        A.y = fmaf(v.y, wt, A.y);
+        A.z = fmaf(v.z, wt, A.z);
+        A.w = fmaf(v.w, wt, A.w);
     };
-    if (M != neg_inf() && col < KVL) {
-        const float* base = work_acc + part0 * KVL + col;
-        int s = sg;
+    if (M != neg_inf() && live) {
+#pragma unroll
+        for (int b = 0; b < MERGE_BATCH; ++b)
+            if (sg + 4 * b < n_split) add(a[b], ws[sg + 4 * b]);
+        int s = sg + 4 * MERGE_BATCH;
         for (; s + 4 * (MERGE_BATCH - 1) < n_split; s += 4 * MERGE_BATCH) {
-            float4 a[MERGE_BATCH];
 #pragma unroll
             for (int b = 0; b < MERGE_BATCH; ++b) a[b] = ldcg4(base + (i64)(s + 4 * b) * KVL);
 #pragma unroll
@@ -190,7 +214,7 @@ __device__ __forceinline__ void merge_unit(float* __restrict__ out, const float*
         A.z += __shfl_xor_sync(FULL_MASK, A.z, o);
         A.w += __shfl_xor_sync(FULL_MASK, A.w, o);
     }
-    if (sg == 0 && col < KVL) {
+    if (sg == 0 && live) {
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
         *reinterpret_cast<float4*>(out + (i64)hg * KVL + col) = make_float4(A.x * inv, A.y * inv, A.z * inv, A.w * inv);
     }
@@ -244,6 +268,26 @@ __device__ __forceinline__ void combine_slice(float* __restrict__ out, float* wo
     const float* work_ml = work_ml_of(work, n_head, KVL, n_split, n_q);
     for (int u = blockIdx.x; u < hb * units; u += gridDim.x)
         merge_unit(out, work_acc, work_ml, h_base + u / units, u % units * MERGE_COLS, KVL, n_split, merge_smem());
+}
+
+// Phase 3 after the partials (n_q = 1): the n_split blocks of head block y arrive on its counter,
+// wait for all, merge their share of the (head, 256 columns) units, then depart on the same
+// counter; the last to depart (counter 2·n_split − 1) sets it back to zero.
+__device__ __forceinline__ void barrier_then_merge(float* __restrict__ out, float* work, int n_head, int kvl,
+                                                   int n_split) {
+    u32* counter = reinterpret_cast<u32*>(work) + blockIdx.y;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        fetch_add(counter, 1u);
+        while (load_volatile(counter) < (u32)n_split) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    combine_slice(out, work, n_head, kvl, n_split, 1);
+    __syncthreads();
+    if (threadIdx.x == 0 && fetch_add(counter, 1u) == 2u * (u32)n_split - 1u) store_zero(counter);
 }
 
 // T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read
@@ -1007,7 +1051,7 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
     if (!mla_detail::select_query(q, out, n_head, kvl, kvl + rope, n_q)) return;
     const int p = pos[blockIdx.z];
     // The counters serve query 0 only (header): a counter phase over several queries is refused.
-    if (p < 0 || p >= max_ctx || (n_q > 1 && n_split > 1 && phase == 0)) {
+    if (p < 0 || p >= max_ctx || (n_q > 1 && n_split > 1 && (phase == 0 || phase == 3))) {
         mla_detail::write_nan(out, n_head, kvl);
         return;
     }
@@ -1016,13 +1060,16 @@ __device__ __forceinline__ void mla_decode_impl(const float* q, const void* cach
         return;
     }
     constexpr int DC = (Cfg::KV_LORA != 0 && Cfg::ROPE != 0) ? Cfg::KV_LORA + Cfg::ROPE : 0;
+    const bool fused = phase == 3 && n_split > 1;
+    const int run_phase = fused ? 1 : phase;
     if constexpr (Cfg::CACHE_T == CacheType::BF16) {
         run_tensor_cores<DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope, p + 1,
-                                                  max_ctx, n_split, scale, phase, n_q);
+                                                  max_ctx, n_split, scale, run_phase, n_q);
     } else {
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, false>(q, cache, nullptr, out, work, n_head, kvl, kvl + rope,
-                                                                p + 1, max_ctx, n_split, scale, phase, n_q);
+                                                                p + 1, max_ctx, n_split, scale, run_phase, n_q);
     }
+    if (fused) mla_detail::barrier_then_merge(out, work, n_head, kvl, n_split);
 }
 
 }  // namespace memra

@@ -8,50 +8,16 @@
 //   (const float* q, const void* cache, const int* idx, const int* count, float* out, float* work,
 //    int n_head, int kv_lora, int rope, int max_ctx, int idx_cap, int n_split, float scale, int phase,
 //    int n_q)
-//   q, cache, out, work, scale, phase, n_q as mla_decode, plus phase 3 (n_split > 1, n_q = 1: the
-//   counters serve query 0 only, as phase 0's): partials, then
-//   the n_split blocks of a head block meet at a barrier (the head block's counter at the front
-//   of work, left at zero) and merge the partials spread over all of them (phases 1 + 2 in one
-//   launch; needs every block of the grid resident at once: n_split · ceil(n_head / 64) ≤ the
-//   multiprocessor count, as the tensor-core form's shared memory allows one block per
-//   multiprocessor). idx [n_q, idx_cap] i32 cache rows (each in [0, max_ctx); an index outside
-//   reads as a zero row), count [n_q] on the device (dsa_topk's counts): query j attends over
-//   idx[j][0..count[j]); count[j] ∉ [1, min(max_ctx, idx_cap)] writes NaN to out[j].
+//   q, cache, out, work, scale, phase (0–3), n_q as mla_decode. idx [n_q, idx_cap] i32 cache
+//   rows (each in [0, max_ctx); an index outside reads as a zero row), count [n_q] on the device
+//   (dsa_topk's counts): query j attends over idx[j][0..count[j]); count[j] ∉ [1, min(max_ctx,
+//   idx_cap)] writes NaN to out[j].
 // Geometry: as mla_decode (grid (n_split, ceil(n_head / 64), n_q), block 256, the same dynamic shared
 //   memory; the rows split over n_split are the count selected ones).
 #pragma once
 #include "memra/mla_decode.cuh"
 
 namespace memra {
-namespace mla_sparse_detail {
-
-// Grid-scope primitives (the counter lives in L2; loads bypass L1).
-__device__ __forceinline__ u32 load_volatile(const u32* p) { return *(const volatile u32*)p; }
-__device__ __forceinline__ u32 fetch_add(u32* p, u32 v) { return atomicAdd(p, v); }
-__device__ __forceinline__ void store_zero(u32* p) { *(volatile u32*)p = 0u; }
-// end of grid-scope primitives
-
-// Phase 3 after the partials: the n_split blocks of head block y arrive on its counter, wait for
-// all, merge their share of the (head, 128 columns) units, then depart on the same counter; the
-// last to depart (counter 2·n_split − 1) sets it back to zero.
-__device__ __forceinline__ void barrier_then_merge(float* __restrict__ out, float* work, int n_head, int kvl,
-                                                   int n_split) {  // n_q = 1
-    u32* counter = reinterpret_cast<u32*>(work) + blockIdx.y;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        fetch_add(counter, 1u);
-        while (load_volatile(counter) < (u32)n_split) {
-        }
-        __threadfence();
-    }
-    __syncthreads();
-    mla_detail::combine_slice(out, work, n_head, kvl, n_split, 1);
-    __syncthreads();
-    if (threadIdx.x == 0 && fetch_add(counter, 1u) == 2u * (u32)n_split - 1u) store_zero(counter);
-}
-
-}  // namespace mla_sparse_detail
 
 template <class Cfg>
 __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const void* cache, const int* idx,
@@ -86,7 +52,7 @@ __device__ __forceinline__ void mla_sparse_decode_impl(const float* q, const voi
         mla_detail::run<Cfg::CACHE_T, DC, Cfg::KV_LORA, true>(q, cache, idx, out, work, n_head, kvl, kvl + rope, n,
                                                                max_ctx, n_split, scale, run_phase, n_q);
     }
-    if (fused) mla_sparse_detail::barrier_then_merge(out, work, n_head, kvl, n_split);
+    if (fused) mla_detail::barrier_then_merge(out, work, n_head, kvl, n_split);
 }
 
 }  // namespace memra

@@ -123,7 +123,7 @@ pub fn dsa_topk(
     }
     if p.n_blk > 1 {
         // The blocks of a row wait for each other: all must be resident at once.
-        let sms = crate::kernels::mla_sparse_decode::sm_count(kernel)?;
+        let sms = crate::kernels::mla_decode::sm_count(kernel)?;
         if p.n_blk.saturating_mul(p.n_q) > sms {
             return Err(checks::invalid(
                 kernel,

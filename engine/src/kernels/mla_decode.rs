@@ -95,9 +95,8 @@ pub fn work_floats_batch(n_head: usize, kv_lora: usize, n_split: usize, n_q: usi
 pub const MAX_QUERIES: usize = 65_535;
 
 /// Up to this many splits the last block of a launch merges the partials (phase 0: it reads
-/// `n_split` · 128 KiB at GLM-5 dims through one multiprocessor); above, the wrappers launch
-/// twice: phase 1 (partials) then phase 2 (the merge spread over [`combine_blocks`] blocks per
-/// head block).
+/// `n_split` · 128 KiB at GLM-5 dims through one multiprocessor); above, the merge is spread over
+/// the grid: phase 3 (one launch, a barrier) or phases 1 + 2 ([`phases_batch`]).
 pub const LAST_BLOCK_COMBINE_MAX: usize = 4;
 
 /// Latent columns one merge unit covers (`MERGE_COLS` in the template).
@@ -108,18 +107,26 @@ pub fn combine_blocks(n_head: usize, kv_lora: usize) -> usize {
     n_head.min(HEADS_PER_BLOCK) * kv_lora.div_ceil(MERGE_COLS)
 }
 
-/// Dynamic shared memory of a merge (the template's `merge_smem_bytes`): the split weights and
-/// 16 reduction slots. Phase 2 launches with it; phases 0 and 3 merge in the split blocks' own.
+/// Dynamic shared memory of a merge (the template's `merge_smem_bytes`): each split's weight and
+/// l, and 16 reduction slots. Phase 2 launches with it; phases 0 and 3 merge in the split blocks'
+/// own.
 pub fn combine_smem_bytes(n_split: usize) -> usize {
-    (n_split + 16) * 4
+    (2 * n_split + 16) * 4
 }
 
 /// The phases a wrapper launches for `n_split` splits and `n_q` query tokens (grid.z), each with
-/// its grid (template header). The counters serve one query, so with several queries a split
-/// launch always takes phases 1 + 2.
-pub(crate) fn phases_batch(p: &MlaDecodeParams, smem: usize, n_q: usize) -> Vec<(i32, LaunchConfig)> {
+/// its grid (template header): phase 0 up to [`LAST_BLOCK_COMBINE_MAX`] splits; above, one
+/// phase-3 launch (partials, a barrier per head block, the merge spread over the blocks) when
+/// every block fits on the device at once (`sms` multiprocessors, one block each: the shared
+/// memory allows no more), else phases 1 + 2 (a second launch merges). The counters (phases 0
+/// and 3) serve one query, so several queries with splits take phases 1 + 2.
+pub fn phases_batch(p: &MlaDecodeParams, smem: usize, sms: usize, n_q: usize) -> Vec<(i32, LaunchConfig)> {
     if p.n_split == 1 || (n_q == 1 && p.n_split <= LAST_BLOCK_COMBINE_MAX) {
         return vec![(0, launch_config_batch(p, smem, n_q))];
+    }
+    let blocks = p.n_split * p.n_head.div_ceil(HEADS_PER_BLOCK);
+    if n_q == 1 && blocks <= sms {
+        return vec![(3, launch_config_batch(p, smem, 1))];
     }
     let merge = LaunchConfig {
         grid_dim: (
@@ -131,6 +138,17 @@ pub(crate) fn phases_batch(p: &MlaDecodeParams, smem: usize, n_q: usize) -> Vec<
         shared_mem_bytes: combine_smem_bytes(p.n_split) as u32,
     };
     vec![(1, launch_config_batch(p, smem, n_q)), (2, merge)]
+}
+
+/// Multiprocessors of the device a kernel runs on.
+pub(crate) fn sm_count(kernel: &Kernel) -> Result<usize, Error> {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    let n = kernel
+        .stream()
+        .context()
+        .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| Error::driver("cuDeviceGetAttribute(multiprocessor count)", e))?;
+    Ok(n.max(1) as usize)
 }
 
 /// Fewest cache rows one split of dense decode handles.
@@ -311,7 +329,7 @@ pub fn mla_decode_batch<C: CacheElem>(
 ) -> Result<(), Error> {
     let smem = check_launch(kernel, q, cache, out, work, p, n_q)?;
     checks::check_len(kernel, "pos", pos.len(), n_q)?;
-    for (phase, cfg) in phases_batch(p, smem, n_q) {
+    for (phase, cfg) in phases_batch(p, smem, sm_count(kernel)?, n_q) {
         let mut args = MlaDecodeArgs {
             q: q.slice(..),
             cache: cache.slice(..),
@@ -329,7 +347,8 @@ pub fn mla_decode_batch<C: CacheElem>(
         };
         // SAFETY: q holds n_q·n_head·D floats, cache max_ctx·D elements of the variant's type, out
         // n_q·n_head·kv_lora floats, pos n_q ints, work the counters + n_q queries' partials when
-        // n_split > 1 (checked above; the counter phase 0 only for n_q = 1, `phases_batch`);
+        // n_split > 1 (checked above; the counter phases 0 and 3 only for n_q = 1, phase 3 only
+        // with every block resident, `phases_batch`);
         // rows read are < pos + 1 ≤ max_ctx (other positions write NaN without reading); the
         // dynamic shared memory is the template's formula and the function's limit was raised
         // to it (phase 2's merge needs less); phase 2 follows phase 1 on the same stream.
@@ -357,7 +376,7 @@ mod tests {
         assert_eq!(work_floats(320, 512, 3), 8 + 320 * 3 * 514);
         assert_eq!(combine_blocks(64, 512), 128);
         assert_eq!(combine_blocks(3, 384), 6);
-        assert_eq!(combine_smem_bytes(132), 592);
+        assert_eq!(combine_smem_bytes(132), 1120);
         let p = MlaDecodeParams {
             n_head: 64,
             kv_lora: 512,
@@ -367,14 +386,17 @@ mod tests {
             scale: 1.0,
         };
         assert_eq!(
-            phases_batch(&p, 0, 1).iter().map(|(ph, _)| *ph).collect::<Vec<_>>(),
+            phases_batch(&p, 0, 132, 1).iter().map(|(ph, _)| *ph).collect::<Vec<_>>(),
             [0]
         );
+        // 132 splits on 132 multiprocessors: one launch with the barrier; on fewer, two.
         let p = MlaDecodeParams { n_split: 132, ..p };
-        let two = phases_batch(&p, 0, 1);
+        let one = phases_batch(&p, 7, 132, 1);
+        assert_eq!(one.iter().map(|(ph, c)| (*ph, c.grid_dim)).collect::<Vec<_>>(), [(3, (132, 1, 1))]);
+        let two = phases_batch(&p, 0, 131, 1);
         assert_eq!(two.iter().map(|(ph, _)| *ph).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(two[1].1.grid_dim, (128, 1, 1));
-        assert_eq!(two[1].1.shared_mem_bytes, 592);
+        assert_eq!(two[1].1.shared_mem_bytes, 1120);
     }
 
     #[test]
@@ -402,17 +424,19 @@ mod tests {
             scale: 1.0,
         };
         let ph = |p: &MlaDecodeParams, n_q| {
-            phases_batch(p, 7, n_q)
+            phases_batch(p, 7, 132, n_q)
                 .iter()
                 .map(|(ph, c)| (*ph, c.grid_dim, c.shared_mem_bytes))
                 .collect::<Vec<_>>()
         };
         assert_eq!(ph(&p, 1), [(0, (2, 2, 1), 7)]);
-        assert_eq!(ph(&p, 3), [(1, (2, 2, 3), 7), (2, (128, 2, 3), 72)]);
+        assert_eq!(ph(&p, 3), [(1, (2, 2, 3), 7), (2, (128, 2, 3), 80)]);
         let one = MlaDecodeParams { n_split: 1, ..p };
         assert_eq!(ph(&one, 40), [(0, (1, 2, 40), 7)]);
         let many = MlaDecodeParams { n_split: 9, ..p };
-        assert_eq!(ph(&many, 1), [(1, (9, 2, 1), 7), (2, (128, 2, 1), 100)]);
-        assert_eq!(ph(&many, 2), [(1, (9, 2, 2), 7), (2, (128, 2, 2), 100)]);
+        assert_eq!(ph(&many, 1), [(3, (9, 2, 1), 7)]);
+        assert_eq!(ph(&many, 2), [(1, (9, 2, 2), 7), (2, (128, 2, 2), 136)]);
+        let wide = MlaDecodeParams { n_split: 67, ..p };
+        assert_eq!(ph(&wide, 1), [(1, (67, 2, 1), 7), (2, (128, 2, 1), 600)]);
     }
 }

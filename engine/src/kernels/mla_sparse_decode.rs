@@ -2,7 +2,7 @@
 //! (model-specs §8.4 step 9); mla_decode's kernel body with a row list
 //! (templates/memra/mla_sparse_decode.cuh). Shapes, workspace and shared memory as mla_decode.
 
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
+use cudarc::driver::{CudaView, CudaViewMut};
 
 use crate::cuda::{Error, Kernel};
 use crate::kernels::checks;
@@ -51,39 +51,6 @@ pub fn splits_for_batch(top_k: usize, n_head: usize, sm_count: usize, n_q: usize
     mla_decode::splits_with_batch(top_k, n_head, sm_count, MIN_SPLIT_ROWS, n_q)
 }
 
-/// Multiprocessors of the device a kernel runs on.
-pub(crate) fn sm_count(kernel: &Kernel) -> Result<usize, Error> {
-    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    let n = kernel
-        .stream()
-        .context()
-        .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| Error::driver("cuDeviceGetAttribute(multiprocessor count)", e))?;
-    Ok(n.max(1) as usize)
-}
-
-/// The launches for `p`: above mla_decode's last-block-merge limit, one phase-3 launch (partials,
-/// a barrier per head block, the merge spread over the blocks) when every block fits on the
-/// device at once (`sms` multiprocessors, one block each), else mla_decode's phases 1 + 2.
-pub fn phases(p: &MlaDecodeParams, smem: usize, sms: usize) -> Vec<(i32, LaunchConfig)> {
-    phases_batch(p, smem, sms, 1)
-}
-
-/// As [`phases`] for `n_q` query tokens: the grid holds `n_q` times the blocks, and the
-/// counters (phases 0 and 3) serve one query, so several queries with splits take phases 1 + 2.
-pub fn phases_batch(
-    p: &MlaDecodeParams,
-    smem: usize,
-    sms: usize,
-    n_q: usize,
-) -> Vec<(i32, LaunchConfig)> {
-    let blocks = p.n_split * p.n_head.div_ceil(mla_decode::HEADS_PER_BLOCK) * n_q;
-    if n_q == 1 && p.n_split > mla_decode::LAST_BLOCK_COMBINE_MAX && blocks <= sms {
-        return vec![(3, mla_decode::launch_config(p, smem))];
-    }
-    mla_decode::phases_batch(p, smem, n_q)
-}
-
 /// Absorbed MLA decode for one token over the rows `idx[0..count[0])` (dsa_topk's outputs):
 /// `q` `[n_head, kv_lora + rope]`, `cache` `[max_ctx, kv_lora + rope]`, `idx` at least `top_k`
 /// ints (the selection capacity; a count above it gives NaN), `out` `[n_head, kv_lora]`; `work` as mla_decode.
@@ -124,7 +91,7 @@ pub fn mla_sparse_decode_batch<C: CacheElem>(
     let smem = mla_decode::check_launch(kernel, q, cache, out, work, p, n_q)?;
     checks::check_len(kernel, "count", count.len(), n_q)?;
     checks::check_len(kernel, "idx", idx.len(), n_q * top_k)?;
-    for (phase, cfg) in phases_batch(p, smem, sm_count(kernel)?, n_q) {
+    for (phase, cfg) in mla_decode::phases_batch(p, smem, mla_decode::sm_count(kernel)?, n_q) {
         let mut args = MlaSparseDecodeArgs {
             q: q.slice(..),
             cache: cache.slice(..),
@@ -169,7 +136,7 @@ mod tests {
     #[test]
     fn phase_rule() {
         let ph = |n_head, n_split, sms| {
-            phases(&p(n_head, n_split), 0, sms)
+            mla_decode::phases_batch(&p(n_head, n_split), 0, sms, 1)
                 .iter()
                 .map(|x| x.0)
                 .collect::<Vec<_>>()
@@ -189,7 +156,7 @@ mod tests {
     #[test]
     fn phase_rule_counts_every_query() {
         let ph = |n_head, n_split, sms, n_q| {
-            phases_batch(&p(n_head, n_split), 0, sms, n_q)
+            mla_decode::phases_batch(&p(n_head, n_split), 0, sms, n_q)
                 .iter()
                 .map(|x| (x.0, x.1.grid_dim))
                 .collect::<Vec<_>>()
