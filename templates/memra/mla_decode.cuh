@@ -52,8 +52,7 @@
 //   On sm_90a (Hopper, NVRTC's arch-specific target) the same tiles go through warpgroup MMAs
 //   instead (namespace mla_wg): S by wgmma m64n32k16 (warpgroup w = tile rows 32w..), O by
 //   m64n64k16 (warpgroup w = O columns [w·kv_lora/2, (w+1)·kv_lora/2)), operands read from shared
-//   memory in the 128-byte-swizzle layout, O staged through shared memory for 16-byte stores;
-//   the first two tiles load while q is converted (straight through registers, not staged).
+//   memory in the 128-byte-swizzle layout, O staged through shared memory for 16-byte stores.
 //   Same inputs, roundings and outputs; mma.sync remains for other targets.
 //   Numerics: q·scale·log2(e) and P are rounded to bf16 (±2^-9 relative each); the softmax
 //   statistics, row sums (of the rounded P) and O are f32. ≈ 2e-3 relative L2 against an f64
@@ -545,40 +544,6 @@ __device__ __forceinline__ void stage_q(unsigned char* dst, At at, u32 s_stage, 
     __syncthreads();  // the stage is free again
 }
 
-// As stage_q, but straight from global memory through registers, BATCH chunks of 8 values a
-// thread in flight: nothing is staged, so the K/V tile buffers can fill meanwhile (the sm_90a
-// form loads its first two tiles first: each block reads all of q, 147 KB at GLM-5 dims, from L2,
-// which had been a sixth of a 32k-row launch with nothing else in flight).
-template <class At>
-__device__ __forceinline__ void load_q(unsigned char* dst, At at, const float* __restrict__ q, int hb, int D, int KC,
-                                       float sl2) {
-    constexpr int BATCH = 6;
-    const int n = mla_detail::HB * KC;
-    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i0 = threadIdx.x; i0 < n; i0 += 256 * BATCH) {
-        float4 v[BATCH][2];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int i = i0 + 256 * b, h = i / KC, c = i % KC;
-            const float* src = q + (i64)h * D + c * 8;
-            const bool row = i < n && h < hb;  // D % 4 == 0: each half is wholly inside the row or past it
-            v[b][0] = row && c * 8 < D ? *reinterpret_cast<const float4*>(src) : z;
-            v[b][1] = row && c * 8 + 4 < D ? *reinterpret_cast<const float4*>(src + 4) : z;
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int i = i0 + 256 * b;
-            if (i >= n) continue;
-            uint4 w;
-            w.x = ptx::pack_bf16x2(v[b][0].x * sl2, v[b][0].y * sl2);
-            w.y = ptx::pack_bf16x2(v[b][0].z * sl2, v[b][0].w * sl2);
-            w.z = ptx::pack_bf16x2(v[b][1].x * sl2, v[b][1].y * sl2);
-            w.w = ptx::pack_bf16x2(v[b][1].z * sl2, v[b][1].w * sl2);
-            *reinterpret_cast<uint4*>(dst + at(i / KC, i % KC)) = w;
-        }
-    }
-}
-
 // A split's epilogue after its acc partials are written: (m, l) of each head (m_s [HB], row sums
 // of the two halves lsum_s [2][HB], visible to every thread), then the phase-0 combine.
 __device__ __forceinline__ void finish_split(float* out, float* work, float* work_ml, const float* m_s,
@@ -915,20 +880,15 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 #pragma unroll
         for (int e = 0; e < 32; ++e) o[n][e] = 0.0f;
 
-    // The first two tiles in flight, then Q → bf16 pre-scaled by scale·log2(e) meanwhile.
+    // Q → bf16 pre-scaled by scale·log2(e), staged in the tile buffers (2·KB·BLK ≥ 64·D·4 bytes).
+    mla_tile::stage_q(sm, at, s_k, sm + KB * BLK, q + (i64)h_base * D, hb, D, 8 * KB, scale * LOG2E);
     if (n_tiles > 0) load_tile(0);
-    if (n_tiles > 1) load_tile(1);
-    mla_tile::load_q(sm, at, q + (i64)h_base * D, hb, D, 8 * KB, scale * LOG2E);
 
     for (int t = 0; t < n_tiles; ++t) {
-        if (t == 0 && n_tiles > 1) {
-            ptx::wait<1>();  // tile 0 (tile 1 stays in flight)
-        } else {
-            ptx::wait_all();
-        }
+        ptx::wait_all();
         wg::fence_proxy_async();  // this thread's Q / P / cp.async writes, seen by the MMAs
         __syncthreads();          // tile t visible; both warpgroups are done with tile t − 1 and P
-        if (t >= 1 && t + 1 < n_tiles) load_tile(t + 1);
+        if (t + 1 < n_tiles) load_tile(t + 1);
         const u32 kt = s_k + (t & 1) * KB * BLK;
         const int rows = min(TN, c1 - (c0 + t * TN));
 
