@@ -332,7 +332,7 @@ fn emulator_source() -> String {
     let mut mla = strip(template("mla_decode.cuh"));
     mla = splice(
         &mla,
-        "__device__ __forceinline__ float ldcg(",
+        "__device__ __forceinline__ float2 ldcg2(",
         "template <CacheType C> struct Elem;",
         mla_common::LOADS_HOST,
         "mla_decode.cuh",

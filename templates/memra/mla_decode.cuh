@@ -84,11 +84,6 @@ __device__ __forceinline__ float merge_w(float m, float M) { return m == neg_inf
 
 // Global loads through L2 only: the partials other blocks of this launch wrote (L1 is not
 // coherent across multiprocessors).
-__device__ __forceinline__ float ldcg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
 __device__ __forceinline__ float2 ldcg2(const float* p) {
     float2 v;
     asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
