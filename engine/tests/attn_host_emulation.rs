@@ -18,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+mod emu_common;
 mod mla_common;
 mod mma_host;
 
+use emu_common::{splice, template};
 use memra_engine::kernels::{attn_decode, mla_decode};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::rope::{Rope, RopeMode, rope_heads};
@@ -331,29 +333,6 @@ int main(int argc, char** argv) {
 }
 "#;
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("engine/ has a parent")
-        .to_path_buf()
-}
-
-fn template(name: &str) -> String {
-    let path = workspace_root().join("templates/memra").join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Replaces `text[from..to)` (by markers) with `with`; panics naming the marker if absent.
-fn splice(text: &str, from: &str, to: &str, with: &str, file: &str) -> String {
-    let a = text
-        .find(from)
-        .unwrap_or_else(|| panic!("{file}: no `{from}`"));
-    let b = a + text[a..]
-        .find(to)
-        .unwrap_or_else(|| panic!("{file}: no `{to}` after `{from}`"));
-    format!("{}{with}{}", &text[..a], &text[b..])
-}
-
 fn emulator_source() -> String {
     let strip = |t: String| {
         t.replace("#pragma once", "")
@@ -377,7 +356,8 @@ fn emulator_source() -> String {
     assert!(mla.contains(decl), "mla_decode.cuh: no `{decl}`");
     mla = mla.replace(decl, "unsigned char* smem_raw = g_smem;");
     let mla = mma_host::with_host_ptx(&mma_host::host_mla_tensor_core_path(&mla));
-    format!("{PRELUDE}\n{attn}\n{helpers}\n{rope}\n{mla}\n{MAIN}")
+    let grid = format!("namespace memra {{\n{}}}\n", emu_common::grid_scope());
+    format!("{PRELUDE}\n{grid}\n{attn}\n{helpers}\n{rope}\n{mla}\n{MAIN}")
 }
 
 fn compiler() -> Option<String> {

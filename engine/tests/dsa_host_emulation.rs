@@ -12,7 +12,7 @@ mod emu_common;
 mod mla_common;
 mod mma_host;
 
-use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, read_i32, template};
+use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, read_i32, splice, template};
 use memra_engine::kernels::mla_decode;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
@@ -58,15 +58,6 @@ enum class RopeMode : int { None = 0, Interleaved = 1, Neox = 2 };
 inline u16 f32_to_bf16(float f) { u32 u; memcpy(&u, &f, 4); return (u16)((u + 0x7fff + ((u >> 16) & 1)) >> 16); }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 }
-"#;
-
-/// dsa_topk's grid-scope primitives between block processes: atomics on the shared mapping
-/// (a spinning load yields: blocks share two cores).
-const TOPK_GRID_HOST: &str = r#"
-inline u32 load_volatile(const u32* p) { std::this_thread::yield(); return std::atomic_ref<u32>(*const_cast<u32*>(p)).load(); }
-inline void red_add(u32* p, u32 v) { std::atomic_ref<u32>(*p).fetch_add(v); }
-inline u32 fetch_add(u32* p, u32 v) { return std::atomic_ref<u32>(*p).fetch_add(v); }
-inline void store_zero(u32* p) { std::atomic_ref<u32>(*p).store(0u); }
 "#;
 
 const MAIN: &str = r#"
@@ -283,12 +274,6 @@ int main(int argc, char** argv) {
 }
 "#;
 
-/// `text` with `[from, to)` replaced by `with`.
-fn splice(text: &str, from: &str, to: &str, with: &str, file: &str) -> String {
-    let part = cut(text, from, to, file);
-    text.replacen(part, with, 1)
-}
-
 fn strip(t: String) -> String {
     t.replace("#pragma once", "")
         .replace("#include \"memra/common.cuh\"", "")
@@ -322,13 +307,7 @@ fn emulator_source() -> String {
         "",
         "dsa_indexer.cuh",
     );
-    let topk = splice(
-        &strip(template("dsa_topk.cuh")),
-        "__device__ __forceinline__ u32 load_volatile(",
-        "// All blocks of the row arrive;",
-        TOPK_GRID_HOST,
-        "dsa_topk.cuh",
-    );
+    let topk = strip(template("dsa_topk.cuh"));
     let mut mla = strip(template("mla_decode.cuh"));
     mla = splice(
         &mla,
@@ -362,8 +341,9 @@ fn emulator_source() -> String {
         "",
     );
     format!(
-        "{prelude}\n{EXTRA}\n{}\nnamespace memra {{\n{order_bits}\n{common_parts}\n}}\n{indexer}\n{topk}\n{mla}\n{sparse}\n{key}\n{MAIN}",
-        emu_common::GRID_RUNNER
+        "{prelude}\n{EXTRA}\n{}\nnamespace memra {{\n{order_bits}\n{common_parts}\n{}}}\n{indexer}\n{topk}\n{mla}\n{sparse}\n{key}\n{MAIN}",
+        emu_common::GRID_RUNNER,
+        emu_common::grid_scope()
     )
 }
 

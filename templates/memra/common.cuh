@@ -193,4 +193,33 @@ __device__ __forceinline__ uint4 ldg16(const void* p) {
     return r;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Grid scope: blocks of one launch that wait for each other (dsa_topk's passes over a row,
+// mla_decode's phase 3); the caller makes sure every block is resident at once. The counters
+// live in global memory, read past L1 (not coherent across multiprocessors). The host
+// emulations replace the four primitives (up to the end marker) with std::atomic_ref.
+namespace grid {
+
+__device__ __forceinline__ u32 load_volatile(const u32* p) { return *(const volatile u32*)p; }
+__device__ __forceinline__ void red_add(u32* p, u32 v) { atomicAdd(p, v); }
+__device__ __forceinline__ u32 fetch_add(u32* p, u32 v) { return atomicAdd(p, v); }
+__device__ __forceinline__ void store_zero(u32* p) { *(volatile u32*)p = 0u; }
+// end of grid-scope primitives
+
+// The block arrives on `arrive` and returns once `target` arrivals are counted; what every
+// arrived block wrote before arriving is then visible. Every thread of the block calls it.
+__device__ __forceinline__ void barrier(u32* arrive, u32 target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        red_add(arrive, 1u);
+        while (load_volatile(arrive) < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+}  // namespace grid
+
 }  // namespace memra

@@ -50,25 +50,6 @@ __host__ __device__ constexpr int row_words(int n_blk) { return CTRL_WORDS + PAS
 
 __device__ __forceinline__ u32 key_of(float v) { return float_order_bits(v == 0.0f ? 0.0f : v); }
 
-// Grid-scope primitives (scratch lives in L2; loads bypass L1, which is not coherent across SMs).
-__device__ __forceinline__ u32 load_volatile(const u32* p) { return *(const volatile u32*)p; }
-__device__ __forceinline__ void red_add(u32* p, u32 v) { atomicAdd(p, v); }
-__device__ __forceinline__ u32 fetch_add(u32* p, u32 v) { return atomicAdd(p, v); }
-__device__ __forceinline__ void store_zero(u32* p) { *(volatile u32*)p = 0u; }
-// All blocks of the row arrive; returns when `target` arrivals have been counted.
-__device__ __forceinline__ void row_barrier(u32* arrive, u32 target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        red_add(arrive, 1u);
-        while (load_volatile(arrive) < target) {
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-// end of grid-scope primitives
-
 template <int THREADS> struct Smem {
     u32 hist[BINS];
     u32 warp_a[THREADS / WARP_SIZE];
@@ -211,12 +192,12 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
         if (multi) {
             u32* g = scratch + CTRL_WORDS + pass * BINS;
             for (int i = tid; i < BINS; i += THREADS)
-                if (s.hist[i] != 0) red_add(&g[i], s.hist[i]);
-            row_barrier(arrive, ++barriers * (u32)n_blk);
-            for (int i = tid; i < BINS; i += THREADS) s.hist[i] = load_volatile(&g[i]);
+                if (s.hist[i] != 0) grid::red_add(&g[i], s.hist[i]);
+            grid::barrier(arrive, ++barriers * (u32)n_blk);
+            for (int i = tid; i < BINS; i += THREADS) s.hist[i] = grid::load_volatile(&g[i]);
             // Every block read the previous pass's histogram before this barrier: clear it.
             if (pass > 0 && b == 0)
-                for (int i = tid; i < BINS; i += THREADS) store_zero(&g[i - BINS]);
+                for (int i = tid; i < BINS; i += THREADS) grid::store_zero(&g[i - BINS]);
             __syncthreads();
         }
         if (pick_digit(s, shift, dmask, prefix, mask, rem)) break;
@@ -245,7 +226,7 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
         // This block's candidates go to [at, at + mine) of the row's list.
         const u32 mine = s.base;
         if (tid == 0) {
-            s.flag = fetch_add(cand_n, mine);
+            s.flag = grid::fetch_add(cand_n, mine);
             counts[2 * b] = above;
         }
         __syncthreads();
@@ -254,18 +235,18 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
             cand_key[at + j] = s.cand_key[j];
             cand_idx[at + j] = (u32)s.cand_idx[j];
         }
-        row_barrier(arrive, ++barriers * (u32)n_blk);
-        m = load_volatile(cand_n);
+        grid::barrier(arrive, ++barriers * (u32)n_blk);
+        m = grid::load_volatile(cand_n);
         if (b == 0)  // every block read hist 0 before this barrier
-            for (int i = tid; i < BINS; i += THREADS) store_zero(&scratch[CTRL_WORDS + i]);
+            for (int i = tid; i < BINS; i += THREADS) grid::store_zero(&scratch[CTRL_WORDS + i]);
         if (m > (u32)CAND_CAP) continue;  // too many: passes 1 and 2 as grid histograms
         from_cands = true;
         for (u32 j = tid; j < m; j += THREADS) {
-            s.cand_key[j] = load_volatile(&cand_key[j]);
-            s.cand_idx[j] = (int)load_volatile(&cand_idx[j]);
+            s.cand_key[j] = grid::load_volatile(&cand_key[j]);
+            s.cand_idx[j] = (int)grid::load_volatile(&cand_idx[j]);
         }
         u32 a = 0;
-        for (int b2 = tid; b2 < b; b2 += THREADS) a += load_volatile(&counts[2 * b2]);
+        for (int b2 = tid; b2 < b; b2 += THREADS) a += grid::load_volatile(&counts[2 * b2]);
         block_sum2<THREADS>(s, a, zero);  // its barriers publish the candidates too
         gt_before = a;
         // Passes 1 and 2 on the candidates, in this block alone.
@@ -332,13 +313,13 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
             counts[2 * b] = a;
             counts[2 * b + 1] = e;
         }
-        row_barrier(arrive, ++barriers * (u32)n_blk);
+        grid::barrier(arrive, ++barriers * (u32)n_blk);
         if (b == 0)
-            for (int i = tid; i < BINS; i += THREADS) store_zero(&scratch[CTRL_WORDS + last_pass * BINS + i]);
+            for (int i = tid; i < BINS; i += THREADS) grid::store_zero(&scratch[CTRL_WORDS + last_pass * BINS + i]);
         u32 a = 0, e = 0;
         for (int b2 = tid; b2 < b; b2 += THREADS) {
-            a += load_volatile(&counts[2 * b2]);
-            e += load_volatile(&counts[2 * b2 + 1]);
+            a += grid::load_volatile(&counts[2 * b2]);
+            e += grid::load_volatile(&counts[2 * b2 + 1]);
         }
         block_sum2<THREADS>(s, a, e);
         gt_before = a;
@@ -347,19 +328,19 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ row, int n, i
     if (multi) {
         // The last block to leave (every block has read the exchanged data) leaves the row's
         // scratch zero, with all its threads.
-        if (tid == 0) s.flag = fetch_add(depart, 1u) == (u32)n_blk - 1u;
+        if (tid == 0) s.flag = grid::fetch_add(depart, 1u) == (u32)n_blk - 1u;
         __syncthreads();
         if (s.flag) {
             const u32 nc = m < (u32)CAND_CAP ? m : (u32)CAND_CAP;
             for (u32 i = tid; i < nc; i += THREADS) {
-                store_zero(&cand_key[i]);
-                store_zero(&cand_idx[i]);
+                grid::store_zero(&cand_key[i]);
+                grid::store_zero(&cand_idx[i]);
             }
-            for (int i = tid; i < 2 * n_blk; i += THREADS) store_zero(&counts[i]);
+            for (int i = tid; i < 2 * n_blk; i += THREADS) grid::store_zero(&counts[i]);
             if (tid == 0) {
-                store_zero(cand_n);
-                store_zero(arrive);
-                store_zero(depart);
+                grid::store_zero(cand_n);
+                grid::store_zero(arrive);
+                grid::store_zero(depart);
             }
         }
     }

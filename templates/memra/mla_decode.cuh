@@ -94,10 +94,6 @@ __device__ __forceinline__ float4 ldcg4(const float* p) {
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
-// Grid-scope primitives of phase 3's barrier (the counter lives in L2; loads bypass L1).
-__device__ __forceinline__ u32 load_volatile(const u32* p) { return *(const volatile u32*)p; }
-__device__ __forceinline__ u32 fetch_add(u32* p, u32 v) { return atomicAdd(p, v); }
-__device__ __forceinline__ void store_zero(u32* p) { *(volatile u32*)p = 0u; }
 
 template <CacheType C> struct Elem;
 template <> struct Elem<CacheType::BF16> { enum : int { BYTES = 2 }; enum : int { TR = 16 }; };
@@ -271,18 +267,10 @@ __device__ __forceinline__ void combine_slice(float* __restrict__ out, float* wo
 __device__ __forceinline__ void barrier_then_merge(float* __restrict__ out, float* work, int n_head, int kvl,
                                                    int n_split) {
     u32* counter = reinterpret_cast<u32*>(work) + blockIdx.y;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        fetch_add(counter, 1u);
-        while (load_volatile(counter) < (u32)n_split) {
-        }
-        __threadfence();
-    }
-    __syncthreads();
+    grid::barrier(counter, (u32)n_split);
     combine_slice(out, work, n_head, kvl, n_split, 1);
     __syncthreads();
-    if (threadIdx.x == 0 && fetch_add(counter, 1u) == 2u * (u32)n_split - 1u) store_zero(counter);
+    if (threadIdx.x == 0 && grid::fetch_add(counter, 1u) == 2u * (u32)n_split - 1u) grid::store_zero(counter);
 }
 
 // T rows: cache rows 0..T (dense) or idx[0..T) (SPARSE, each index in [0, max_ctx); others read

@@ -91,8 +91,6 @@ inline u32 dynamic_smem_bytes() { return g_smem_bytes; }
 inline const float* after_wait(const float* p) { return p; }
 }  // namespace async"#;
 
-/// Runs `body` as a grid of `grid` blocks of `threads` threads, blocks one after another, with
-/// `smem` bytes of (0xCD-filled) dynamic shared memory per block.
 /// Host stand-ins norm_matvec.cuh's prologue needs beyond the prelude: a block-wide sum through a
 /// shared array (one block runs at a time) and rsqrtf.
 pub const NORM_HOST: &str = r#"
@@ -110,6 +108,8 @@ template <int THREADS> inline float block_sum(float v) {
 }
 "#;
 
+/// `run_grid`: `body` as a grid of `grid` blocks of `threads` threads, blocks one after another,
+/// with `smem` bytes of (0xCD-filled) dynamic shared memory per block; and file helpers.
 pub const GRID_RUNNER: &str = r#"
 static void run_grid(Dim3 grid, int threads, unsigned smem, const std::function<void()>& body) {
     // grid.z 0 (left out of a {x, y} initializer) counts as 1.
@@ -141,6 +141,18 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .expect("engine/ has a parent")
         .to_path_buf()
+}
+
+/// `text` with `[from, to)` replaced by `with`, `to` being the first one after `from`; panics
+/// naming the marker that is absent.
+pub fn splice(text: &str, from: &str, to: &str, with: &str, file: &str) -> String {
+    let a = text
+        .find(from)
+        .unwrap_or_else(|| panic!("{file}: no `{from}`"));
+    let b = a + text[a..]
+        .find(to)
+        .unwrap_or_else(|| panic!("{file}: no `{to}` after `{from}`"));
+    format!("{}{with}{}", &text[..a], &text[b..])
 }
 
 /// `text` from `from` up to (not including) `to`.
@@ -184,6 +196,22 @@ pub fn matvec_host_body() -> String {
         "extern __shared__ __align__(16) u8 matvec_smem[];",
         "u8* matvec_smem = g_smem;",
     )
+}
+
+/// common.cuh's `namespace grid` on the host: its primitives as atomics on memory that every
+/// block's thread (or process: a `MAP_SHARED` mapping) sees; a spinning load yields, since the
+/// blocks of a grid share the machine's few cores. The barrier is the template's own text.
+pub fn grid_scope() -> String {
+    const PRIMITIVES: &str = r#"
+inline u32 load_volatile(const u32* p) { std::this_thread::yield(); return std::atomic_ref<u32>(*const_cast<u32*>(p)).load(); }
+inline void red_add(u32* p, u32 v) { std::atomic_ref<u32>(*p).fetch_add(v); }
+inline u32 fetch_add(u32* p, u32 v) { return std::atomic_ref<u32>(*p).fetch_add(v); }
+inline void store_zero(u32* p) { std::atomic_ref<u32>(*p).store(0u); }
+"#;
+    let common = template("common.cuh");
+    let primitives = cut(&common, "__device__ __forceinline__ u32 load_volatile(", "// end of grid-scope primitives", "common.cuh");
+    let grid = cut(&common, "namespace grid {", "}  // namespace grid", "common.cuh").replacen(primitives, PRIMITIVES, 1);
+    format!("{grid}}}  // namespace grid\n")
 }
 
 /// common.cuh's warp reductions (warp_max … up to the block-wide sum, which needs __shared__).

@@ -68,12 +68,9 @@ pub fn random_rows(rng: &mut Rng, pos: usize, n: usize) -> Vec<usize> {
     all
 }
 
-/// Host stand-ins for mla_decode.cuh's L2 loads and grid-scope primitives (the text from its
-/// `ldcg2(` up to `struct Elem`), for the host emulations that compile the template as C++.
+/// Host stand-ins for mla_decode.cuh's L2 loads (the text from its `ldcg2(` up to `struct
+/// Elem`), for the host emulations that compile the template as C++.
 #[allow(dead_code)] // each test binary uses what it needs
 pub const LOADS_HOST: &str = "inline float2 ldcg2(const float* p) { float2 v; memcpy(&v, p, 8); return v; }
 inline float4 ldcg4(const float* p) { float4 v; memcpy(&v, p, 16); return v; }
-inline u32 load_volatile(const u32* p) { std::this_thread::yield(); return std::atomic_ref<u32>(*const_cast<u32*>(p)).load(); }
-inline u32 fetch_add(u32* p, u32 v) { return std::atomic_ref<u32>(*p).fetch_add(v); }
-inline void store_zero(u32* p) { std::atomic_ref<u32>(*p).store(0u); }
 ";
