@@ -500,32 +500,33 @@ __device__ __forceinline__ void copy_rows(u32 dst, At at, const char* cb, const 
 // The block's q rows [hb][D] f32 → bf16 at dst + at(h, c) for HB rows × KC chunks, pre-scaled by
 // sl2; rows past hb and dims past D are zeros. The f32 rows (each block reads all of q, 147 KB at
 // GLM-5 dims) land first in the two tile buffers (shared address s_tiles, `tile_bytes` each, each
-// holding HB / 2 rows of f32) by cp.async. A block with more tiles to come (`overlap`) stages q
-// through the second buffer half the heads at a time, with `first_tile` (which commits one
-// cp.async group, empty or not) issued after the first half, so that its first tile streams in
-// while q is staged; a block with one tile stages q at once (measured faster for the one-tile
-// splits of mla_sparse_decode) and issues the tile after it. Every thread calls it; the tile
-// buffers are free again on return but for the first tile's group, possibly still in flight.
-template <class At, class FirstTile>
+// holding HB / 2 rows of f32) by cp.async; `first_tile` commits the block's first tile as one
+// cp.async group (empty or not). OVERLAP (dense splits, several tiles each): q goes through the
+// second buffer half the heads at a time, the first tile issued after the first half, so that it
+// streams in while q is staged (3-5 % faster at T = 32k-128k). Otherwise (sparse splits, one tile
+// of a few selected rows each, where halves measured 3 % slower) q is staged at once and the tile
+// issued after it. Every thread calls it; the tile buffers are free again on return but for the
+// first tile's group, possibly still in flight.
+template <bool OVERLAP, class At, class FirstTile>
 __device__ __forceinline__ void stage_q(unsigned char* dst, At at, u32 s_tiles, const unsigned char* tiles,
                                         u32 tile_bytes, const float* __restrict__ q, int hb, int D, int KC, float sl2,
-                                        bool overlap, FirstTile first_tile) {
-    const int part = overlap ? mla_detail::HB / 2 : mla_detail::HB;  // heads staged at once
-    const u32 off = overlap ? tile_bytes : 0u;
+                                        FirstTile first_tile) {
+    constexpr int PART = OVERLAP ? mla_detail::HB / 2 : mla_detail::HB;  // heads staged at once
+    const u32 off = OVERLAP ? tile_bytes : 0u;
     const float* qf = reinterpret_cast<const float*>(tiles + off);
 #pragma unroll 1
-    for (int h0 = 0; h0 < mla_detail::HB; h0 += part) {
-        const int q_chunks = max(0, min(part, hb - h0)) * D / 4;  // D % 4 == 0 (the wrapper checks)
+    for (int h0 = 0; h0 < mla_detail::HB; h0 += PART) {
+        const int q_chunks = max(0, min(PART, hb - h0)) * D / 4;  // D % 4 == 0 (the wrapper checks)
         for (int i = threadIdx.x; i < q_chunks; i += 256) ptx::cp16(s_tiles + off + 16 * i, q + (i64)h0 * D + 4 * i, 16);
         ptx::commit();
-        if (overlap && h0 == 0) {
+        if (OVERLAP && h0 == 0) {
             first_tile();
             ptx::wait<1>();  // this half of q; the tile may still be on its way
         } else {
             ptx::wait_all();
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < part * KC; i += 256) {
+        for (int i = threadIdx.x; i < PART * KC; i += 256) {
             const int h = h0 + i / KC, c = i % KC;
             // Two 16-byte halves (D % 4 == 0: each is wholly inside the row or past it).
             const float* src = qf + (h - h0) * D + c * 8;
@@ -541,7 +542,7 @@ __device__ __forceinline__ void stage_q(unsigned char* dst, At at, u32 s_tiles, 
         }
         __syncthreads();  // the stage is free again
     }
-    if (!overlap) first_tile();
+    if (!OVERLAP) first_tile();
 }
 
 // A split's epilogue after its acc partials are written: (m, l) of each head (m_s [HB], row sums
@@ -646,13 +647,13 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
             for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
 
     // Q → bf16 rows pre-scaled by scale·log2(e), staged through the K/V tile buffers (64 rows of
-    // PITCH ≥ 2·D bytes each), the first tile streaming in meanwhile when more follow.
+    // PITCH ≥ 2·D bytes each), the first tile streaming in meanwhile on the dense path.
     auto first_tile = [&] {
         if (n_tiles > 0) load_tile(0);
         else ptx::commit();  // an empty group: stage_q waits on one
     };
-    mla_tile::stage_q(sm, at, s_k, sm + HB * PITCH, TN * PITCH, q + (i64)h_base * D, hb, D, KC, scale * LOG2E,
-                      n_tiles > 1, first_tile);
+    mla_tile::stage_q<!SPARSE>(sm, at, s_k, sm + HB * PITCH, TN * PITCH, q + (i64)h_base * D, hb, D, KC,
+                               scale * LOG2E, first_tile);
 
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
@@ -885,13 +886,13 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
         for (int e = 0; e < 32; ++e) o[n][e] = 0.0f;
 
     // Q → bf16 pre-scaled by scale·log2(e), staged through the tile buffers (KB·BLK ≥ 32·D·4 bytes
-    // each), the first tile streaming in meanwhile when more follow.
+    // each), the first tile streaming in meanwhile on the dense path.
     auto first_tile = [&] {
         if (n_tiles > 0) load_tile(0);
         else ptx::commit();  // an empty group: stage_q waits on one
     };
-    mla_tile::stage_q(sm, at, s_k, sm + KB * BLK, KB * BLK, q + (i64)h_base * D, hb, D, 8 * KB, scale * LOG2E,
-                      n_tiles > 1, first_tile);
+    mla_tile::stage_q<!SPARSE>(sm, at, s_k, sm + KB * BLK, KB * BLK, q + (i64)h_base * D, hb, D, 8 * KB,
+                               scale * LOG2E, first_tile);
 
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
