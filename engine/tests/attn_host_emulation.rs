@@ -22,7 +22,7 @@ mod emu_common;
 mod mla_common;
 mod mma_host;
 
-use emu_common::{splice, template};
+use emu_common::{random_cache, splice, template, to_bf16};
 use memra_engine::kernels::{attn_decode, mla_decode};
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::rope::{Rope, RopeMode, rope_heads};
@@ -360,28 +360,11 @@ fn emulator_source() -> String {
     format!("{PRELUDE}\n{grid}\n{attn}\n{helpers}\n{rope}\n{mla}\n{MAIN}")
 }
 
-fn compiler() -> Option<String> {
-    [
-        std::env::var("CXX").ok(),
-        Some("c++".into()),
-        Some("g++".into()),
-        Some("clang++".into()),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 /// The emulator binary, built once per test process (None = no compiler).
 fn emulator() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
     BIN.get_or_init(|| {
-        let cxx = compiler()?;
+        let cxx = emu_common::compiler()?;
         let dir = std::env::temp_dir().join(format!("memra-attn-emu-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let src = dir.join("emu.cpp");
@@ -409,26 +392,6 @@ fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
     // SAFETY: plain-old-data slices (f32, u16, i32) viewed as bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
         .to_vec()
-}
-
-fn to_bf16(f: f32) -> u16 {
-    let b = f.to_bits();
-    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-}
-
-/// Random cache values: (bytes as the kernel reads them, the f32 values they stand for).
-fn cache(rng: &mut Rng, n: usize, f32_cache: bool) -> (Vec<u8>, Vec<f32>) {
-    let v = rng.normal_vec(n, 1.0);
-    if f32_cache {
-        (bytes(&v), v)
-    } else {
-        let bits: Vec<u16> = v.iter().map(|&x| to_bf16(x)).collect();
-        let vals = bits
-            .iter()
-            .map(|&b| f32::from_bits((b as u32) << 16))
-            .collect();
-        (bytes(&bits), vals)
-    }
 }
 
 /// Writes `files`, runs the emulator with `args` + their paths + the output path, reads floats.
@@ -484,8 +447,8 @@ fn attn_case(
     let max_ctx = positions.iter().max().unwrap() + 3;
     let row = nkv * hd;
     let q = rng.normal_vec(n_seq * nh * hd, 1.0);
-    let (kb, kv) = cache(rng, n_seq * max_ctx * row, f32_cache);
-    let (vb, vv) = cache(rng, n_seq * max_ctx * row, f32_cache);
+    let (kb, kv) = random_cache(rng, n_seq * max_ctx * row, f32_cache);
+    let (vb, vv) = random_cache(rng, n_seq * max_ctx * row, f32_cache);
     let scale = 1.0 / (hd as f32).sqrt();
     let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
     let work = attn_decode::work_floats(n_seq, nh, hd, n_split.max(work_split));
@@ -569,8 +532,8 @@ fn rope_case(bin: &Path, rng: &mut Rng, c: &RopeCase, window: usize, n_split: us
     let (wq_len, wk_len) = if c.norm == "full" { (q_row, row) } else { (hd, hd) };
     let (qw, kw) = (rng.uniform_vec(wq_len, 0.5, 1.5), rng.uniform_vec(wk_len, 0.5, 1.5));
     let round = |x: f32| if c.f32_cache { x } else { f32::from_bits((to_bf16(x) as u32) << 16) };
-    let (mut kb, mut kvals) = cache(rng, n_seq * max_ctx * row, c.f32_cache);
-    let (mut vb, mut vvals) = cache(rng, n_seq * max_ctx * row, c.f32_cache);
+    let (mut kb, mut kvals) = random_cache(rng, n_seq * max_ctx * row, c.f32_cache);
+    let (mut vb, mut vvals) = random_cache(rng, n_seq * max_ctx * row, c.f32_cache);
     let eb = if c.f32_cache { 4 } else { 2 };
     let nan: Vec<u8> = if c.f32_cache { f32::NAN.to_le_bytes().to_vec() } else { to_bf16(f32::NAN).to_le_bytes().to_vec() };
     let (base, eps) = (1.0e4f32, 1e-6f32);
@@ -685,7 +648,7 @@ fn mla_case(
     let d = kvl + rope;
     let max_ctx = t_kv + 3;
     let q = rng.normal_vec(nh * d, 1.0);
-    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let (cb, cv) = random_cache(rng, max_ctx * d, f32_cache);
     let scale = 1.0f32 / 16.0;
     let work = mla_decode::work_floats(nh, kvl, n_split.max(work_split));
     let args: Vec<String> = [
@@ -756,7 +719,7 @@ fn mla_batch_case(
     let (d, n_q) = (kvl + rope, positions.len());
     let max_ctx = positions.iter().max().unwrap() + 3;
     let q = rng.normal_vec(n_q * nh * d, 1.0);
-    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let (cb, cv) = random_cache(rng, max_ctx * d, f32_cache);
     let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
     let scale = 1.0f32 / 16.0;
     let work = mla_decode::work_floats_batch(nh, kvl, n_split, n_q);

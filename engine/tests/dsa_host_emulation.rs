@@ -12,7 +12,7 @@ mod emu_common;
 mod mla_common;
 mod mma_host;
 
-use emu_common::{Builder, cut, f32_bytes, i32_bytes, read_f32, read_i32, splice, template};
+use emu_common::{Builder, cut, f32_bytes, i32_bytes, random_cache, read_f32, read_i32, splice, template};
 use memra_engine::kernels::mla_decode;
 use memra_reference::attention::{AttnShape, Mask, attention};
 use memra_reference::dsa::{IndexerDims, indexer_scores, top_k};
@@ -347,26 +347,6 @@ fn emulator_source() -> String {
     )
 }
 
-fn to_bf16(f: f32) -> u16 {
-    let b = f.to_bits();
-    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-}
-
-/// Random values as the kernel reads them (bf16 bits or f32) and the f32 values they stand for.
-fn cache(rng: &mut Rng, n: usize, f32_cache: bool) -> (Vec<u8>, Vec<f32>) {
-    let v = rng.normal_vec(n, 1.0);
-    if f32_cache {
-        (f32_bytes(&v), v)
-    } else {
-        let bits: Vec<u16> = v.iter().map(|&x| to_bf16(x)).collect();
-        let vals = bits
-            .iter()
-            .map(|&b| f32::from_bits((b as u32) << 16))
-            .collect();
-        (bits.iter().flat_map(|b| b.to_le_bytes()).collect(), vals)
-    }
-}
-
 struct Emu {
     builder: Builder,
     bin: std::path::PathBuf,
@@ -425,7 +405,7 @@ fn indexer_case(
     let ld = max_ctx + 3;
     let q = rng.normal_vec(n_q * nh * hd, 1.0);
     let w = rng.normal_vec(n_q * nh, 0.1);
-    let (kb, kv) = cache(rng, max_ctx * hd, f32_cache);
+    let (kb, kv) = random_cache(rng, max_ctx * hd, f32_cache);
     let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
     let outs = emu.run(
         &strs(&[0, cfg, n_q, nh, hd, max_ctx, ld, n_blk]),
@@ -558,7 +538,7 @@ fn sparse_case(
     let d = kvl + rope;
     let max_ctx = p + 4;
     let q = rng.normal_vec(nh * d, 1.0);
-    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let (cb, cv) = random_cache(rng, max_ctx * d, f32_cache);
     // A random subset of 0..=p, in a random order (the kernel needs no order).
     let mut all: Vec<usize> = (0..=p).collect();
     for i in (1..all.len()).rev() {
@@ -633,7 +613,7 @@ fn sparse_batch_case(
     let (d, n_q) = (kvl + rope, queries.len());
     let max_ctx = queries.iter().map(|q| q.0).max().unwrap() + 4;
     let q = rng.normal_vec(n_q * nh * d, 1.0);
-    let (cb, cv) = cache(rng, max_ctx * d, f32_cache);
+    let (cb, cv) = random_cache(rng, max_ctx * d, f32_cache);
     let idx_cap = queries.iter().map(|q| q.1).max().unwrap() + 3;
     // Each query's rows in a random order (the kernel needs no order).
     let sels: Vec<Vec<usize>> = queries

@@ -308,6 +308,25 @@ impl Drop for Builder {
     }
 }
 
+/// f32 → bf16 bits, rounding to nearest even (what the kernels' stores do).
+pub fn to_bf16(f: f32) -> u16 {
+    let b = f.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// `n` random N(0, 1) cache values as the kernel reads them (bf16 bits or f32, as bytes) and the
+/// f32 values they stand for.
+pub fn random_cache(rng: &mut memra_reference::Rng, n: usize, f32_cache: bool) -> (Vec<u8>, Vec<f32>) {
+    let v = rng.normal_vec(n, 1.0);
+    if f32_cache {
+        (f32_bytes(&v), v)
+    } else {
+        let bits: Vec<u16> = v.iter().map(|&x| to_bf16(x)).collect();
+        let vals = bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+        (bits.iter().flat_map(|b| b.to_le_bytes()).collect(), vals)
+    }
+}
+
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|f| f.to_le_bytes()).collect()
 }
