@@ -3,7 +3,8 @@
 //! it uses — one std::thread per CUDA thread, std::barrier for __syncthreads / __syncwarp, a
 //! per-warp exchange for shuffles, synchronous copies for cp.async — plus the helpers to cut
 //! template text, find a C++20 compiler, build one emulator per set of -D flags and pass
-//! buffers through files. Shared by the emulation tests (`moe_host_emulation.rs`).
+//! buffers through files; common.cuh's grid-scope primitives on the host (`grid_scope`) and the
+//! random caches the attention emulations feed. Shared by every `*_host_emulation.rs` test.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
