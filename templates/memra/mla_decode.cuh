@@ -500,17 +500,22 @@ __device__ __forceinline__ void copy_rows(u32 dst, At at, const char* cb, const 
 // The block's q rows [hb][D] f32 → bf16 at dst + at(h, c) for HB rows × KC chunks, pre-scaled by
 // sl2; rows past hb and dims past D are zeros. The f32 rows (each block reads all of q, 147 KB at
 // GLM-5 dims) land first in the two tile buffers (shared address s_tiles, `tile_bytes` each, each
-// holding HB / 2 rows of f32) by cp.async; `first_tile` commits the block's first tile as one
-// cp.async group (empty or not). OVERLAP (dense splits, several tiles each): q goes through the
-// second buffer half the heads at a time, the first tile issued after the first half, so that it
-// streams in while q is staged (3-5 % faster at T = 32k-128k). Otherwise (sparse splits, one tile
+// holding HB / 2 rows of f32) by cp.async; the block's first tile (`load_tile(0)`, one cp.async
+// group; an empty group when the split has no tile) is issued here too. OVERLAP (dense splits,
+// several tiles each): q goes through the second buffer half the heads at a time, the first tile
+// issued after the first half, so that it streams in while q is staged (2-5 % faster at
+// T = 32k-128k). Otherwise (sparse splits, one tile
 // of a few selected rows each, where halves measured 3 % slower) q is staged at once and the tile
 // issued after it. Every thread calls it; the tile buffers are free again on return but for the
 // first tile's group, possibly still in flight.
-template <bool OVERLAP, class At, class FirstTile>
+template <bool OVERLAP, class At, class LoadTile>
 __device__ __forceinline__ void stage_q(unsigned char* dst, At at, u32 s_tiles, const unsigned char* tiles,
                                         u32 tile_bytes, const float* __restrict__ q, int hb, int D, int KC, float sl2,
-                                        FirstTile first_tile) {
+                                        int n_tiles, LoadTile load_tile) {
+    auto first_tile = [&] {
+        if (n_tiles > 0) load_tile(0);
+        else ptx::commit();  // an empty group: the OVERLAP path waits on one
+    };
     constexpr int PART = OVERLAP ? mla_detail::HB / 2 : mla_detail::HB;  // heads staged at once
     const u32 off = OVERLAP ? tile_bytes : 0u;
     const float* qf = reinterpret_cast<const float*>(tiles + off);
@@ -648,12 +653,8 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 
     // Q → bf16 rows pre-scaled by scale·log2(e), staged through the K/V tile buffers (64 rows of
     // PITCH ≥ 2·D bytes each), the first tile streaming in meanwhile on the dense path.
-    auto first_tile = [&] {
-        if (n_tiles > 0) load_tile(0);
-        else ptx::commit();  // an empty group: stage_q waits on one
-    };
     mla_tile::stage_q<!SPARSE>(sm, at, s_k, sm + HB * PITCH, TN * PITCH, q + (i64)h_base * D, hb, D, KC,
-                               scale * LOG2E, first_tile);
+                               scale * LOG2E, n_tiles, load_tile);
 
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
@@ -887,12 +888,8 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 
     // Q → bf16 pre-scaled by scale·log2(e), staged through the tile buffers (KB·BLK ≥ 32·D·4 bytes
     // each), the first tile streaming in meanwhile on the dense path.
-    auto first_tile = [&] {
-        if (n_tiles > 0) load_tile(0);
-        else ptx::commit();  // an empty group: stage_q waits on one
-    };
     mla_tile::stage_q<!SPARSE>(sm, at, s_k, sm + KB * BLK, KB * BLK, q + (i64)h_base * D, hb, D, 8 * KB,
-                               scale * LOG2E, first_tile);
+                               scale * LOG2E, n_tiles, load_tile);
 
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
