@@ -50,10 +50,9 @@
 //   warp w owns O columns [w·kv_lora/8, (w+1)·kv_lora/8) for all 64 heads (128 f32 accumulators
 //   per thread at kv_lora 512), V fragments by ldmatrix.trans.
 //   On sm_90a (Hopper, NVRTC's arch-specific target) the same tiles go through warpgroup MMAs
-//   instead (namespace mla_wg): S by wgmma m64n64k16 (each warpgroup all 64 tile rows, its own
-//   softmax in registers), O by m64n64k16 with P from registers (warpgroup w = O columns
-//   [w·kv_lora/2, (w+1)·kv_lora/2)), Q and the tiles read from shared memory in the 128-byte-
-//   swizzle layout, O staged through shared memory for 16-byte stores.
+//   instead (namespace mla_wg): S by wgmma m64n32k16 (warpgroup w = tile rows 32w..), O by
+//   m64n64k16 (warpgroup w = O columns [w·kv_lora/2, (w+1)·kv_lora/2)), operands read from shared
+//   memory in the 128-byte-swizzle layout, O staged through shared memory for 16-byte stores.
 //   Same inputs, roundings and outputs; mma.sync remains for other targets.
 //   Numerics: q·scale·log2(e) and P are rounded to bf16 (±2^-9 relative each); the softmax
 //   statistics, row sums (of the rounded P) and O are f32. ≈ 2e-3 relative L2 against an f64
@@ -818,15 +817,13 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Warpgroup-MMA form of the tensor-core path (sm_90a; the header's "Tensor-core path" with the
-// same work split, workspace and numerics): both warpgroups compute the same S for all 64 tile
-// rows and heads (wgmma m64n64k16, A = Q and B = the K rows from shared memory) and the same
-// online softmax, in registers, so that a tile needs one barrier (its arrival) instead of three;
-// P stays in registers as the A operand of warpgroup w's O columns [w·KVL/2, (w+1)·KVL/2)
-// (m64n64k16, B = V read MN-major from the same tile). S costs twice the tensor work of a split
-// by rows, which the freed barriers and the P round trip through shared memory more than repay.
-// Shared memory (1024-byte aligned; KB = ceil(D / 64) blocks of 64 columns, each [rows][128 bytes]
-// in the 128-byte-swizzle layout): Q [KB][64][128], two tiles [KB][64][128], then the f32 row
-// statistics (the header's P region is mla_tc's).
+// same work split, workspace and numerics): warpgroup w (warps 4w..4w+3) computes S for tile rows
+// [32w, 32w + 32) of all 64 heads (wgmma m64n32k16, A = Q and B = the K rows from shared memory),
+// the two halves' row maxima meet in shared memory, P goes to shared memory in bf16, then
+// warpgroup w computes O columns [w·KVL/2, (w+1)·KVL/2) over all 64 rows (m64n64k16, B = V read
+// MN-major from the same tile). Shared memory (1024-byte aligned; KB = ceil(D / 64) blocks of 64
+// columns, each [rows][128 bytes] in the 128-byte-swizzle layout): Q [KB][64][128], two tiles
+// [KB][64][128], P [64][128], then the f32 row statistics.
 namespace mla_wg {
 
 using mla_detail::HB;
@@ -860,9 +857,12 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
     const u32 raw = ptx::smem_addr(mla_wg_smem);
     const u32 s_q = (raw + 1023u) & ~1023u;  // the swizzle is on absolute address bits 7..9
     unsigned char* const sm = mla_wg_smem + (s_q - raw);
-    const u32 s_k = s_q + KB * BLK;                                    // two tiles
-    float* lsum_s = reinterpret_cast<float*>(sm + 3 * KB * BLK);       // [2][HB] row sums
-    float* m_s = lsum_s + 2 * HB;                                      // [HB]
+    const u32 s_k = s_q + KB * BLK;          // two tiles
+    const u32 p_off = 3 * KB * BLK;          // P [64][128]
+    const u32 s_p = s_q + p_off;
+    float* mx_s = reinterpret_cast<float*>(sm + p_off + HB * 128);  // [2][HB] tile max per half
+    float* lsum_s = mx_s + 2 * HB;                                   // [2][HB] row sums per half
+    float* m_s = lsum_s + 2 * HB;                                    // [HB]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wgi = warp >> 2, wi = warp & 3;  // warpgroup, warp within it (rows 16wi..)
@@ -893,87 +893,88 @@ __device__ __forceinline__ void run(const float* __restrict__ q, const void* __r
 
     for (int t = 0; t < n_tiles; ++t) {
         ptx::wait_all();
-        wg::fence_proxy_async();  // this thread's Q / cp.async writes, seen by the MMAs
-        __syncthreads();          // tile t visible; both warpgroups are done with tile t − 1
+        wg::fence_proxy_async();  // this thread's Q / P / cp.async writes, seen by the MMAs
+        __syncthreads();          // tile t visible; both warpgroups are done with tile t − 1 and P
         if (t + 1 < n_tiles) load_tile(t + 1);
         const u32 kt = s_k + (t & 1) * KB * BLK;
         const int rows = min(TN, c1 - (c0 + t * TN));
 
-        // S = Q·Kᵀ over all 64 tile rows, in both warpgroups alike (K-major A and B, 8-row groups
-        // 1024 bytes apart): each then runs its own softmax with no barrier, and keeps P in
-        // registers as the A operand of its P·V.
-        float s[32];
+        // S = Q·Kᵀ for tile rows 32wgi.. (K-major A and B, 8-row groups 1024 bytes apart).
+        float s[16];
         wg::fence();
         for (int ks = 0; ks < KS; ++ks) {
             const u32 koff = (ks >> 2) * BLK + (ks & 3) * 32;
-            wg::mma_m64n64k16<0>(s, wg::desc_sw128(s_q + koff, 16, 1024), wg::desc_sw128(kt + koff, 16, 1024), ks > 0);
+            wg::mma_m64n32k16<0>(s, wg::desc_sw128(s_q + koff, 16, 1024),
+                                 wg::desc_sw128(kt + koff + wgi * 32 * 128, 16, 1024), ks > 0);
         }
         wg::commit();
         wg::wait<0>();
 
-        // Tile max of heads 16wi + g (+ 8): element e is tile row 8(e / 4) + 2t4 + e % 2 of head
-        // half (e / 2) % 2; the 4 lanes of a head hold the tile's 64 rows between them.
+        // Tile max of heads 16wi + g (+ 8) over this half, then over both halves.
         float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
-            if (8 * (e >> 2) + 2 * t4 + (e & 1) >= rows) s[e] = neg_inf();
+        for (int e = 0; e < 16; ++e) {
+            if (32 * wgi + 8 * (e >> 2) + 2 * t4 + (e & 1) >= rows) s[e] = neg_inf();
             mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
         }
-        float cr[2];
-        u32 pa[TN / 16][4];  // P in bf16 as the A fragments of the four 16-row k-steps of P·V
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             mx[k] = fmaxf(mx[k], __shfl_xor_sync(FULL_MASK, mx[k], 1));
             mx[k] = fmaxf(mx[k], __shfl_xor_sync(FULL_MASK, mx[k], 2));
-            // Finite: row 0 of the tile is valid.
-            const float mn = fmaxf(m_run[k], mx[k]);
+            if (t4 == 0) mx_s[wgi * HB + 16 * wi + g + 8 * k] = mx[k];
+        }
+        __syncthreads();
+        float cr[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int h = 16 * wi + g + 8 * k;
+            // Finite: row 0 of the tile is valid (both warpgroups compute the same maxima).
+            const float mn = fmaxf(m_run[k], fmaxf(mx_s[h], mx_s[HB + h]));
             cr[k] = exp2f(m_run[k] - mn);
             m_run[k] = mn;
             float ps = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < TN / 16; ++kk)
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj) {
-                    // The row sums add the same rounded values P·V reads.
-                    const int e = 8 * kk + 4 * jj + 2 * k;
-                    const u32 pk = ptx::pack_bf16x2(exp2f(s[e] - mn), exp2f(s[e + 1] - mn));
-                    ps += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
-                    pa[kk][2 * jj + k] = pk;
-                }
+            for (int j = 0; j < 4; ++j) {
+                // P in bf16 as P·V reads it; the row sums add the same rounded values.
+                const u32 pk = ptx::pack_bf16x2(exp2f(s[4 * j + 2 * k] - mn), exp2f(s[4 * j + 2 * k + 1] - mn));
+                ps += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
+                *reinterpret_cast<u32*>(sm + p_off + sw(h, 4 * wgi + j, HB) + 4 * t4) = pk;
+            }
             l_run[k] = l_run[k] * cr[k] + ps;
         }
 #pragma unroll
         for (int n = 0; n < MAX_NB; ++n)
 #pragma unroll
             for (int e = 0; e < 32; ++e) o[n][e] *= cr[(e >> 1) & 1];
+        wg::fence_proxy_async();
+        __syncthreads();  // P complete
 
-        // O[:, this warpgroup's columns] += P·V: A = P from registers, B = V = the tile's first KVL
+        // O[:, this warpgroup's columns] += P·V: A = P (K-major), B = V = the tile's first KVL
         // columns read MN-major (64-column blocks BLK apart, 8-row groups 1024 bytes apart).
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < TN / 16; ++kk) {
+            const u64 a = wg::desc_sw128(s_p + kk * 32, 16, 1024);
 #pragma unroll
             for (int n = 0; n < MAX_NB; ++n)
                 if (n < NB)
-                    wg::mma_m64n64k16_rs<1>(o[n], pa[kk],
-                                            wg::desc_sw128(kt + (wgi * NB + n) * BLK + kk * 16 * 128, BLK, 1024), 1);
+                    wg::mma_m64n64k16<1>(o[n], a, wg::desc_sw128(kt + (wgi * NB + n) * BLK + kk * 16 * 128, BLK, 1024),
+                                         1);
         }
         wg::commit();
         wg::wait<0>();
     }
 
-    // Row sums: the 4 lanes of a head (both warpgroups hold the same m and l; the second half of
-    // lsum_s, where mla_tc keeps its other tile half, is zero).
+    // Row sums: the 4 lanes of a row, then the two halves through shared memory.
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         float l = l_run[k];
         l += __shfl_xor_sync(FULL_MASK, l, 1);
         l += __shfl_xor_sync(FULL_MASK, l, 2);
         const int h = 16 * wi + g + 8 * k;
-        if (t4 == 0 && wgi == 0) {
-            lsum_s[h] = l;
-            lsum_s[HB + h] = 0.0f;
-            m_s[h] = m_run[k];
+        if (t4 == 0) {
+            lsum_s[wgi * HB + h] = l;
+            if (wgi == 0) m_s[h] = m_run[k];
         }
     }
     __syncthreads();
