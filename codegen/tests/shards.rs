@@ -57,7 +57,7 @@ fn two_gpu_plan_holds_the_per_rank_dims() {
         ("mla_decode", &[("n_head", 32)][..]),
         ("mla_sparse_decode", &[("n_head", 32)]),
         ("mla_rope", &[("n_head", 32)]),
-        ("matvec", &[("k", 2048), ("n", 8192)]), // attn_q_b rows / 2
+        ("matvec", &[("k", 2048), ("n", 12288)]), // attn_q_b rows / 2 stacked with the replicated indexer.attn_q_b
         ("matmul", &[("k", 2048), ("n", 8192)]),
         ("matvec", &[("k", 8192), ("n", 6144)]), // attn_output columns / 2
         ("matvec", &[("k", 6144), ("n", 6144)]), // ffn_gate / ffn_up rows / 2
@@ -125,13 +125,20 @@ fn shard_counts_add_only_the_changed_shapes() {
             ["matvec", "mla_decode", "mla_rope", "mla_sparse_decode", "moe_matvec", "swiglu"],
             "{n} GPUs"
         );
-        // matvec at 6 shapes (q_b, attn_output, ffn gate/up = ffn down at GLM-5 dims, shexp
-        // gate/up, shexp down, LM head), 3 MLA (heads), 2 swiglu and 2 fused gate/up (dense
-        // and shared-expert widths).
-        assert_eq!(rest.len(), 6 + 3 + 2 + 2, "{n} GPUs");
+        // matvec at up to 7 shapes (q_b stacked with the indexer's q_b, attn_output, ffn gate/up,
+        // ffn down, shexp gate/up, shexp down, LM head; fewer where a per-rank shape is another's,
+        // e.g. ffn gate/up and down at 2 GPUs), 3 MLA (heads), 2 swiglu and 2 fused gate/up
+        // (dense and shared-expert widths).
+        let matvecs = rest.iter().filter(|v| v.family == "matvec").count();
+        assert!(matvecs <= 7, "{n} GPUs: {matvecs} new matvec shapes");
+        assert_eq!(rest.len(), matvecs + 3 + 2 + 2, "{n} GPUs");
+        let n = n as i64;
+        let per_rank_matvec = [(2048, 16384 / n + 4096), (16384 / n, 6144), (6144, 12288 / n), (12288 / n, 6144), (6144, 2048 / n), (2048 / n, 6144), (6144, 154880 / n)];
+        for (k, rows) in per_rank_matvec {
+            assert!(has(&g, "matvec", &[("k", k), ("n", rows)]), "{n} GPUs: no matvec at k {k} n {rows}");
+        }
         // matmul takes N at run time (the spec's `at_run_time`): a shard count adds a variant
         // only for a new K, and every per-rank shape is served.
-        let n = n as i64;
         let per_rank = [(2048, 16384 / n), (16384 / n, 6144), (6144, 12288 / n), (12288 / n, 6144), (6144, 2048 / n), (2048 / n, 6144), (6144, 154880 / n)];
         for (k, rows) in per_rank {
             assert!(has(&g, "matmul", &[("k", k), ("n", rows)]), "{n} GPUs: no matmul serves k {k} n {rows}");

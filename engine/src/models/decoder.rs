@@ -968,27 +968,12 @@ fn qkv_offset(which: usize, t: usize, qd: usize, kvd: usize) -> usize {
     [0, t * qd, t * (qd + kvd)][which]
 }
 
-/// q, k, v as [`memra_codegen::plan::stack_runs`] groups them (neighbours of one row length and
-/// type, or with `widen` of a type all of them are exact in), each part tagged 0 / 1 / 2, with
-/// the run's stored type; a part whose bytes (in that type) would start a run's buffer off a
-/// 16-byte boundary (the kernels' alignment) starts a run of its own.
+/// q, k, v as [`gpu::aligned_runs`] groups them (neighbours of one row length and type, or with
+/// `widen` of a type all of them are exact in; a part off a 16-byte boundary starts a run), each
+/// part tagged 0 / 1 / 2, with the run's stored type.
 fn qkv_runs<'f>(parts: &[TensorInfo<'f>; 3], widen: bool) -> Vec<(Vec<(usize, TensorInfo<'f>)>, GgmlType)> {
-    let keys: Vec<_> = parts.iter().map(|t| (t.ggml_type, t.row_len())).collect();
-    let mut out: Vec<(Vec<(usize, TensorInfo<'f>)>, GgmlType)> = Vec::new();
-    for (run, ty) in memra_codegen::plan::stack_runs(&keys, widen) {
-        let mut cur: Vec<(usize, TensorInfo<'f>)> = Vec::new();
-        let mut offset = 0u64;
-        for i in run {
-            if !cur.is_empty() && !offset.is_multiple_of(16) {
-                out.push((std::mem::take(&mut cur), ty));
-                offset = 0;
-            }
-            cur.push((i, parts[i]));
-            offset += parts[i].n_elements() / ty.block_size() * ty.type_size();
-        }
-        out.push((cur, ty));
-    }
-    out
+    let keys: Vec<_> = parts.iter().map(|t| (t.ggml_type, t.row_len(), t.n_elements())).collect();
+    gpu::aligned_runs(&keys, widen).into_iter().map(|(run, ty)| (run.into_iter().map(|i| (i, parts[i])).collect(), ty)).collect()
 }
 
 /// The combine_matvec variant for the o-projection `w` (`head_dim`-wide heads).

@@ -126,6 +126,133 @@ fn tensor_bytes<'f, B: AsRef<[u8]>>(file: &'f Gguf<B>, t: &TensorInfo<'_>) -> Re
     Ok(bytes)
 }
 
+/// Matrices of one row length in runs that can share a buffer: [`memra_codegen::plan::stack_runs`]
+/// over `(type, row length, elements)` (equal types, or with `widen` one every part is exact in),
+/// and a part whose bytes in the run's type would start off a 16-byte boundary (the kernels'
+/// alignment) starts a run of its own. Each run: the parts' indices and the stored type.
+pub fn aligned_runs(parts: &[(GgmlType, u64, u64)], widen: bool) -> Vec<(Vec<usize>, GgmlType)> {
+    let keys: Vec<_> = parts.iter().map(|&(ty, k, _)| (ty, k)).collect();
+    let mut out = Vec::new();
+    for (run, ty) in memra_codegen::plan::stack_runs(&keys, widen) {
+        let (mut cur, mut offset) = (Vec::new(), 0u64);
+        for i in run {
+            if !cur.is_empty() && !offset.is_multiple_of(16) {
+                out.push((std::mem::take(&mut cur), ty));
+                offset = 0;
+            }
+            cur.push(i);
+            offset += parts[i].2 / ty.block_size() * ty.type_size();
+        }
+        out.push((cur, ty));
+    }
+    out
+}
+
+/// Projections of one input, their rows stacked at load in runs of one type
+/// ([`aligned_runs`]; the specs' `stack = true` entries plan the same runs): a decode step
+/// projects each run in one matvec launch, a prefill chunk each part alone (matmul). Part `i`'s
+/// output for `t` tokens is the `t` rows at [`Stack::at`]`(i, t)` of one buffer, so for one
+/// token the parts' rows lie back to back, as a run writes them.
+pub struct Stack {
+    runs: Vec<StackRun>,
+    /// Each part's rows, in order.
+    rows: Vec<usize>,
+}
+
+struct StackRun {
+    w: DeviceTensor,
+    /// The run's decode matvec (f32 x).
+    matvec: &'static str,
+    /// Index of the run's first part.
+    first: usize,
+    parts: Vec<StackPart>,
+}
+
+struct StackPart {
+    name: String,
+    n: usize,
+    /// The part's bytes in the run's buffer.
+    bytes: std::ops::Range<usize>,
+    matmul: &'static str,
+}
+
+impl Stack {
+    /// Stacks `parts` (uploaded, one row length) on the device: each run's parts are copied into
+    /// one buffer and freed. Runs keep their parts' types (no widening).
+    pub fn new(gpu: &Gpu, plan: &mut KernelPlan, parts: Vec<DeviceTensor>) -> Result<Stack> {
+        let rows = parts.iter().map(|p| p.n).collect();
+        let keys: Vec<_> = parts.iter().map(|p| (p.ty, p.k as u64, (p.k * p.n) as u64)).collect();
+        if let Some(p) = parts.iter().find(|p| p.k != parts[0].k) {
+            return Err(err(format!("tensor '{}': cannot stack with '{}' (row length differs)", p.name, parts[0].name)));
+        }
+        let mut parts: Vec<Option<DeviceTensor>> = parts.into_iter().map(Some).collect();
+        let mut runs = Vec::new();
+        for (run, ty) in aligned_runs(&keys, false) {
+            let members: Vec<DeviceTensor> = run.iter().map(|&i| parts[i].take().expect("each part in one run")).collect();
+            let total: usize = members.iter().map(DeviceTensor::bytes).sum();
+            let name = members.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join("+");
+            let mut data = alloc::<u8>(gpu, total, &format!("tensors '{name}'"))?;
+            let (mut at, mut stacked) = (0usize, Vec::with_capacity(members.len()));
+            for p in &members {
+                let end = at + p.bytes();
+                gpu.stream()
+                    .memcpy_dtod(&p.data, &mut data.slice_mut(at..end))
+                    .map_err(|e| err(format!("stacking tensor '{}' on the GPU: {e:?}", p.name)))?;
+                let named = |e: GpuModelError| err(format!("tensor '{}': {e}", p.name));
+                let matmul = plan.want(matmul::FAMILY, &projection_request(&p.name, ty, p.k, p.n)?).map_err(named)?;
+                stacked.push(StackPart { name: p.name.clone(), n: p.n, bytes: at..end, matmul });
+                at = end;
+            }
+            // The copies finish before the parts' buffers are freed.
+            gpu.stream().synchronize().map_err(|e| err(format!("stacking '{name}': {e:?}")))?;
+            let (k, n) = (members[0].k, members.iter().map(|p| p.n).sum());
+            let matvec = plan.want_f32_x(matvec::FAMILY, &projection_request(&name, ty, k, n)?).map_err(|e| err(format!("tensors '{name}': {e}")))?;
+            runs.push(StackRun { w: DeviceTensor { name, ty, k, n, data }, matvec, first: run[0], parts: stacked });
+        }
+        Ok(Stack { runs, rows })
+    }
+
+    /// Where part `i`'s `t` output rows start in the output buffer.
+    pub fn at(&self, i: usize, t: usize) -> usize {
+        t * self.rows[..i].iter().sum::<usize>()
+    }
+
+    /// Rows of every part together (a token's output width).
+    pub fn width(&self) -> usize {
+        self.rows.iter().sum()
+    }
+
+    /// Part `i`'s rows.
+    pub fn rows(&self, i: usize) -> usize {
+        self.rows[i]
+    }
+
+    /// The stacked weights' bytes.
+    pub fn bytes(&self) -> usize {
+        self.runs.iter().map(|r| r.w.bytes()).sum()
+    }
+
+    /// `y` = every part of `t` rows of `x` (`[t, k]` packed), laid out as [`Stack::at`] says.
+    pub fn forward(&self, kernels: &Kernels, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f32>, t: usize) -> Result<()> {
+        for run in &self.runs {
+            let k = run.w.k;
+            if t == 1 {
+                let at = self.at(run.first, 1);
+                matvec::matvec(kernels.get(run.matvec)?, &run.w.data.slice(..), x, &mut y.slice_mut(at..at + run.w.n), k, run.w.n, 1, k, run.w.n)
+                    .map_err(|e| err(format!("tensors '{}': {e}", run.w.name)))?;
+                continue;
+            }
+            for (j, p) in run.parts.iter().enumerate() {
+                let at = self.at(run.first + j, t);
+                let w = run.w.data.slice(p.bytes.clone());
+                matmul::matmul(kernels.get(p.matmul)?, &w, x, &mut y.slice_mut(at..at + t * p.n), t, k, p.n, k, p.n)
+                    .map_err(|e| err(format!("tensor '{}': {e}", p.name)))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A small f32 tensor (norm weights) dequantized on the host and uploaded.
 pub fn upload_f32<B: AsRef<[u8]>>(gpu: &Gpu, file: &Gguf<B>, t: &TensorInfo<'_>) -> Result<CudaSlice<f32>> {
     let bytes = file.tensor_data(*t);

@@ -37,7 +37,7 @@ use memra_reference::moe::Gating;
 
 use super::gpu::{
     self, err, DecoderStack, DeviceTensor, KernelPlan, Linear, LogitsState, Product, Result,
-    StackState, StepGraph, WeightSource,
+    Stack, StackState, StepGraph, WeightSource,
 };
 use super::moe_grouped::{self, GroupedMoe, GroupedScratch};
 use super::GpuOptions;
@@ -169,13 +169,22 @@ pub struct MlaSpec<'f> {
     pub output: Option<TensorInfo<'f>>,
 }
 
+/// The part indices of a layer's projections of `h` ([`Layer::h_proj`]): q (`attn_q_a`, or
+/// `attn_q` without a q LoRA), `attn_kv_a_mqa`, then on indexer layers `indexer.attn_k` and
+/// `indexer.proj`.
+const H_Q: usize = 0;
+const H_KV: usize = 1;
+const H_IDX_K: usize = 2;
+const H_IDX_W: usize = 3;
+/// The part index of `indexer.attn_q_b` among a q LoRA's projections of the normed q latent
+/// (`attn_q_b` is the first).
+const Q_IDX_Q: usize = 1;
+
 enum QProj {
-    Lora {
-        a: Linear,
-        norm: CudaSlice<f32>,
-        b: Linear,
-    },
-    Direct(Linear),
+    /// `attn_q_a` (in `h_proj`) → `attn_q_a_norm` → this stack (`attn_q_b`, [`Q_IDX_Q`]).
+    Lora { norm: CudaSlice<f32>, b: Stack },
+    /// `attn_q` is `h_proj`'s first part.
+    Direct,
 }
 
 /// A per-head weight stack `[n_head][rows][k]` run as "experts" with its plain variant.
@@ -222,12 +231,10 @@ impl HeadStack {
     }
 }
 
+/// An indexer layer's key norm (its projections are parts of the layer's stacks).
 struct Indexer {
-    attn_q_b: Linear,
-    attn_k: Linear,
     k_norm: CudaSlice<f32>,
     k_norm_bias: CudaSlice<f32>,
-    proj: Linear,
 }
 
 struct Glu {
@@ -260,8 +267,9 @@ enum Ffn {
 
 struct Layer {
     attn_norm: CudaSlice<f32>,
+    /// Every projection of `h` ([`H_Q`], [`H_KV`], [`H_IDX_K`], [`H_IDX_W`]): one launch a decode step.
+    h_proj: Stack,
     q: QProj,
-    attn_kv_a_mqa: Linear,
     attn_kv_a_norm: CudaSlice<f32>,
     k_b: HeadStack,
     v_b: HeadStack,
@@ -335,16 +343,15 @@ struct Bufs {
     /// Throwaway norm output of the shared expert's residual add.
     h_tmp: CudaSlice<f32>,
     o: CudaSlice<f32>,
-    qa: CudaSlice<f32>,
+    /// `h_proj`'s outputs (parts at [`Stack::at`]): the q latent or q, the kv latent, the
+    /// indexer key and head weights.
+    hp: CudaSlice<f32>,
     qr: CudaSlice<f32>,
-    q: CudaSlice<f32>,
+    /// A q LoRA's `attn_q_b` outputs: q, then the indexer queries.
+    qp: CudaSlice<f32>,
     q_abs: CudaSlice<f32>,
-    kv: CudaSlice<f32>,
     lat: CudaSlice<f32>,
     att: CudaSlice<f32>,
-    iq: CudaSlice<f32>,
-    ik: CudaSlice<f32>,
-    iw: CudaSlice<f32>,
     scores: CudaSlice<f32>,
     sel_idx: CudaSlice<i32>,
     sel_count: CudaSlice<i32>,
@@ -458,28 +465,9 @@ impl MlaDecoder {
         let mut last_indexer = None;
         for (il, l) in spec.layers.iter().enumerate() {
             let mut lin = |t: &TensorInfo<'_>| -> Result<Linear> { plan.linear(upload(t)?) };
-            let q = match &l.q {
-                QSpec::Lora {
-                    attn_q_a,
-                    attn_q_a_norm,
-                    attn_q_b,
-                } => QProj::Lora {
-                    a: lin(attn_q_a)?,
-                    norm: f32s(attn_q_a_norm)?,
-                    b: lin(attn_q_b)?,
-                },
-                QSpec::Direct { attn_q } => QProj::Direct(lin(attn_q)?),
-            };
-            let attn_kv_a_mqa = lin(&l.attn_kv_a_mqa)?;
             let attn_output = lin(&l.attn_output)?;
             let indexer = match (&l.indexer, &cfg.indexer, &l.q) {
-                (Some(i), Some(_), QSpec::Lora { .. }) => Some(Indexer {
-                    attn_q_b: lin(&i.attn_q_b)?,
-                    attn_k: lin(&i.attn_k)?,
-                    k_norm: f32s(&i.k_norm)?,
-                    k_norm_bias: f32s(&i.k_norm_bias)?,
-                    proj: lin(&i.proj)?,
-                }),
+                (Some(i), Some(_), QSpec::Lora { .. }) => Some(i),
                 (Some(i), _, _) => {
                     return Err(err(format!(
                         "{}: {} without an indexer config or a q LoRA",
@@ -488,6 +476,31 @@ impl MlaDecoder {
                     )));
                 }
                 _ => None,
+            };
+            // The projections of h, and of the normed q latent, stacked (one launch each a
+            // decode step); the part order is H_* / Q_*.
+            let (h_first, q_b) = match &l.q {
+                QSpec::Lora { attn_q_a, attn_q_b, .. } => (attn_q_a, Some(attn_q_b)),
+                QSpec::Direct { attn_q } => (attn_q, None),
+            };
+            let mut h_parts = vec![upload(h_first)?, upload(&l.attn_kv_a_mqa)?];
+            if let Some(i) = indexer {
+                h_parts.extend([upload(&i.attn_k)?, upload(&i.proj)?]);
+            }
+            let h_proj = Stack::new(&gpu, &mut plan, h_parts)?;
+            let q = match (&l.q, q_b) {
+                (QSpec::Lora { attn_q_a_norm, .. }, Some(q_b)) => {
+                    let mut parts = vec![upload(q_b)?];
+                    if let Some(i) = indexer {
+                        parts.push(upload(&i.attn_q_b)?);
+                    }
+                    QProj::Lora { norm: f32s(attn_q_a_norm)?, b: Stack::new(&gpu, &mut plan, parts)? }
+                }
+                _ => QProj::Direct,
+            };
+            let indexer = match indexer {
+                Some(i) => Some(Indexer { k_norm: f32s(&i.k_norm)?, k_norm_bias: f32s(&i.k_norm_bias)? }),
+                None => None,
             };
             let glu = |plan: &mut KernelPlan,
                        g: &GluSpec<'_>,
@@ -576,8 +589,8 @@ impl MlaDecoder {
             }
             layers.push(Layer {
                 attn_norm: f32s(&l.attn_norm)?,
+                h_proj,
                 q,
-                attn_kv_a_mqa,
                 attn_kv_a_norm: f32s(&l.attn_kv_a_norm)?,
                 k_b,
                 v_b,
@@ -863,62 +876,29 @@ impl Net {
             eps,
         )?;
         for (il, l) in self.layers.iter().enumerate() {
-            // q: [t, n_head, nope + rope].
-            match &l.q {
-                QProj::Lora { a, norm, b: qb } => {
-                    let r = a.w.n;
-                    a.forward(k, &b.h.slice(..te), &mut b.qa.slice_mut(..t * r), t)?;
-                    let q_norm = self
-                        .names
-                        .q_norm
-                        .ok_or_else(|| err("a q LoRA layer but no q-norm kernel planned"))?;
-                    rmsnorm::rmsnorm(
-                        k.get(q_norm)?,
-                        &b.qa.slice(..t * r),
-                        &norm.slice(..),
-                        &mut b.qr.slice_mut(..t * r),
-                        t,
-                        r,
-                        eps,
-                    )?;
-                    qb.forward(
-                        k,
-                        &b.qr.slice(..t * r),
-                        &mut b.q.slice_mut(..t * nh * dq),
-                        t,
-                    )?;
-                }
-                QProj::Direct(wq) => {
-                    wq.forward(k, &b.h.slice(..te), &mut b.q.slice_mut(..t * nh * dq), t)?
-                }
+            // q, [c | k_pe], the indexer key and head weights: h_proj's parts in b.hp; with a q
+            // LoRA, q [t, n_head, nope + rope] and the indexer queries in b.qp.
+            let hw = l.h_proj.width();
+            l.h_proj.forward(k, &b.h.slice(..te), &mut b.hp.slice_mut(..t * hw), t)?;
+            if let QProj::Lora { norm, b: qb } = &l.q {
+                let (r, at) = (l.h_proj.rows(H_Q), l.h_proj.at(H_Q, t));
+                let q_norm = self
+                    .names
+                    .q_norm
+                    .ok_or_else(|| err("a q LoRA layer but no q-norm kernel planned"))?;
+                rmsnorm::rmsnorm(
+                    k.get(q_norm)?,
+                    &b.hp.slice(at..at + t * r),
+                    &norm.slice(..),
+                    &mut b.qr.slice_mut(..t * r),
+                    t,
+                    r,
+                    eps,
+                )?;
+                let qw = qb.width();
+                qb.forward(k, &b.qr.slice(..t * r), &mut b.qp.slice_mut(..t * qw), t)?;
             }
-            l.attn_kv_a_mqa
-                .forward(k, &b.h.slice(..te), &mut b.kv.slice_mut(..t * dk), t)?;
-            let idx = match (&l.indexer, c.indexer) {
-                (Some(ix), Some(ic)) => {
-                    let r = ix.attn_q_b.w.k;
-                    ix.attn_q_b.forward(
-                        k,
-                        &b.qr.slice(..t * r),
-                        &mut b.iq.slice_mut(..t * ic.n_head * ic.head_dim),
-                        t,
-                    )?;
-                    ix.attn_k.forward(
-                        k,
-                        &b.h.slice(..te),
-                        &mut b.ik.slice_mut(..t * ic.head_dim),
-                        t,
-                    )?;
-                    ix.proj.forward(
-                        k,
-                        &b.h.slice(..te),
-                        &mut b.iw.slice_mut(..t * ic.n_head),
-                        t,
-                    )?;
-                    Some((ix, ic))
-                }
-                _ => None,
-            };
+            let idx = l.indexer.as_ref().zip(c.indexer);
             let p = MlaRopeParams {
                 n_tokens: t,
                 n_head: nh,
@@ -935,17 +915,35 @@ impl Net {
                 }),
                 eps,
             };
-            mla_rope::mla_rope(
-                k.get(self.names.mla_rope)?,
-                &b.q.slice(..t * nh * dq),
-                &mut b.q_abs.slice_mut(..t * nh * dk),
-                &b.kv.slice(..t * dk),
-                &l.attn_kv_a_norm.slice(..),
-                &b.pos.slice(..t),
-                &mut state.cache.latent[il].slice_mut(..),
-                &mut b.iq.slice_mut(..),
-                &p,
-            )?;
+            {
+                let kv_at = l.h_proj.at(H_KV, t);
+                let Bufs { hp, qp, q_abs, pos, .. } = &mut *b;
+                let kv = hp.slice(kv_at..kv_at + t * dk);
+                let kernel = k.get(self.names.mla_rope)?;
+                let mut rope = |q: &CudaView<'_, f32>, iq: &mut CudaViewMut<'_, f32>| {
+                    mla_rope::mla_rope(
+                        kernel,
+                        q,
+                        &mut q_abs.slice_mut(..t * nh * dk),
+                        &kv,
+                        &l.attn_kv_a_norm.slice(..),
+                        &pos.slice(..t),
+                        &mut state.cache.latent[il].slice_mut(..),
+                        iq,
+                        &p,
+                    )
+                };
+                // q is the first part of qp (q LoRA) or of hp; the indexer queries follow q in qp.
+                let qd = t * nh * dq;
+                match &l.q {
+                    QProj::Lora { b: qb, .. } => {
+                        let (q, mut iq) = qp.split_at_mut(qd);
+                        debug_assert!(l.indexer.is_none() || qb.at(Q_IDX_Q, t) == qd);
+                        rope(&q.slice(..), &mut iq)?;
+                    }
+                    QProj::Direct => rope(&hp.slice(..qd), &mut qp.slice_mut(..))?,
+                }
+            }
             if let Some((ix, ic)) = idx {
                 let key = self
                     .names
@@ -964,9 +962,10 @@ impl Net {
                     freq_scale: 1.0,
                     eps: ic.k_norm_eps,
                 };
+                let at = l.h_proj.at(H_IDX_K, t);
                 dsa_index_key::dsa_index_key(
                     k.get(key)?,
-                    &b.ik.slice(..t * ic.head_dim),
+                    &b.hp.slice(at..at + t * ic.head_dim),
                     &ix.k_norm.slice(..),
                     &ix.k_norm_bias.slice(..),
                     &b.pos.slice(..t),
@@ -978,7 +977,11 @@ impl Net {
             let rows = t * nh;
             let ids = b.head_ids.slice(..rows);
             let mut qa = b.q_abs.slice_mut(..rows * dk);
-            l.k_b.forward(k, &ids, &b.q.slice(..rows * dq), &mut qa, t, nh, (c.nope, c.kv_lora), (dq, dk))?;
+            let q = match &l.q {
+                QProj::Lora { .. } => b.qp.slice(..rows * dq),
+                QProj::Direct => b.hp.slice(..rows * dq),
+            };
+            l.k_b.forward(k, &ids, &q, &mut qa, t, nh, (c.nope, c.kv_lora), (dq, dk))?;
 
             // Every token over the cache rows up to its position, batched (see the module doc).
             self.attend_rows(state, b, il, t, pos0, idx.map(|(_, ic)| ic))?;
@@ -1217,6 +1220,17 @@ impl Net {
 
     /// Attention of row `i` (position `pos`) of layer `il`: `lat[i] = softmax(q_abs[i]·K)·C` over
     /// the latent cache, dense or over the DSA selection (computed here for indexer layers).
+    /// Where layer `il`'s indexer queries (in `Bufs::qp`) and head weights (in `Bufs::hp`) for
+    /// `t` tokens start (an indexer layer's).
+    fn indexer_at(&self, il: usize, t: usize) -> (usize, usize) {
+        let l = &self.layers[il];
+        let iq = match &l.q {
+            QProj::Lora { b, .. } => b.at(Q_IDX_Q, t),
+            QProj::Direct => 0,
+        };
+        (iq, l.h_proj.at(H_IDX_W, t))
+    }
+
     fn attend(
         &self,
         state: &mut State,
@@ -1271,6 +1285,7 @@ impl Net {
                         .as_ref()
                         .ok_or_else(|| err("an indexer layer without an index-key cache"))?;
                     let (hq, nq) = (ic.n_head * ic.head_dim, ic.n_head);
+                    let (iq_at, iw_at) = self.indexer_at(il, 1);
                     let p = DsaIndexerParams {
                         n_q: 1,
                         n_idx_head: ic.n_head,
@@ -1281,8 +1296,8 @@ impl Net {
                     };
                     dsa_indexer::dsa_indexer(
                         k.get(indexer)?,
-                        &b.iq.slice(i * hq..(i + 1) * hq),
-                        &b.iw.slice(i * nq..(i + 1) * nq),
+                        &b.qp.slice(iq_at + i * hq..iq_at + (i + 1) * hq),
+                        &b.hp.slice(iw_at + i * nq..iw_at + (i + 1) * nq),
                         &kc.slice(..),
                         &pos_i,
                         &mut b.scores.slice_mut(..max_ctx),
@@ -1333,14 +1348,23 @@ impl Bufs {
     fn new(gpu: &Gpu, net: &Net, t: usize) -> Result<Bufs> {
         let c = &net.cfg;
         let (e, nh) = (c.n_embd, c.n_head);
-        let (dq, dk) = (c.nope + c.rope, c.kv_lora + c.rope);
+        let dk = c.kv_lora + c.rope;
         let a = |n: usize, what: &str| {
             gpu::alloc::<f32>(gpu, t * n, &format!("activations ({what}, {t} tokens)"))
         };
         let q_lora = c.q_lora.unwrap_or(1);
-        let (ni, di, top_k) = c
-            .indexer
-            .map_or((1, 1, 1), |i| (i.n_head, i.head_dim, i.top_k));
+        let top_k = c.indexer.map_or(1, |i| i.top_k);
+        // The widest layer's stacked outputs (q, when a direct attn_q, is hp's first part).
+        let hp_width = net.layers.iter().map(|l| l.h_proj.width()).max().unwrap_or(1);
+        let qp_width = net
+            .layers
+            .iter()
+            .map(|l| match &l.q {
+                QProj::Lora { b, .. } => b.width(),
+                QProj::Direct => 1,
+            })
+            .max()
+            .unwrap_or(1);
         let n_ff = net
             .layers
             .iter()
@@ -1373,16 +1397,12 @@ impl Bufs {
             h: a(e, "normed")?,
             h_tmp: a(e, "normed")?,
             o: a(e, "projection")?,
-            qa: a(q_lora, "q latent")?,
+            hp: a(hp_width, "projections of h")?,
             qr: a(q_lora, "q latent")?,
-            q: a(nh * dq, "q")?,
+            qp: a(qp_width, "q and indexer queries")?,
             q_abs: a(nh * dk, "absorbed q")?,
-            kv: a(dk, "kv latent")?,
             lat: a(nh * c.kv_lora, "attention latent")?,
             att: a(nh * c.v, "attention")?,
-            iq: a(ni * di, "indexer q")?,
-            ik: a(di, "indexer k")?,
-            iw: a(ni, "indexer weights")?,
             scores: gpu::alloc(gpu, 1, "index scores")?,
             sel_idx: gpu::alloc(gpu, t * top_k, "DSA selection")?,
             sel_count: gpu::alloc(gpu, t, "DSA selection")?,

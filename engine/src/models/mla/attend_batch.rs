@@ -158,6 +158,8 @@ impl Net {
                     .as_ref()
                     .ok_or_else(|| err("an indexer layer without an index-key cache"))?;
                 let (hq, nqh) = (ic.n_head * ic.head_dim, ic.n_head);
+                // This chunk's (t = rows.end) queries and head weights in the stacked outputs.
+                let (iq_at, iw_at) = self.indexer_at(il, rows.end);
                 // Key rows past `ld` are never visible to these rows: score rows of `ld` floats.
                 let p = DsaIndexerParams {
                     n_q,
@@ -174,8 +176,8 @@ impl Net {
                 };
                 dsa_indexer::dsa_indexer(
                     k.get(indexer)?,
-                    &b.iq.slice(s * hq..e * hq),
-                    &b.iw.slice(s * nqh..e * nqh),
+                    &b.qp.slice(iq_at + s * hq..iq_at + e * hq),
+                    &b.hp.slice(iw_at + s * nqh..iw_at + e * nqh),
                     &kc.slice(..),
                     &b.pos.slice(s..e),
                     &mut b.scores.slice_mut(..n_q * ld),
