@@ -38,14 +38,14 @@ using namespace memra;
 template <int NH, int NOPE_, int RP, int KVL, RopeMode M, CacheType C, int TH> struct RCfg {
     static constexpr int N_HEAD = NH, NOPE = NOPE_, ROPE = RP, KV_LORA = KVL;
     static constexpr RopeMode ROPE_MODE = M; static constexpr CacheType CACHE_T = C; static constexpr int THREADS = TH; };
-// args: cfg n_tokens n_head nope rope kv_lora n_idx_head idx_head_dim max_ctx grid
+// args: cfg n_tokens n_head nope rope kv_lora n_idx_head idx_head_dim max_ctx grid parts
 //       base freq_scale ext_factor corr_low corr_high idx_q_scale eps | q kv w pos iq | q_out cache iq_out
 template <class K> void run(int* a, float* s, int eb, char** f) {
-    int T = a[0], nh = a[1], nope = a[2], rope = a[3], kvl = a[4], nih = a[5], dih = a[6], max_ctx = a[7], grid = a[8];
+    int T = a[0], nh = a[1], nope = a[2], rope = a[3], kvl = a[4], nih = a[5], dih = a[6], max_ctx = a[7], grid = a[8], parts = a[9];
     auto q = slurp(f[0]), kv = slurp(f[1]), w = slurp(f[2]), pos = slurp(f[3]), iq = slurp(f[4]);
     std::vector<float> q_out((size_t)T * nh * (kvl + rope), NAN);
     std::vector<unsigned char> cache((size_t)max_ctx * (kvl + rope) * eb, 0xff);
-    run_grid({(unsigned)grid, 1, 1}, K::THREADS, 0, [&] {
+    run_grid({(unsigned)grid, (unsigned)parts, 1}, K::THREADS, 0, [&] {
         mla_rope_impl<K>((const float*)q.data(), q_out.data(), (const float*)kv.data(), (const float*)w.data(),
                          (const int*)pos.data(), cache.data(), (float*)iq.data(), T, nh, nope, rope, kvl, nih, dih,
                          max_ctx, s[0], s[1], s[2], s[3], s[4], s[5], s[6]); });
@@ -56,9 +56,9 @@ template <class K> void run(int* a, float* s, int eb, char** f) {
 int main(int argc, char** argv) {
     using B = CacheType; using R = RopeMode;
     int cfg = atoi(argv[1]);
-    int a[9]; for (int i = 0; i < 9; ++i) a[i] = atoi(argv[2 + i]);
-    float s[7]; for (int i = 0; i < 7; ++i) s[i] = (float)atof(argv[11 + i]);
-    char** f = argv + 18;
+    int a[10]; for (int i = 0; i < 10; ++i) a[i] = atoi(argv[2 + i]);
+    float s[7]; for (int i = 0; i < 7; ++i) s[i] = (float)atof(argv[12 + i]);
+    char** f = argv + 19;
     switch (cfg) {
     case 0: run<RCfg<4, 32, 16, 128, R::Interleaved, B::BF16, 128>>(a, s, 2, f); break;
     case 1: run<RCfg<0, 0, 0, 0, R::Interleaved, B::F32, 128>>(a, s, 4, f); break;
@@ -128,6 +128,8 @@ struct Case {
     idx_head_dim: usize,
     max_ctx: usize,
     grid: usize,
+    /// Blocks per token (grid y).
+    parts: usize,
     positions: Vec<i32>,
     freqs: Freqs,
     neox: bool,
@@ -166,6 +168,7 @@ fn run_case(b: &mut Builder, rng: &mut Rng, c: &Case, n: usize) {
         c.idx_head_dim,
         c.max_ctx,
         c.grid,
+        c.parts,
     ]
     .iter()
     .map(|v| v.to_string())
@@ -322,6 +325,7 @@ fn mla_rope_matches_the_reference() {
             idx_head_dim: 32,
             max_ctx: 12,
             grid: 2,
+            parts: 3,
             positions: vec![0, 5, 11, 12, 3],
             freqs: plain,
             neox: false,
@@ -338,6 +342,7 @@ fn mla_rope_matches_the_reference() {
             idx_head_dim: 0,
             max_ctx: 9000,
             grid: 3,
+            parts: 1,
             positions: vec![7, 4095, 8191, 8999],
             freqs: yarn,
             neox: false,
@@ -354,6 +359,7 @@ fn mla_rope_matches_the_reference() {
             idx_head_dim: 24,
             max_ctx: 70_000,
             grid: 1,
+            parts: 4,
             positions: vec![69_999, 65_537, -1],
             freqs: plain,
             neox: true,
@@ -370,6 +376,8 @@ fn mla_rope_matches_the_reference() {
             idx_head_dim: 128,
             max_ctx: 3000,
             grid: 2,
+            // The launcher's count at 128 threads: 64 heads · 32 pairs / 128.
+            parts: memra_engine::kernels::mla_rope::parts(128, 64, 64),
             positions: vec![2047, 2999],
             freqs: plain,
             neox: false,

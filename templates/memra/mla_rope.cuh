@@ -34,8 +34,10 @@
 //   kv_norm_w [kv_lora], pos [T] on the device, cache [max_ctx, kv_lora + rope] CACHE_T,
 //   iq [T, n_idx_head, idx_head_dim] (unread when n_idx_head = 0; idx_head_dim ≥ rope).
 //   pos[t] ∉ [0, max_ctx): no cache write and q_out[t][h][kv_lora..] = NaN (iq untouched).
-// Geometry: grid (min(T, 65535)) (tokens with a grid stride), block THREADS, static shared memory
-//   about 2.5 KiB; no dynamic shared memory.
+// Geometry: grid (min(T, 65535), P) (tokens with a grid stride; the P blocks of a token share its
+//   q_pe pairs and indexer work, block y = 0 also normalizes and caches the latent), block
+//   THREADS, static shared memory about 2.5 KiB; no dynamic shared memory. One block a token left
+//   a decode step's 2,048 q_pe pairs (GLM-5) to 256 threads in 8 dependent rounds of loads.
 #pragma once
 #include "memra/common.cuh"
 
@@ -125,6 +127,8 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
         }
     }
 
+    // This block's share of a token's per-head work: items part·THREADS + tid, stride P·THREADS.
+    const int first = blockIdx.y * THREADS + threadIdx.x, stride = gridDim.y * THREADS;
     for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const int p = pos[t];
         const bool valid = p >= 0 && p < max_ctx;
@@ -135,41 +139,45 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
                 idx_cs[i] = mla_rope_detail::cos_sin((double)p * idx_freq[i]);
             }
         }
-        // (a) the latent row: RMSNorm (f32 sums), then the cache write.
-        const float* kvt = kv + (i64)t * dk;
-        float lat[EPT];
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < EPT; ++j) {
-            const int i = j * THREADS + threadIdx.x;
-            lat[j] = (EXACT || i < kv_lora) ? kvt[i] : 0.0f;
-            ss = fmaf(lat[j], lat[j], ss);
-        }
-        const float inv = rsqrtf(block_sum<THREADS>(ss) / (float)kv_lora + eps);  // also syncs cs
-        if (valid) {
-            const i64 row = (i64)p * dk;
+        // (a) the latent row (block y = 0): RMSNorm (f32 sums), then the cache write.
+        if (blockIdx.y == 0) {
+            const float* kvt = kv + (i64)t * dk;
+            float lat[EPT];
+            float ss = 0.0f;
 #pragma unroll
             for (int j = 0; j < EPT; ++j) {
                 const int i = j * THREADS + threadIdx.x;
-                if (EXACT || i < kv_lora) store_as<CT>(cache, row + i, lat[j] * inv * kv_norm_w[i]);
+                lat[j] = (EXACT || i < kv_lora) ? kvt[i] : 0.0f;
+                ss = fmaf(lat[j], lat[j], ss);
             }
-            for (int i = threadIdx.x; i < half; i += THREADS) {
-                int a, b;
-                mla_rope_detail::pair<MODE>(i, half, a, b);
-                const float x0 = kvt[kv_lora + a], x1 = kvt[kv_lora + b];
-                float y0 = x0, y1 = x1;
-                if constexpr (MODE != RopeMode::None) {
-                    y0 = x0 * cs[i].x - x1 * cs[i].y;
-                    y1 = x0 * cs[i].y + x1 * cs[i].x;
+            const float inv = rsqrtf(block_sum<THREADS>(ss) / (float)kv_lora + eps);  // also syncs cs
+            if (valid) {
+                const i64 row = (i64)p * dk;
+#pragma unroll
+                for (int j = 0; j < EPT; ++j) {
+                    const int i = j * THREADS + threadIdx.x;
+                    if (EXACT || i < kv_lora) store_as<CT>(cache, row + i, lat[j] * inv * kv_norm_w[i]);
                 }
-                store_as<CT>(cache, row + kv_lora + a, y0);
-                store_as<CT>(cache, row + kv_lora + b, y1);
+                for (int i = threadIdx.x; i < half; i += THREADS) {
+                    int a, b;
+                    mla_rope_detail::pair<MODE>(i, half, a, b);
+                    const float x0 = kvt[kv_lora + a], x1 = kvt[kv_lora + b];
+                    float y0 = x0, y1 = x1;
+                    if constexpr (MODE != RopeMode::None) {
+                        y0 = x0 * cs[i].x - x1 * cs[i].y;
+                        y1 = x0 * cs[i].y + x1 * cs[i].x;
+                    }
+                    store_as<CT>(cache, row + kv_lora + a, y0);
+                    store_as<CT>(cache, row + kv_lora + b, y1);
+                }
             }
+        } else {
+            __syncthreads();  // cs written (block_sum syncs block y = 0)
         }
         // (b) q_pe of every head -> the absorbed query's tail.
         const float* qt = q + (i64)t * n_head * dq;
         float* ot = q_out + (i64)t * n_head * dk;
-        for (int u = threadIdx.x; u < n_head * half; u += THREADS) {
+        for (int u = first; u < n_head * half; u += stride) {
             const int h = u / half, i = u - h * half;
             int a, b;
             mla_rope_detail::pair<MODE>(i, half, a, b);
@@ -186,7 +194,7 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
         // (c) indexer queries in place: rope part first, then the whole head scaled.
         if (n_idx_head > 0 && valid) {
             float* it = iq + (i64)t * n_idx_head * idx_head_dim;
-            for (int u = threadIdx.x; u < n_idx_head * half; u += THREADS) {
+            for (int u = first; u < n_idx_head * half; u += stride) {
                 const int h = u / half, i = u - h * half;
                 int a, b;
                 mla_rope_detail::pair<MODE>(i, half, a, b);
@@ -201,7 +209,7 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
                 x[b] = y1 * idx_q_scale;
             }
             const int rest = idx_head_dim - rope;
-            for (int u = threadIdx.x; u < n_idx_head * rest; u += THREADS) {
+            for (int u = first; u < n_idx_head * rest; u += stride) {
                 const int h = u / rest, i = rope + (u - h * rest);
                 it[(i64)h * idx_head_dim + i] *= idx_q_scale;
             }

@@ -74,8 +74,16 @@ pub struct MlaRopeParams {
     pub eps: f32,
 }
 
-pub fn launch_config(threads: u32, n_tokens: usize) -> LaunchConfig {
-    checks::config((checks::grid_dim(n_tokens, 1, 65_535), 1), threads)
+/// Most blocks a token's per-head work is spread over (grid y).
+pub const MAX_PARTS: usize = 16;
+
+/// Blocks per token: enough that each thread takes about one q_pe pair of `n_head` heads.
+pub fn parts(threads: u32, n_head: usize, rope: usize) -> usize {
+    (n_head * (rope / 2)).div_ceil(threads.max(1) as usize).clamp(1, MAX_PARTS)
+}
+
+pub fn launch_config(threads: u32, n_tokens: usize, parts: usize) -> LaunchConfig {
+    checks::config((checks::grid_dim(n_tokens, 1, 65_535), parts.clamp(1, MAX_PARTS) as u32), threads)
 }
 
 /// One launch for `n_tokens` tokens at device positions `pos`: `q` `[T, n_head, nope + rope]`,
@@ -191,7 +199,8 @@ pub fn mla_rope<C: CacheElem>(
     // SAFETY: q, q_out, kv, kv_norm_w, pos and cache hold the rows above (checked), iq the
     // indexer rows when n_idx_head > 0 (else unread); cache rows are written only for positions
     // in [0, max_ctx); no dynamic shared memory.
-    unsafe { launch(kernel, launch_config(threads, p.n_tokens), &mut args) }
+    let parts = parts(threads, p.n_head, p.rope);
+    unsafe { launch(kernel, launch_config(threads, p.n_tokens, parts), &mut args) }
 }
 
 fn rows_of(n_tokens: usize, n_idx_head: usize, idx_head_dim: usize) -> Option<usize> {
