@@ -5,7 +5,9 @@
 //! a direct `attn_q`, YaRN or plain RoPE, DSA indexer tensors or none, the router's gating.
 //!
 //! Per layer: `h = attn_norm(x)`; q through the q LoRA (`attn_q_a` → `attn_q_a_norm` →
-//! `attn_q_b`) or `attn_q`; `[c | k_pe] = attn_kv_a_mqa·h`; one mla_rope launch normalizes the
+//! `attn_q_b`) or `attn_q`; `[c | k_pe] = attn_kv_a_mqa·h` (a decode step runs every projection
+//! of h in one matvec, and those of the normed q latent in another: `gpu::Stack`, the rows
+//! stacked at load); one mla_rope launch normalizes the
 //! latent, ropes k_pe into the bf16 latent cache row, ropes q_pe into the absorbed query's tail
 //! (and the DSA indexer queries); one moe_matvec launch absorbs `q_nope·attn_k_b` for every head
 //! (the head index is the "expert id"; a prefill chunk of 16 tokens or more runs one
@@ -479,8 +481,8 @@ impl MlaDecoder {
             };
             // The projections of h, and of the normed q latent, stacked (one launch each a
             // decode step); the part order is H_* / Q_*.
-            let (h_first, q_b) = match &l.q {
-                QSpec::Lora { attn_q_a, attn_q_b, .. } => (attn_q_a, Some(attn_q_b)),
+            let (h_first, q_lora) = match &l.q {
+                QSpec::Lora { attn_q_a, attn_q_a_norm, attn_q_b } => (attn_q_a, Some((attn_q_a_norm, attn_q_b))),
                 QSpec::Direct { attn_q } => (attn_q, None),
             };
             let mut h_parts = vec![upload(h_first)?, upload(&l.attn_kv_a_mqa)?];
@@ -488,15 +490,15 @@ impl MlaDecoder {
                 h_parts.extend([upload(&i.attn_k)?, upload(&i.proj)?]);
             }
             let h_proj = Stack::new(&gpu, &mut plan, h_parts)?;
-            let q = match (&l.q, q_b) {
-                (QSpec::Lora { attn_q_a_norm, .. }, Some(q_b)) => {
+            let q = match q_lora {
+                Some((norm, q_b)) => {
                     let mut parts = vec![upload(q_b)?];
                     if let Some(i) = indexer {
                         parts.push(upload(&i.attn_q_b)?);
                     }
-                    QProj::Lora { norm: f32s(attn_q_a_norm)?, b: Stack::new(&gpu, &mut plan, parts)? }
+                    QProj::Lora { norm: f32s(norm)?, b: Stack::new(&gpu, &mut plan, parts)? }
                 }
-                _ => QProj::Direct,
+                None => QProj::Direct,
             };
             let indexer = match indexer {
                 Some(i) => Some(Indexer { k_norm: f32s(&i.k_norm)?, k_norm_bias: f32s(&i.k_norm_bias)? }),
