@@ -455,6 +455,20 @@ mod tests {
                 "ffn_gate_exps.weight" => expert(w.cols, moe.n_ff_exp, "swiglu"),
                 "ffn_down_exps.weight" => expert(w.cols, cfg.n_embd, "down"),
                 "ffn_up_exps.weight" => {}
+                // A decode step projects the rank's attn_q_b rows stacked with the layer's
+                // replicated indexer.attn_q_b (gpu::Stack: one type and row length); prefill
+                // each alone.
+                "attn_q_b.weight" => {
+                    let indexer = t.name.replace("attn_q_b", "indexer.attn_q_b");
+                    let stacked = file
+                        .tensor(&indexer)
+                        .filter(|i| i.ggml_type == t.ggml_type && i.row_len() == t.row_len())
+                        .map_or(0, |i| i.n_rows() as usize);
+                    for (family, n) in [("matvec", w.rows + stacked), ("matmul", w.rows)] {
+                        let req = vec![("k", int(w.cols)), ("n", int(n)), ("qtype", q(family))];
+                        out.push((family, req, what.clone()));
+                    }
+                }
                 _ => {
                     if role == "ffn_gate.weight" || role == "ffn_gate_shexp.weight" {
                         expert(w.cols, w.rows, "swiglu");
