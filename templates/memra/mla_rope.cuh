@@ -127,8 +127,6 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
         }
     }
 
-    // This block's share of a token's per-head work: items part·THREADS + tid, stride P·THREADS.
-    const int first = blockIdx.y * THREADS + threadIdx.x, stride = gridDim.y * THREADS;
     for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const int p = pos[t];
         const bool valid = p >= 0 && p < max_ctx;
@@ -171,13 +169,13 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
                     store_as<CT>(cache, row + kv_lora + b, y1);
                 }
             }
-        } else {
-            __syncthreads();  // cs written (block_sum syncs block y = 0)
         }
+        __syncthreads();  // cs written (block y = 0's block_sum synced it already)
         // (b) q_pe of every head -> the absorbed query's tail.
         const float* qt = q + (i64)t * n_head * dq;
         float* ot = q_out + (i64)t * n_head * dk;
-        for (int u = first; u < n_head * half; u += stride) {
+        // This block's share of the token's per-head items: y·THREADS + tid, stride P·THREADS.
+        for (int u = blockIdx.y * THREADS + threadIdx.x; u < n_head * half; u += gridDim.y * THREADS) {
             const int h = u / half, i = u - h * half;
             int a, b;
             mla_rope_detail::pair<MODE>(i, half, a, b);
@@ -194,7 +192,7 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
         // (c) indexer queries in place: rope part first, then the whole head scaled.
         if (n_idx_head > 0 && valid) {
             float* it = iq + (i64)t * n_idx_head * idx_head_dim;
-            for (int u = first; u < n_idx_head * half; u += stride) {
+            for (int u = blockIdx.y * THREADS + threadIdx.x; u < n_idx_head * half; u += gridDim.y * THREADS) {
                 const int h = u / half, i = u - h * half;
                 int a, b;
                 mla_rope_detail::pair<MODE>(i, half, a, b);
@@ -209,7 +207,7 @@ __device__ __forceinline__ void mla_rope_impl(const float* __restrict__ q, float
                 x[b] = y1 * idx_q_scale;
             }
             const int rest = idx_head_dim - rope;
-            for (int u = first; u < n_idx_head * rest; u += stride) {
+            for (int u = blockIdx.y * THREADS + threadIdx.x; u < n_idx_head * rest; u += gridDim.y * THREADS) {
                 const int h = u / rest, i = rope + (u - h * rest);
                 it[(i64)h * idx_head_dim + i] *= idx_q_scale;
             }
