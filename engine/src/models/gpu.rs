@@ -227,11 +227,6 @@ impl Stack {
         self.rows[i]
     }
 
-    /// The stacked weights' bytes.
-    pub fn bytes(&self) -> usize {
-        self.runs.iter().map(|r| r.w.bytes()).sum()
-    }
-
     /// `y` = every part of `t` rows of `x` (`[t, k]` packed), laid out as [`Stack::at`] says.
     pub fn forward(&self, kernels: &Kernels, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f32>, t: usize) -> Result<()> {
         for run in &self.runs {
