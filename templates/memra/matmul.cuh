@@ -44,6 +44,13 @@
 // [128][64+8] tile; X's k-tile is loaded one tile ahead into registers, rounded and stored as
 // bf16 [BM][64+8]. The bf16 tiles are double-buffered: warps run ldmatrix + mma.sync on tile
 // kt while producing tile kt + 1, one barrier per k-tile.
+//
+// sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs instead: the bf16 tiles are
+// [rows][128 bytes] in the 128-byte-swizzle layout (1024-byte aligned, inside the same SMEM),
+// warpgroup g takes tokens [64g, 64g + 64) × all 128 W rows (wgmma m64n128k16, BM = 128) or
+// all 64 tokens × W rows [64g, 64g + 64) (m64n64k16, BM = 64). The MMAs of tile kt are issued
+// asynchronously and the same threads produce tile kt + 1 while they run (with mma.sync the
+// warps issued the tensor work themselves, the dequantization waiting behind it).
 #pragma once
 #include "memra/matvec.cuh"
 #include "memra/mma.cuh"
@@ -63,6 +70,25 @@ template <class Cfg> struct MatmulGeometry {
     enum : int { SMEM = 2 * RAW_BYTES + 2 * (XS_BYTES + WS_BYTES) + 16 };  // raw and bf16 tiles double-buffered
     enum : int { WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
     enum : int { MT = WM / 16, NT = WN / 8 };                // mma tiles per warp
+    enum : int { ACCS = BM / 2 };                            // accumulators per thread (both forms)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Warpgroup form: bf16 tile rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle
+    // layout, the tiles 1024-byte aligned (within SMEM: the padded rows they replace are larger).
+    static constexpr bool WGMMA = true;
+    enum : int { ROW_BYTES = BK * 2 };
+#else
+    static constexpr bool WGMMA = false;
+    enum : int { ROW_BYTES = LD * 2 };
+#endif
+    enum : int { XT_BYTES = BM * ROW_BYTES, WT_BYTES = BN * ROW_BYTES };
+    static_assert(!WGMMA || 2 * (XT_BYTES + WT_BYTES) + 1008 <= 2 * (XS_BYTES + WS_BYTES) + 16, "1024-byte alignment fits");
+
+    // Byte offset of bf16 element (r, k) of a tile, k < BK; 4 elements from a multiple of 4 share
+    // one 16-byte chunk in both layouts.
+    __device__ __forceinline__ static int at(int r, int k) {
+        if constexpr (WGMMA) return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2;
+        else return (r * LD + k) * 2;
+    }
 
     static_assert(Cfg::THREADS == 256, "matmul uses 8 warps");
     static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");
@@ -85,9 +111,11 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     if (async::dynamic_smem_bytes() < (u32)G::SMEM) __trap();
     extern __shared__ __align__(16) u8 matmul_smem[];
     u8* raw_buf = matmul_smem;  // 2 × RAW_BYTES, super-tile s in slot s & 1
-    // bf16 tiles for k-tile kt in buffer kt & 1: xs [BM][LD], then ws [BN][LD].
-    auto xs_buf = [&](int b) { return reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES + b * (G::XS_BYTES + G::WS_BYTES)); };
-    auto ws_buf = [&](int b) { return reinterpret_cast<u16*>(matmul_smem + 2 * G::RAW_BYTES + b * (G::XS_BYTES + G::WS_BYTES) + G::XS_BYTES); };
+    // bf16 tiles for k-tile kt in buffer kt & 1: xs [BM] rows, then ws [BN] rows (G::at).
+    u8* tiles = matmul_smem + 2 * G::RAW_BYTES;
+    if constexpr (G::WGMMA) tiles += (1024u - (ptx::smem_addr(tiles) & 1023u)) & 1023u;
+    auto xs_buf = [&](int b) { return tiles + b * (G::XT_BYTES + G::WT_BYTES); };
+    auto ws_buf = [&](int b) { return tiles + b * (G::XT_BYTES + G::WT_BYTES) + G::XT_BYTES; };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int n0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
@@ -120,10 +148,9 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: this thread's 4
     // octets are numbers 4·H .. 4·H+3 of the row's 8 octets (ordered unit, octet). It is called
     // with a literal H in two branches, so after inlining every register index is a constant.
-    auto dequant_half = [&](const int H, int s, int tt, u16* ws) {
+    auto dequant_half = [&](const int H, int s, int tt, u8* ws) {
         const u8* rowp = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW +
                          (int)((my_row_start + (i64)s * G::SB) & 15);
-        u16* dst_row = ws + my_row * LD;
         constexpr int OCTS_PER_LOAD = OCTS < 4 ? OCTS : 4;
         typename U::Raw raw;
 #pragma unroll
@@ -150,13 +177,13 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 #pragma unroll
                 for (int j = 0; j < 8; ++j) v[j] = 0.0f;
             }
-            u16* da = dst_row + u_tile * UE + U::xa(o);
-            u16* db = dst_row + u_tile * UE + U::xb(o);
+            u8* da = ws + G::at(my_row, u_tile * UE + U::xa(o));
+            u8* db = ws + G::at(my_row, u_tile * UE + U::xb(o));
             *reinterpret_cast<uint2*>(da) = make_uint2(ptx::pack_bf16x2(v[0], v[1]), ptx::pack_bf16x2(v[2], v[3]));
             *reinterpret_cast<uint2*>(db) = make_uint2(ptx::pack_bf16x2(v[4], v[5]), ptx::pack_bf16x2(v[6], v[7]));
         }
     };
-    auto dequant = [&](int s, int tt, u16* ws) {
+    auto dequant = [&](int s, int tt, u8* ws) {
         if (half == 0) {
             dequant_half(0, s, tt, ws);
         } else {
@@ -176,29 +203,30 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             xr[j] = (t < T && kk < K) ? load_f4(x + (i64)t * ldx + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
-    auto store_x = [&](u16* xs) {
+    auto store_x = [&](u8* xs) {
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {
             const int r = tid / 16 + 16 * j;
-            *reinterpret_cast<uint2*>(xs + r * LD + 4 * (tid % 16)) =
+            *reinterpret_cast<uint2*>(xs + G::at(r, 4 * (tid % 16))) =
                 make_uint2(ptx::pack_bf16x2(xr[j].x, xr[j].y), ptx::pack_bf16x2(xr[j].z, xr[j].w));
         }
     };
 
-    float acc[G::MT][G::NT][4];
+    // mma.sync form: acc[4·(i·NT + j) + e] is fragment e of m-tile i, n-tile j. Warpgroup form:
+    // acc[4j + e] is row 16·(warp % 4) + lane / 4 + 8·(e / 2), column 8j + 2·(lane % 4) + e % 2 of the
+    // warpgroup's 64 × (128 or 64) tile.
+    float acc[G::ACCS];
 #pragma unroll
-    for (int i = 0; i < G::MT; ++i)
-#pragma unroll
-        for (int j = 0; j < G::NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    for (int i = 0; i < G::ACCS; ++i) acc[i] = 0.0f;
 
     const int wm = warp / G::WARPS_N, wn = warp % G::WARPS_N;
     // ldmatrix source rows/cols for this lane (see the fragment layouts of mma.m16n8k16).
     const int a_row = wm * G::WM + (lane % 16), a_col = (lane / 16) * 8;
     const int b_row = wn * G::WN + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
 
-    auto mma_tile = [&](const u16* xs, const u16* ws) {
+    auto mma_tile = [&](const u8* xs_b, const u8* ws_b) {
+        const u16* xs = reinterpret_cast<const u16*>(xs_b);
+        const u16* ws = reinterpret_cast<const u16*>(ws_b);
 #pragma unroll
         for (int kq = 0; kq < BK; kq += 16) {
             u32 a[G::MT][4];
@@ -210,8 +238,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                 ptx::ldmatrix_x4(b, ws + (b_row + 16 * jj) * LD + kq + b_col);
 #pragma unroll
                 for (int i = 0; i < G::MT; ++i) {
-                    ptx::bf16_16816(acc[i][2 * jj], a[i], b[0], b[1]);
-                    ptx::bf16_16816(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                    ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj)), a[i], b[0], b[1]);
+                    ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj + 1)), a[i], b[2], b[3]);
                 }
             }
         }
@@ -233,10 +261,57 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         if (kp + 1 < n_ktiles) load_x(kp + 1);  // in flight during the next mma tile
     };
 
+    auto store = [&](int t, int nn, float v) {
+        if (t < T && nn < N) {
+            float* dst = y + (i64)t * ldy + nn;
+            if constexpr (Cfg::ACCUMULATE != 0) {
+                *dst += v;
+            } else {
+                *dst = v;
+            }
+        }
+    };
+
     issue_raw(0);
     async::commit();
     load_x(0);
     produce(0);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Warpgroup g multiplies tokens [64g, 64g + 64) by all 128 W rows (BM = 128), or all 64
+    // tokens by W rows [64g, 64g + 64) (BM = 64). The MMAs of k-tile kt run asynchronously while
+    // the same threads produce kt + 1; one barrier per k-tile.
+    constexpr int WGN = G::ACCS * 2;  // 128 or 64 columns
+    const int wgi = warp >> 2;
+    const int wg_m = BM == 128 ? 64 * wgi : 0, wg_n = BM == 128 ? 0 : 64 * wgi;
+    wg::fence_proxy_async();  // this thread's tile writes, seen by the MMAs
+    __syncthreads();
+#pragma unroll 1
+    for (int kt = 0; kt < n_ktiles; ++kt) {
+        const u32 xs = ptx::smem_addr(xs_buf(kt & 1)) + wg_m * 128, ws = ptx::smem_addr(ws_buf(kt & 1)) + wg_n * 128;
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            const u64 a = wg::desc_sw128(xs + 32 * ks, 16, 1024), b = wg::desc_sw128(ws + 32 * ks, 16, 1024);
+            if constexpr (WGN == 128) {
+                wg::mma_m64n128k16<0>(acc, a, b, 1);
+            } else {
+                wg::mma_m64n64k16<0>(acc, a, b, 1);
+            }
+        }
+        wg::commit();
+        if (kt + 1 < n_ktiles) produce(kt + 1);
+        wg::wait<0>();
+        wg::fence_operand(acc);
+        wg::fence_proxy_async();
+        __syncthreads();  // tile kt + 1 complete; both warpgroups done reading buffer kt & 1
+    }
+
+    const int row0 = t0 + wg_m + 16 * (warp & 3) + lane / 4, col0 = n0 + wg_n + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < WGN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) store(row0 + 8 * (e / 2), col0 + 8 * j + (e % 2), acc[4 * j + e]);
+#else
     __syncthreads();
     // One barrier per k-tile: consume buffer kt & 1 while producing kt + 1 into the other.
 #pragma unroll 1
@@ -246,24 +321,16 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         __syncthreads();
     }
 
-    // Store: acc[i][j] = rows (lane/4, +8) of m-tile i, cols 2·(lane%4) + {0,1} of n-tile j.
+    // acc[4·(i·NT + j) + e]: rows (lane/4, +8) of m-tile i, cols 2·(lane%4) + {0,1} of n-tile j.
 #pragma unroll
     for (int i = 0; i < G::MT; ++i)
 #pragma unroll
         for (int j = 0; j < G::NT; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int t = t0 + wm * G::WM + 16 * i + lane / 4 + (e / 2) * 8;
-                const int nn = n0 + wn * G::WN + 8 * j + 2 * (lane % 4) + (e % 2);
-                if (t < T && nn < N) {
-                    float* dst = y + (i64)t * ldy + nn;
-                    if constexpr (Cfg::ACCUMULATE != 0) {
-                        *dst += acc[i][j][e];
-                    } else {
-                        *dst = acc[i][j][e];
-                    }
-                }
-            }
+            for (int e = 0; e < 4; ++e)
+                store(t0 + wm * G::WM + 16 * i + lane / 4 + (e / 2) * 8, n0 + wn * G::WN + 8 * j + 2 * (lane % 4) + (e % 2),
+                      acc[4 * (i * G::NT + j) + e]);
+#endif
 }
 
 // The kernel body: one product, or expert blockIdx.z's rows of a grouped launch.
