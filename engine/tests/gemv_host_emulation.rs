@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
 
 const MATMUL_DRIVER: &str = r#"
 struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; static constexpr memra::QType QTYPE = memra::QType::QT;
-  static constexpr int BM = BMV; static constexpr int THREADS = 256; static constexpr int ACCUMULATE = ACC; };
+  static constexpr int BM = BMV; static constexpr int BN = BNV; static constexpr int THREADS = 256; static constexpr int ACCUMULATE = ACC; };
 int main(int argc, char** argv) {
     int t = atoi(argv[1]), k = atoi(argv[2]), n = atoi(argv[3]), ldx = atoi(argv[4]), ldy = atoi(argv[5]);
     auto rd = [](const char* f, std::vector<unsigned char>& v) { FILE* fp = fopen(f, "rb"); fseek(fp, 0, SEEK_END); long n = ftell(fp); fseek(fp, 0, SEEK_SET); v.resize(n + 64); fread(v.data(), 1, n, fp); fclose(fp); return n; };
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     using G = memra::MatmulGeometry<Cfg>;
     for (int bz = 0; bz < groups; ++bz)
     for (int by = 0; by < (t + G::BM - 1) / G::BM; ++by)
-    for (int bx = 0; bx < (n + 127) / 128; ++bx) {
+    for (int bx = 0; bx < (n + G::BN - 1) / G::BN; ++bx) {
         std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
         std::barrier<> block_bar(256); g_block_barrier = &block_bar;
         std::vector<std::barrier<>*> wb; for (int i = 0; i < 8; ++i) wb.push_back(new std::barrier<>(32));
@@ -577,9 +577,9 @@ fn matmul_kernel_emulated_on_host_threads_matches_reference() {
     let mut rng = Rng::from_env_or_time(test);
     for ty in QTYPES {
         let k_aw = awkward_k(ty);
-        // (t, k, n, BM, ACCUMULATE, ldx pad, ldy pad)
-        let cases = [(17, k_aw, 33, 64, 0, 4, 3), (130, 512, 130, 128, 1, 0, 0)];
-        for (t, k, n, bm, acc, px, py) in cases {
+        // (t, k, n, BM, BN, ACCUMULATE, ldx pad, ldy pad)
+        let cases = [(17, k_aw, 33, 64, 256, 0, 4, 3), (130, 512, 130, 128, 128, 1, 0, 0)];
+        for (t, k, n, bm, bn, acc, px, py) in cases {
             let (ldx, ldy) = (k + px, n + py);
             let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
             let x = rng.normal_vec((t - 1) * ldx + k, 1.0);
@@ -600,10 +600,11 @@ fn matmul_kernel_emulated_on_host_threads_matches_reference() {
                     format!("NDIM={nd}"),
                     format!("QT={}", ty.name()),
                     format!("BMV={bm}"),
+                    format!("BNV={bn}"),
                     format!("ACC={acc}"),
                 ]);
                 let got = run(&bin, &[t, k, n, ldx, ldy], &w, &x, &y0);
-                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} spec={spec} acc={acc}");
+                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} bn={bn} spec={spec} acc={acc}");
                 compare(&what, &got, &y0, &want, t, n, ldy, acc == 1, 1e-2, &rng);
             }
         }
@@ -657,6 +658,7 @@ fn matmul_grouped_launch_emulated_on_host_threads_matches_reference() {
             format!("NDIM={n}"),
             format!("QT={}", ty.name()),
             "BMV=64".into(),
+            "BNV=256".into(),
             "ACC=0".into(),
         ]);
         let max_rows = *rows.iter().max().unwrap();
@@ -710,7 +712,7 @@ fn matmul_strided_batch_emulated_on_host_threads_matches_reference() {
                 want[i * ldy + z * yr..][..n].copy_from_slice(&yz[i * n..][..n]);
             }
         }
-        let bin = b.get(vec![format!("KDIM={k}"), format!("NDIM={n}"), format!("QT={}", ty.name()), "BMV=64".into(), "ACC=0".into()]);
+        let bin = b.get(vec![format!("KDIM={k}"), format!("NDIM={n}"), format!("QT={}", ty.name()), "BMV=64".into(), "BNV=128".into(), "ACC=0".into()]);
         let counts = vec![0i32; heads + 1];
         let got = run_with(&bin, &[t, k, n, ldx, ldy], &experts.concat(), &x, &y0, Some((&counts, expert_bytes, [xr, yr])));
         let what = format!("strided batch matmul {ty:?} k={k} n={n} heads={heads} t={t} (MEMRA_SEED={})", rng.seed());

@@ -4,13 +4,16 @@
 //
 // W is a GGUF weight (ne = [K, N], quant blocks along K) dequantized tile by tile into bf16 in
 // shared memory; X is f32 in global memory, rounded to bf16 as it is staged; products on tensor
-// cores (mma.sync m16n8k16 bf16 → f32, inline PTX), f32 accumulation, f32 Y.
+// cores (warpgroup MMAs on sm_90a, mma.sync m16n8k16 elsewhere; bf16 → f32, inline PTX), f32
+// accumulation, f32 Y.
 //
 // Cfg fields (static constexpr):
 //   int   K           row length of W and X (input dim); 0 = run time (kernel parameter `k`)
 //   int   N           rows of W (output dim); 0 = run time (`n`)
 //   QType QTYPE       element / block type of W
 //   int   BM          tokens per block tile: 64 or 128
+//   int   BN          W rows per block tile: 128 or 256 (F32 weights: 128 whatever is set). X, the
+//                     larger operand per element (f32 from L2), is re-read N / BN times
 //   int   THREADS     256 (8 warps: 2 along T × 4 along N)
 //   int   ACCUMULATE  0: Y = X·Wᵀ; 1: Y += X·Wᵀ
 //
@@ -28,29 +31,27 @@
 //     per-head absorption of a prefill chunk, head z's rows interleaved with the others'.
 //   One launch keeps every SM busy where one launch per matrix ran a few blocks each.
 //
-// __launch_bounds__(256, 1): one block per SM (≈ 250 registers: 64 accumulators per thread plus
-// the dequant and X prefetch registers), no spills.
+// __launch_bounds__(256, 1): one block per SM (BM · BN / 256 accumulators per thread plus the
+// dequant and X prefetch registers), no spills.
 //
-// Launch geometry (matmul_geometry<Cfg> below; the Rust wrapper mirrors it):
-//   grid (ceil(N / 128), ceil(T / BM), experts or 1), block (THREADS), dynamic shared memory
-//   2 · 128 · RAW_ROW + 2 · (BM + 128) · 72 · 2 + 16 bytes, with KR = 64 (F32), 128 (F16, BF16)
-//   or 256 (quant types), RAW_ROW = round_up(KR / BLOCK · BYTES, 16) + 16. The kernel traps if
+// Launch geometry (MatmulGeometry<Cfg> below; the Rust wrapper mirrors it):
+//   grid (ceil(N / BN), ceil(T / BM), experts or 1), block (THREADS), dynamic shared memory
+//   2 · BN · RAW_ROW + 2 · (BM + BN) · 128 + 1024 bytes, RAW_ROW = round_up(KR / BLOCK · BYTES,
+//   16) + 16, KR (elements of a raw super-tile) = 64 for F32; F16 / BF16 128 (BN = 128) or 64;
+//   32-element blocks 256 (BN = 128) or 128; 256-element blocks 256. The kernel traps if
 //   launched with less.
 //
 // Structure: K runs in "super-tiles" of KR elements (whole quant blocks for every type); the raw
-// bytes of the 128 W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
+// bytes of the BN W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
 // addresses, as in matvec), one super-tile ahead. Each 64-wide k-tile is dequantized by all
-// threads (the matvec unit decoders: one thread per 32 elements of a row) into a bf16
-// [128][64+8] tile; X's k-tile is loaded one tile ahead into registers, rounded and stored as
-// bf16 [BM][64+8]. The bf16 tiles are double-buffered: warps run ldmatrix + mma.sync on tile
-// kt while producing tile kt + 1, one barrier per k-tile.
-//
-// sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs instead: the bf16 tiles are
-// [rows][128 bytes] in the 128-byte-swizzle layout (1024-byte aligned, inside the same SMEM),
-// warpgroup g takes tokens [64g, 64g + 64) × all 128 W rows (wgmma m64n128k16, BM = 128) or
-// all 64 tokens × W rows [64g, 64g + 64) (m64n64k16, BM = 64). The MMAs of tile kt are issued
-// asynchronously and the same threads produce tile kt + 1 while they run (with mma.sync the
-// warps issued the tensor work themselves, the dequantization waiting behind it).
+// threads (the matvec unit decoders; BN / 128 × 32 elements of a row a thread) into a bf16
+// [BN][64] tile; X's k-tile is loaded one tile ahead into registers, rounded and stored as bf16
+// [BM][64]. Both tiles are 128-byte rows in the 128-byte-swizzle layout, double-buffered, one
+// barrier per k-tile. sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs:
+// warpgroup g takes tokens [64g, 64g + 64) × all BN W rows (BM = 128) or all 64 tokens × half the
+// W rows (BM = 64), wgmma m64nNk16 with N = BM · BN / 128, issued asynchronously: the same
+// threads produce tile kt + 1 while the tensor cores run tile kt. Elsewhere warps run ldmatrix +
+// mma.sync on tile kt, then produce kt + 1.
 #pragma once
 #include "memra/matvec.cuh"
 #include "memra/mma.cuh"
@@ -59,41 +60,34 @@ namespace memra {
 
 template <class Cfg> struct MatmulGeometry {
     using U = qunit::Unit<Cfg::QTYPE>;
-    enum : int { BM = Cfg::BM, BN = 128, BK = 64, PAD = 8, LD = BK + PAD };  // bf16 elements
-    // Elements per raw super-tile: whole blocks, and long enough (256) that the next one's copy
-    // has 4 k-tiles of mma time to land; F32 rows would not fit twice at 256.
-    enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : (Cfg::QTYPE == QType::F16 || Cfg::QTYPE == QType::BF16) ? 128 : 256 };
+    enum : int { WIDE_ROWS = Cfg::QTYPE == QType::F32 || Cfg::QTYPE == QType::F16 || Cfg::QTYPE == QType::BF16 };
+    // F32 rows (4 bytes an element) do not fit 256 a tile twice: 128 whatever the tuning says.
+    enum : int { BM = Cfg::BM, BN = Cfg::QTYPE == QType::F32 ? 128 : Cfg::BN, BK = 64 };
+    enum : int { TPR = Cfg::THREADS / BN };                  // threads per W row (copy and dequant)
+    // Elements per raw super-tile: whole blocks, as long as shared memory allows (the next one's
+    // copy lands during the super-tile's k-tiles of MMA time).
+    enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : WIDE_ROWS ? (BN == 128 ? 128 : 64) : (U::BLOCK == 256 || BN == 128) ? 256 : 128 };
     enum : int { SB = KR / U::BLOCK * U::BYTES };            // raw bytes of one row's super-tile
     enum : int { RAW_ROW = (SB + 15) / 16 * 16 + 16 };
     enum : int { RAW_BYTES = BN * RAW_ROW };
-    enum : int { XS_BYTES = BM * LD * 2, WS_BYTES = BN * LD * 2 };
-    enum : int { SMEM = 2 * RAW_BYTES + 2 * (XS_BYTES + WS_BYTES) + 16 };  // raw and bf16 tiles double-buffered
+    // bf16 tiles: rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle layout (16-byte
+    // chunk c of row r at chunk c ^ (r mod 8)), 1024-byte aligned: what wgmma reads, and
+    // conflict-free for ldmatrix and the producers' 8-byte stores.
+    enum : int { XT_BYTES = BM * 128, WT_BYTES = BN * 128 };
+    enum : int { SMEM = 2 * RAW_BYTES + 2 * (XT_BYTES + WT_BYTES) + 1024 };  // raw and bf16 tiles double-buffered
     enum : int { WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
-    enum : int { MT = WM / 16, NT = WN / 8 };                // mma tiles per warp
-    enum : int { ACCS = BM / 2 };                            // accumulators per thread (both forms)
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // Warpgroup form: bf16 tile rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle
-    // layout, the tiles 1024-byte aligned (within SMEM: the padded rows they replace are larger).
-    static constexpr bool WGMMA = true;
-    enum : int { ROW_BYTES = BK * 2 };
-#else
-    static constexpr bool WGMMA = false;
-    enum : int { ROW_BYTES = LD * 2 };
-#endif
-    enum : int { XT_BYTES = BM * ROW_BYTES, WT_BYTES = BN * ROW_BYTES };
-    static_assert(!WGMMA || 2 * (XT_BYTES + WT_BYTES) + 1008 <= 2 * (XS_BYTES + WS_BYTES) + 16, "1024-byte alignment fits");
+    enum : int { MT = WM / 16, NT = WN / 8 };                // mma.sync tiles per warp
+    enum : int { ACCS = BM * BN / 256 };                     // accumulators per thread (both forms)
 
-    // Byte offset of bf16 element (r, k) of a tile, k < BK; 4 elements from a multiple of 4 share
-    // one 16-byte chunk in both layouts.
-    __device__ __forceinline__ static int at(int r, int k) {
-        if constexpr (WGMMA) return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2;
-        else return (r * LD + k) * 2;
-    }
+    // Byte offset of bf16 element (r, k) of a tile, k < BK; 8 elements from a multiple of 8 share
+    // one 16-byte chunk.
+    __host__ __device__ static constexpr int at(int r, int k) { return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2; }
 
     static_assert(Cfg::THREADS == 256, "matmul uses 8 warps");
     static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");
+    static_assert(BN == 128 || BN == 256, "BN must be 128 or 256");
     static_assert(KR % U::BLOCK == 0 && KR % BK == 0, "a super-tile holds whole blocks and k-tiles");
-    static_assert(BN * BK / 32 == Cfg::THREADS, "one thread dequantizes 32 elements of a k-tile");
+    static_assert(SMEM <= 232448, "shared memory past the 227 KiB a block can have");
     static_assert(Cfg::K == 0 || Cfg::K % U::BLOCK == 0, "K must be a multiple of the block size");
 };
 
@@ -103,7 +97,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                                             const int ldx, const int ldy) {
     using G = MatmulGeometry<Cfg>;
     using U = qunit::Unit<Cfg::QTYPE>;
-    constexpr int BM = G::BM, BN = G::BN, BK = G::BK, LD = G::LD, KR = G::KR, UE = U::UE;
+    constexpr int BM = G::BM, BN = G::BN, BK = G::BK, KR = G::KR, UE = U::UE, TPR = G::TPR;
     constexpr int OCTS = UE / 8;
     constexpr int TILES_PER_SUPER = KR / BK;
     const int K = dim_or<Cfg::K>(k), N = dim_or<Cfg::N>(n), T = t_rows;
@@ -113,7 +107,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     u8* raw_buf = matmul_smem;  // 2 × RAW_BYTES, super-tile s in slot s & 1
     // bf16 tiles for k-tile kt in buffer kt & 1: xs [BM] rows, then ws [BN] rows (G::at).
     u8* tiles = matmul_smem + 2 * G::RAW_BYTES;
-    if constexpr (G::WGMMA) tiles += (1024u - (ptx::smem_addr(tiles) & 1023u)) & 1023u;
+    tiles += (1024u - (ptx::smem_addr(tiles) & 1023u)) & 1023u;  // the swizzle is on address bits 4..9
     auto xs_buf = [&](int b) { return tiles + b * (G::XT_BYTES + G::WT_BYTES); };
     auto ws_buf = [&](int b) { return tiles + b * (G::XT_BYTES + G::WT_BYTES) + G::XT_BYTES; };
 
@@ -124,8 +118,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     const int n_super = (K + KR - 1) / KR;
     const int n_ktiles = (K + BK - 1) / BK;
 
-    // Raw copy / dequant role: two threads per W row, each half of a k-tile.
-    const int my_row = tid >> 1, half = tid & 1;
+    // Raw copy / dequant role: TPR threads per W row (2 or 1), each 64 / TPR elements of a k-tile.
+    const int my_row = tid / TPR, half = tid % TPR;
     const int my_n = n0 + my_row;
     const i64 my_row_start = (i64)my_n * rb;
 
@@ -139,15 +133,15 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const i64 avail = w_total - (start - off);
         u8* dst = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW;
         const int pieces = (off + len + 15) >> 4;
-        for (int i = half; i < pieces; i += 2) {
+        for (int i = half; i < pieces; i += TPR) {
             const i64 rest = avail - 16 * i;
             async::cp16_tail(dst + 16 * i, src + 16 * i, rest);
         }
     };
 
-    // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: this thread's 4
-    // octets are numbers 4·H .. 4·H+3 of the row's 8 octets (ordered unit, octet). It is called
-    // with a literal H in two branches, so after inlining every register index is a constant.
+    // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: octets 4·H .. 4·H+3
+    // of the row's 8 (ordered unit, octet). It is called with literal H values, so after inlining
+    // every register index is a constant.
     auto dequant_half = [&](const int H, int s, int tt, u8* ws) {
         const u8* rowp = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW +
                          (int)((my_row_start + (i64)s * G::SB) & 15);
@@ -184,11 +178,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
     auto dequant = [&](int s, int tt, u8* ws) {
-        if (half == 0) {
-            dequant_half(0, s, tt, ws);
-        } else {
-            dequant_half(1, s, tt, ws);
-        }
+        if (TPR == 1 || half == 0) dequant_half(0, s, tt, ws);
+        if (TPR == 1 || half == 1) dequant_half(1, s, tt, ws);
     };
 
     // X k-tile: BM rows × 64 floats; thread reads float4 (row tid/16 + 16j, col 4·(tid%16)).
@@ -224,18 +215,16 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     const int a_row = wm * G::WM + (lane % 16), a_col = (lane / 16) * 8;
     const int b_row = wn * G::WN + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
 
-    auto mma_tile = [&](const u8* xs_b, const u8* ws_b) {
-        const u16* xs = reinterpret_cast<const u16*>(xs_b);
-        const u16* ws = reinterpret_cast<const u16*>(ws_b);
+    auto mma_tile = [&](const u8* xs, const u8* ws) {
 #pragma unroll
         for (int kq = 0; kq < BK; kq += 16) {
             u32 a[G::MT][4];
 #pragma unroll
-            for (int i = 0; i < G::MT; ++i) ptx::ldmatrix_x4(a[i], xs + (a_row + 16 * i) * LD + kq + a_col);
+            for (int i = 0; i < G::MT; ++i) ptx::ldmatrix_x4(a[i], xs + G::at(a_row + 16 * i, kq + a_col));
 #pragma unroll
             for (int jj = 0; jj < G::NT / 2; ++jj) {
                 u32 b[4];
-                ptx::ldmatrix_x4(b, ws + (b_row + 16 * jj) * LD + kq + b_col);
+                ptx::ldmatrix_x4(b, ws + G::at(b_row + 16 * jj, kq + b_col));
 #pragma unroll
                 for (int i = 0; i < G::MT; ++i) {
                     ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj)), a[i], b[0], b[1]);
@@ -277,12 +266,12 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     load_x(0);
     produce(0);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // Warpgroup g multiplies tokens [64g, 64g + 64) by all 128 W rows (BM = 128), or all 64
-    // tokens by W rows [64g, 64g + 64) (BM = 64). The MMAs of k-tile kt run asynchronously while
-    // the same threads produce kt + 1; one barrier per k-tile.
-    constexpr int WGN = G::ACCS * 2;  // 128 or 64 columns
+    // Warpgroup g multiplies tokens [64g, 64g + 64) by all BN W rows (BM = 128), or all 64
+    // tokens by W rows [g·BN/2, (g+1)·BN/2) (BM = 64). The MMAs of k-tile kt run asynchronously
+    // while the same threads produce kt + 1; one barrier per k-tile.
+    constexpr int WGN = G::ACCS * 2;  // columns per warpgroup: 256, 128 or 64
     const int wgi = warp >> 2;
-    const int wg_m = BM == 128 ? 64 * wgi : 0, wg_n = BM == 128 ? 0 : 64 * wgi;
+    const int wg_m = BM == 128 ? 64 * wgi : 0, wg_n = BM == 128 ? 0 : WGN * wgi;
     wg::fence_proxy_async();  // this thread's tile writes, seen by the MMAs
     __syncthreads();
 #pragma unroll 1
@@ -292,7 +281,9 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
             const u64 a = wg::desc_sw128(xs + 32 * ks, 16, 1024), b = wg::desc_sw128(ws + 32 * ks, 16, 1024);
-            if constexpr (WGN == 128) {
+            if constexpr (WGN == 256) {
+                wg::mma_m64n256k16<0>(acc, a, b, 1);
+            } else if constexpr (WGN == 128) {
                 wg::mma_m64n128k16<0>(acc, a, b, 1);
             } else {
                 wg::mma_m64n64k16<0>(acc, a, b, 1);

@@ -11,8 +11,6 @@ use crate::kernels::launch::{KernelArgs, launch};
 use crate::kernels::matvec::{allow_smem, check_weight, qtype, unit_shape};
 
 pub const FAMILY: &str = "matmul";
-/// Weight rows per block tile (fixed by the warp layout).
-pub const BN: u32 = 128;
 pub const THREADS: u32 = 256;
 
 /// Kernel parameters in order: `(const unsigned char* w, const float* x, float* y, int t, int k,
@@ -74,6 +72,8 @@ impl<'a> MatmulArgs<'a> {
 pub struct MatmulTuning {
     /// Tokens per block tile: 64 or 128.
     pub bm: u32,
+    /// Weight rows per block tile: 128 or 256 (F32 weights run 128: [`block_n`]).
+    pub bn: u32,
     pub accumulate: bool,
 }
 
@@ -81,6 +81,7 @@ impl Default for MatmulTuning {
     fn default() -> Self {
         MatmulTuning {
             bm: 128,
+            bn: 256,
             accumulate: false,
         }
     }
@@ -91,6 +92,10 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
     let bm = checks::baked_int(v, "bm").unwrap_or(128);
     if bm != 64 && bm != 128 {
         return Err(checks::invalid(kernel, format!("bm={bm} is not 64 or 128")));
+    }
+    let bn = checks::baked_int(v, "bn").unwrap_or(256);
+    if bn != 128 && bn != 256 {
+        return Err(checks::invalid(kernel, format!("bn={bn} is not 128 or 256")));
     }
     let threads = checks::baked_int(v, "threads").unwrap_or(THREADS as i64);
     if threads != THREADS as i64 {
@@ -108,21 +113,29 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
     }
     Ok(MatmulTuning {
         bm: bm as u32,
+        bn: bn as u32,
         accumulate: accumulate == 1,
     })
+}
+
+/// Weight rows per block tile as the kernel runs it (`MatmulGeometry::BN`): the tuning's, except
+/// 128 for F32 weights, whose 256 rows would not fit shared memory twice.
+pub fn block_n(ty: GgmlType, t: &MatmulTuning) -> u32 {
+    if ty == GgmlType::F32 { 128 } else { t.bn }
 }
 
 /// Dynamic shared memory, mirroring `MatmulGeometry<Cfg>::SMEM` in matmul.cuh.
 pub fn smem_bytes(ty: GgmlType, t: &MatmulTuning) -> Option<u32> {
     let u = unit_shape(ty)?;
+    let bn = block_n(ty, t);
     let kr = match ty {
         GgmlType::F32 => 64,
-        GgmlType::F16 | GgmlType::BF16 => 128,
-        _ => 256,
+        GgmlType::F16 | GgmlType::BF16 => if bn == 128 { 128 } else { 64 },
+        _ if u.block_elems == 256 || bn == 128 => 256,
+        _ => 128,
     };
     let raw_row = (kr / u.block_elems * u.block_bytes).div_ceil(16) * 16 + 16;
-    let ld = 64 + 8;
-    Some(2 * BN * raw_row + 2 * (t.bm + BN) * ld * 2 + 16)
+    Some(2 * bn * raw_row + 2 * (t.bm + bn) * 128 + 1024)
 }
 
 /// The grid of `t` rows (a stack: its largest group) by `n` columns, one z layer per matrix of
@@ -136,7 +149,7 @@ pub fn launch_config(
 ) -> Option<LaunchConfig> {
     Some(LaunchConfig {
         grid_dim: (
-            checks::grid_dim(n, BN as usize, i32::MAX as u32),
+            checks::grid_dim(n, block_n(ty, tune) as usize, i32::MAX as u32),
             checks::grid_dim(t, tune.bm as usize, checks::GRID_Y_MAX),
             matrices,
         ),
@@ -198,7 +211,7 @@ unsafe fn launch_checked(kernel: &Kernel, ty: GgmlType, tune: &MatmulTuning, arg
     checks::check_aligned16(kernel, "x", &args.x)?;
     let cfg = launch_config(ty, tune, grid_rows, args.n as usize, z).expect("qtype checked by the caller");
     allow_smem(kernel, cfg.shared_mem_bytes)?;
-    // SAFETY: the caller's contract, plus the grid covering n (128 per block) × grid_rows (BM
+    // SAFETY: the caller's contract, plus the grid covering n (BN per block) × grid_rows (BM
     // per block) × z and the dynamic shared memory matching MatmulGeometry (the kernel traps if
     // it is smaller).
     unsafe { launch(kernel, cfg, args) }
@@ -333,9 +346,10 @@ pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatmulTun
     format!(
         "#include \"memra/matmul.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
          static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr int BM = {bm};\n    \
-         static constexpr int THREADS = 256;\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
+         static constexpr int BN = {bn};\n    static constexpr int THREADS = 256;\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
         q = ty.name(),
         bm = t.bm,
+        bn = t.bn,
         a = t.accumulate as i32
     )
 }
@@ -346,30 +360,16 @@ mod tests {
 
     #[test]
     fn smem_matches_the_template_formula_by_hand() {
-        // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; BM 128: 2 · (128 + 128) · 72 · 2.
-        assert_eq!(
-            smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()),
-            Some(2 * 128 * 160 + 2 * 256 * 144 + 16)
-        );
-        // Q8_0: super-tile 256 = 8 blocks = 272 B → 288.
-        assert_eq!(
-            smem_bytes(
-                GgmlType::Q8_0,
-                &MatmulTuning {
-                    bm: 64,
-                    accumulate: false
-                }
-            ),
-            Some(2 * 128 * 288 + 2 * 192 * 144 + 16)
-        );
-        // F32: super-tile 64 = 256 B → 272; BF16: 128 = 256 B → 272.
-        assert_eq!(
-            smem_bytes(GgmlType::F32, &MatmulTuning::default()),
-            Some(2 * 128 * 272 + 2 * 256 * 144 + 16)
-        );
-        assert_eq!(
-            smem_bytes(GgmlType::BF16, &MatmulTuning::default()),
-            Some(2 * 128 * 272 + 2 * 256 * 144 + 16)
-        );
+        let tune = |bm, bn| MatmulTuning { bm, bn, accumulate: false };
+        // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; bf16 tiles 2 · (BM + BN) · 128.
+        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 256 * 160 + 2 * 384 * 128 + 1024));
+        // Q8_0: super-tile 128 (BN 256) = 4 blocks = 136 B → 160; 256 (BN 128) = 272 B → 288.
+        assert_eq!(smem_bytes(GgmlType::Q8_0, &tune(64, 256)), Some(2 * 256 * 160 + 2 * 320 * 128 + 1024));
+        assert_eq!(smem_bytes(GgmlType::Q8_0, &tune(64, 128)), Some(2 * 128 * 288 + 2 * 192 * 128 + 1024));
+        // F32 runs 128 rows: super-tile 64 = 256 B → 272; BF16 at BN 256: 64 = 128 B → 144.
+        assert_eq!(smem_bytes(GgmlType::F32, &MatmulTuning::default()), Some(2 * 128 * 272 + 2 * 256 * 128 + 1024));
+        assert_eq!(smem_bytes(GgmlType::BF16, &MatmulTuning::default()), Some(2 * 256 * 144 + 2 * 384 * 128 + 1024));
+        // Q6_K, the widest block (210 B → 240), still fits 227 KiB at BN 256.
+        assert!(smem_bytes(GgmlType::Q6_K, &MatmulTuning::default()).unwrap() <= 232448);
     }
 }
