@@ -36,8 +36,8 @@
 //
 // Launch geometry (MatmulGeometry<Cfg> below; the Rust wrapper mirrors it):
 //   grid (ceil(N / BN), ceil(T / BM), experts or 1), block (THREADS), dynamic shared memory
-//   2 · BN · RAW_ROW + 2 · (BM + BN) · 128 + 1024 bytes, RAW_ROW = round_up(KR / BLOCK · BYTES,
-//   16) + 16, KR (elements of a raw super-tile) = 64 for F32; F16 / BF16 128 (BN = 128) or 64;
+//   2 · BN · RAW_ROW + 2 · (BM + BN) · 128 + 1024 bytes, RAW_ROW = 16 · (the odd number at or
+//   above ceil((KR / BLOCK · BYTES + 16) / 16)), KR (elements of a raw super-tile) = 64 for F32; F16 / BF16 128 (BN = 128) or 64;
 //   32-element blocks 256 (BN = 128) or 128; 256-element blocks 256. The kernel traps if
 //   launched with less.
 //
@@ -68,7 +68,10 @@ template <class Cfg> struct MatmulGeometry {
     // copy lands during the super-tile's k-tiles of MMA time).
     enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : WIDE_ROWS ? (BN == 128 ? 128 : 64) : (U::BLOCK == 256 || BN == 128) ? 256 : 128 };
     enum : int { SB = KR / U::BLOCK * U::BYTES };            // raw bytes of one row's super-tile
-    enum : int { RAW_ROW = (SB + 15) / 16 * 16 + 16 };
+    // A raw row: the super-tile's bytes from a 16-byte floor (+ up to 15), an odd number of 16-byte
+    // chunks: the 32 rows a warp's lanes read then fall on 8 distinct 16-byte bank groups (an even
+    // count gave 4 or fewer: 8-way conflicts on every 4-byte load of the dequantization).
+    enum : int { RAW_ROW = ((SB + 31) / 16 | 1) * 16 };
     enum : int { RAW_BYTES = BN * RAW_ROW };
     // bf16 tiles: rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle layout (16-byte
     // chunk c of row r at chunk c ^ (r mod 8)), 1024-byte aligned: what wgmma reads, and

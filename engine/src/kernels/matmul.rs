@@ -134,7 +134,8 @@ pub fn smem_bytes(ty: GgmlType, t: &MatmulTuning) -> Option<u32> {
         _ if u.block_elems == 256 || bn == 128 => 256,
         _ => 128,
     };
-    let raw_row = (kr / u.block_elems * u.block_bytes).div_ceil(16) * 16 + 16;
+    // An odd number of 16-byte chunks (bank groups), at least the super-tile + 16 bytes.
+    let raw_row = ((kr / u.block_elems * u.block_bytes + 16).div_ceil(16) | 1) * 16;
     Some(2 * bn * raw_row + 2 * (t.bm + bn) * 128 + 1024)
 }
 
@@ -361,15 +362,17 @@ mod tests {
     #[test]
     fn smem_matches_the_template_formula_by_hand() {
         let tune = |bm, bn| MatmulTuning { bm, bn, accumulate: false };
-        // Q4_K: super-tile 256 = 1 block of 144 B → raw row 160; bf16 tiles 2 · (BM + BN) · 128.
-        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 256 * 160 + 2 * 384 * 128 + 1024));
-        // Q8_0: super-tile 128 (BN 256) = 4 blocks = 136 B → 160; 256 (BN 128) = 272 B → 288.
-        assert_eq!(smem_bytes(GgmlType::Q8_0, &tune(64, 256)), Some(2 * 256 * 160 + 2 * 320 * 128 + 1024));
-        assert_eq!(smem_bytes(GgmlType::Q8_0, &tune(64, 128)), Some(2 * 128 * 288 + 2 * 192 * 128 + 1024));
+        // Raw rows: the super-tile + 16 bytes, rounded up to an odd number of 16-byte chunks.
+        // Q4_K: super-tile 256 = 1 block of 144 B → 176; bf16 tiles 2 · (BM + BN) · 128.
+        assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 256 * 176 + 2 * 384 * 128 + 1024));
+        // Q8_0: super-tile 128 (BN 256) = 4 blocks = 136 B → 176; 256 (BN 128) = 272 B → 304.
+        assert_eq!(smem_bytes(GgmlType::Q8_0, &tune(64, 256)), Some(2 * 256 * 176 + 2 * 320 * 128 + 1024));
+        assert_eq!(smem_bytes(GgmlType::Q8_0, &tune(64, 128)), Some(2 * 128 * 304 + 2 * 192 * 128 + 1024));
         // F32 runs 128 rows: super-tile 64 = 256 B → 272; BF16 at BN 256: 64 = 128 B → 144.
         assert_eq!(smem_bytes(GgmlType::F32, &MatmulTuning::default()), Some(2 * 128 * 272 + 2 * 256 * 128 + 1024));
         assert_eq!(smem_bytes(GgmlType::BF16, &MatmulTuning::default()), Some(2 * 256 * 144 + 2 * 384 * 128 + 1024));
-        // Q6_K, the widest block (210 B → 240), still fits 227 KiB at BN 256.
+        // Q5_K: 176 B → 208 (13 chunks); Q6_K, the widest block (210 B → 240), still fits 227 KiB.
+        assert_eq!(smem_bytes(GgmlType::Q5_K, &MatmulTuning::default()), Some(2 * 256 * 208 + 2 * 384 * 128 + 1024));
         assert!(smem_bytes(GgmlType::Q6_K, &MatmulTuning::default()).unwrap() <= 232448);
     }
 }
