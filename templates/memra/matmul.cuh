@@ -136,16 +136,23 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const i64 avail = w_total - (start - off);
         u8* dst = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW;
         const int pieces = (off + len + 15) >> 4;
-        for (int i = half; i < pieces; i += TPR) {
-            const i64 rest = avail - 16 * i;
-            async::cp16_tail(dst + 16 * i, src + 16 * i, rest);
+        if (avail >= 16 * pieces) {
+            // Every piece inside the tensor (all but its last rows): unrolled plain copies.
+            const u32 d = async::smem_addr(dst);
+#pragma unroll
+            for (int i = half; i < G::RAW_ROW / 16; i += TPR)
+                if (i < pieces) async::cp16(d + 16 * i, src + 16 * i, 16);
+        } else {
+            for (int i = half; i < pieces; i += TPR) async::cp16_tail(dst + 16 * i, src + 16 * i, avail - 16 * i);
         }
     };
 
     // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: octets 4·H .. 4·H+3
     // of the row's 8 (ordered unit, octet). It is called with literal H values, so after inlining
     // every register index is a constant.
-    auto dequant_half = [&](const int H, int s, int tt, u8* ws) {
+    // full: the whole k-tile lies below K (every tile but a ragged last one); called with a
+    // literal, so that branch has no bounds checks left.
+    auto dequant_half = [&](const int H, const bool full, int s, int tt, u8* ws) {
         const u8* rowp = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW +
                          (int)((my_row_start + (i64)s * G::SB) & 15);
         constexpr int OCTS_PER_LOAD = OCTS < 4 ? OCTS : 4;
@@ -156,7 +163,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             const int u_tile = q / OCTS, o = q % OCTS;
             const int u = tt * (BK / UE) + u_tile;  // unit inside the super-tile
             const int bi = u / U::UPB, sub = u % U::UPB;
-            const bool inside = s * KR + u * UE < K;
+            const bool inside = full || s * KR + u * UE < K;
             if (i % OCTS_PER_LOAD == 0 && inside) U::load(rowp + bi * U::BYTES, sub, raw);
             float v[8];
             if (inside) {
@@ -181,20 +188,31 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
     auto dequant = [&](int s, int tt, u8* ws) {
-        if (TPR == 1 || half == 0) dequant_half(0, s, tt, ws);
-        if (TPR == 1 || half == 1) dequant_half(1, s, tt, ws);
+        if (s * KR + (tt + 1) * BK <= K) {
+            if (TPR == 1 || half == 0) dequant_half(0, true, s, tt, ws);
+            if (TPR == 1 || half == 1) dequant_half(1, true, s, tt, ws);
+        } else {
+            if (TPR == 1 || half == 0) dequant_half(0, false, s, tt, ws);
+            if (TPR == 1 || half == 1) dequant_half(1, false, s, tt, ws);
+        }
     };
 
     // X k-tile: BM rows × 64 floats; thread reads float4 (row tid/16 + 16j, col 4·(tid%16)).
     constexpr int XJ = BM * BK / 4 / Cfg::THREADS;
     float4 xr[XJ];
+    const bool x_rows_full = t0 + BM <= T;
     auto load_x = [&](int kt) {
         const int kk = kt * BK + 4 * (tid % 16);
+        const float* xp = x + (i64)(t0 + tid / 16) * ldx + kk;
+        if (x_rows_full && (kt + 1) * BK <= K) {
 #pragma unroll
-        for (int j = 0; j < XJ; ++j) {
-            const int r = tid / 16 + 16 * j;
-            const int t = t0 + r;
-            xr[j] = (t < T && kk < K) ? load_f4(x + (i64)t * ldx + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int j = 0; j < XJ; ++j) xr[j] = load_f4(xp + (i64)16 * j * ldx);
+        } else {
+#pragma unroll
+            for (int j = 0; j < XJ; ++j) {
+                const int t = t0 + tid / 16 + 16 * j;
+                xr[j] = (t < T && kk < K) ? load_f4(xp + (i64)16 * j * ldx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
         }
     };
     auto store_x = [&](u8* xs) {
