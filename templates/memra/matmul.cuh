@@ -138,10 +138,9 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const int pieces = (off + len + 15) >> 4;
         if (avail >= 16 * pieces) {
             // Every piece inside the tensor (all but its last rows): unrolled plain copies.
-            const u32 d = async::smem_addr(dst);
 #pragma unroll
             for (int i = half; i < G::RAW_ROW / 16; i += TPR)
-                if (i < pieces) async::cp16(d + 16 * i, src + 16 * i, 16);
+                if (i < pieces) async::cp16(dst + 16 * i, src + 16 * i, 16);
         } else {
             for (int i = half; i < pieces; i += TPR) async::cp16_tail(dst + 16 * i, src + 16 * i, avail - 16 * i);
         }
