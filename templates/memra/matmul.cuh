@@ -68,6 +68,8 @@ template <class Cfg> struct MatmulGeometry {
     // copy lands during the super-tile's k-tiles of MMA time).
     enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : WIDE_ROWS ? (BN == 128 ? 128 : 64) : (U::BLOCK == 256 || BN == 128) ? 256 : 128 };
     enum : int { SB = KR / U::BLOCK * U::BYTES };            // raw bytes of one row's super-tile
+    // A baked K that is a whole number of super-tiles: no ragged last tile, its checks compiled out.
+    enum : int { WHOLE_SUPER = Cfg::K != 0 && Cfg::K % KR == 0 };
     // A raw row: the super-tile's bytes from a 16-byte floor (+ up to 15), an odd number of 16-byte
     // chunks: the 32 rows a warp's lanes read then fall on 8 distinct 16-byte bank groups (an even
     // count gave 4 or fewer: 8-way conflicts on every 4-byte load of the dequantization).
@@ -131,7 +133,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const i64 start = my_row_start + (i64)s * G::SB;
         const int off = (int)(start & 15);
         const i64 left = rb - (i64)s * G::SB;
-        const int len = left < G::SB ? (int)left : G::SB;
+        const int len = G::WHOLE_SUPER || left >= G::SB ? G::SB : (int)left;
         const u8* src = w + (start - off);
         const i64 avail = w_total - (start - off);
         u8* dst = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW;
@@ -187,7 +189,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
     auto dequant = [&](int s, int tt, u8* ws) {
-        if (s * KR + (tt + 1) * BK <= K) {
+        if (G::WHOLE_SUPER || s * KR + (tt + 1) * BK <= K) {
             if (TPR == 1 || half == 0) dequant_half(0, true, s, tt, ws);
             if (TPR == 1 || half == 1) dequant_half(1, true, s, tt, ws);
         } else {
@@ -203,7 +205,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     auto load_x = [&](int kt) {
         const int kk = kt * BK + 4 * (tid % 16);
         const float* xp = x + (i64)(t0 + tid / 16) * ldx + kk;
-        if (x_rows_full && (kt + 1) * BK <= K) {
+        if (x_rows_full && (G::WHOLE_SUPER || (kt + 1) * BK <= K)) {
 #pragma unroll
             for (int j = 0; j < XJ; ++j) xr[j] = load_f4(xp + (i64)16 * j * ldx);
         } else {
