@@ -1,5 +1,5 @@
 //! GPU tests of matmul (prefill on tensor cores, bf16 products) against memra-reference: every
-//! QType, specialized variants at real model shapes and their generic twins, awkward sizes
+//! QType, specialized variants at real model shapes (BM 128 and 64, BN 256 and 128) and their generic twins, awkward sizes
 //! (T = 1, 17, 130; N = 1, 7, 33, 4097; odd block counts; padded strides), Y += X·Wᵀ; fresh
 //! random weights quantized with `memra_gguf::quant::quantize` and fresh inputs (seed printed,
 //! replay with `MEMRA_SEED=<seed>`), output NaN-poisoned before every launch; bf16 path:
@@ -241,6 +241,11 @@ fn gpu_matmul_real_shapes() {
                 let kernel = load(&gpu, mm_variant(ty, dims, &[("bm", bm)]));
                 check(&gpu, &kernel, ty, &w, &Case::plain(t, k, n), &mut rng);
             }
+        }
+        // 128 weight rows a block (the default is 256), in the form the specs plan (K baked).
+        for bm in [128, 64] {
+            let kernel = load(&gpu, mm_variant(ty, (Some(k), None), &[("bm", bm), ("bn", 128)]));
+            check(&gpu, &kernel, ty, &w, &Case::plain(t, k, n), &mut rng);
         }
     }
 }
