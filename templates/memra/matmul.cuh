@@ -37,9 +37,9 @@
 // Launch geometry (MatmulGeometry<Cfg> below; the Rust wrapper mirrors it):
 //   grid (ceil(N / BN), ceil(T / BM), experts or 1), block (THREADS), dynamic shared memory
 //   2 · BN · RAW_ROW + 2 · (BM + BN) · 128 + 1024 bytes, RAW_ROW = 16 · (the odd number at or
-//   above ceil((KR / BLOCK · BYTES + 16) / 16)), KR (elements of a raw super-tile) = 64 for F32; F16 / BF16 128 (BN = 128) or 64;
-//   32-element blocks 256 (BN = 128) or 128; 256-element blocks 256. The kernel traps if
-//   launched with less.
+//   above ceil((KR / BLOCK · BYTES + 16) / 16)), KR (elements of a raw super-tile) = 64 for F32;
+//   F16 / BF16 128 (BN = 128) or 64; 32-element blocks 256 (BN = 128) or 128; 256-element
+//   blocks 256. The kernel traps if launched with less.
 //
 // Structure: K runs in "super-tiles" of KR elements (whole quant blocks for every type); the raw
 // bytes of the BN W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
@@ -189,12 +189,14 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
     auto dequant = [&](int s, int tt, u8* ws) {
+        auto halves = [&](const bool full) {
+            if (TPR == 1 || half == 0) dequant_half(0, full, s, tt, ws);
+            if (TPR == 1 || half == 1) dequant_half(1, full, s, tt, ws);
+        };
         if (G::WHOLE_SUPER || s * KR + (tt + 1) * BK <= K) {
-            if (TPR == 1 || half == 0) dequant_half(0, true, s, tt, ws);
-            if (TPR == 1 || half == 1) dequant_half(1, true, s, tt, ws);
+            halves(true);
         } else {
-            if (TPR == 1 || half == 0) dequant_half(0, false, s, tt, ws);
-            if (TPR == 1 || half == 1) dequant_half(1, false, s, tt, ws);
+            halves(false);
         }
     };
 
@@ -227,43 +229,19 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 
     // mma.sync form: acc[4·(i·NT + j) + e] is fragment e of m-tile i, n-tile j. Warpgroup form:
     // acc[4j + e] is row 16·(warp % 4) + lane / 4 + 8·(e / 2), column 8j + 2·(lane % 4) + e % 2 of the
-    // warpgroup's 64 × (128 or 64) tile.
+    // warpgroup's 64 × (256, 128 or 64) tile.
     float acc[G::ACCS];
 #pragma unroll
     for (int i = 0; i < G::ACCS; ++i) acc[i] = 0.0f;
 
-    const int wm = warp / G::WARPS_N, wn = warp % G::WARPS_N;
-    // ldmatrix source rows/cols for this lane (see the fragment layouts of mma.m16n8k16).
-    const int a_row = wm * G::WM + (lane % 16), a_col = (lane / 16) * 8;
-    const int b_row = wn * G::WN + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
-
-    auto mma_tile = [&](const u8* xs, const u8* ws) {
-#pragma unroll
-        for (int kq = 0; kq < BK; kq += 16) {
-            u32 a[G::MT][4];
-#pragma unroll
-            for (int i = 0; i < G::MT; ++i) ptx::ldmatrix_x4(a[i], xs + G::at(a_row + 16 * i, kq + a_col));
-#pragma unroll
-            for (int jj = 0; jj < G::NT / 2; ++jj) {
-                u32 b[4];
-                ptx::ldmatrix_x4(b, ws + G::at(b_row + 16 * jj, kq + b_col));
-#pragma unroll
-                for (int i = 0; i < G::MT; ++i) {
-                    ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj)), a[i], b[0], b[1]);
-                    ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj + 1)), a[i], b[2], b[3]);
-                }
-            }
-        }
-    };
-
-    // Produce k-tile kp (dequantized W, rounded X) into buffer kp & 1. The raw rows a thread pair
-    // dequantizes are the rows that pair copied, so a super-tile only needs the pair's own
-    // cp.async wait plus __syncwarp, and the next super-tile's copy starts right after it.
+    // Produce k-tile kp (dequantized W, rounded X) into buffer kp & 1. The raw rows the TPR threads
+    // of a row dequantize are the rows they copied, so a super-tile only needs their own cp.async
+    // wait plus __syncwarp, and the next super-tile's copy starts right after it.
     auto produce = [&](int kp) {
         const int sp = kp / TILES_PER_SUPER, tt = kp % TILES_PER_SUPER;
         if (tt == 0) {
             async::wait<0>();
-            __syncwarp();  // the partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free
+            __syncwarp();  // the row partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free
             if (sp + 1 < n_super) issue_raw(sp + 1);
             async::commit();
         }
@@ -325,6 +303,30 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 #pragma unroll
         for (int e = 0; e < 4; ++e) store(row0 + 8 * (e / 2), col0 + 8 * j + (e % 2), acc[4 * j + e]);
 #else
+    const int wm = warp / G::WARPS_N, wn = warp % G::WARPS_N;
+    // ldmatrix source rows/cols for this lane (see the fragment layouts of mma.m16n8k16).
+    const int a_row = wm * G::WM + (lane % 16), a_col = (lane / 16) * 8;
+    const int b_row = wn * G::WN + (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) % 2) * 8;
+
+    auto mma_tile = [&](const u8* xs, const u8* ws) {
+#pragma unroll
+        for (int kq = 0; kq < BK; kq += 16) {
+            u32 a[G::MT][4];
+#pragma unroll
+            for (int i = 0; i < G::MT; ++i) ptx::ldmatrix_x4(a[i], xs + G::at(a_row + 16 * i, kq + a_col));
+#pragma unroll
+            for (int jj = 0; jj < G::NT / 2; ++jj) {
+                u32 b[4];
+                ptx::ldmatrix_x4(b, ws + G::at(b_row + 16 * jj, kq + b_col));
+#pragma unroll
+                for (int i = 0; i < G::MT; ++i) {
+                    ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj)), a[i], b[0], b[1]);
+                    ptx::bf16_16816(*reinterpret_cast<float(*)[4]>(acc + 4 * (i * G::NT + 2 * jj + 1)), a[i], b[2], b[3]);
+                }
+            }
+        }
+    };
+
     __syncthreads();
     // One barrier per k-tile: consume buffer kt & 1 while producing kt + 1 into the other.
 #pragma unroll 1
