@@ -83,6 +83,10 @@ template <class Cfg> struct MatmulGeometry {
     enum : int { WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
     enum : int { MT = WM / 16, NT = WN / 8 };                // mma.sync tiles per warp
     enum : int { ACCS = BM * BN / 256 };                     // accumulators per thread (both forms)
+    // sm_90a: W dequantized into the MMA's register A fragments for units of ≤ 32 elements (64-element
+    // K-quant units would be loaded once per octet instead of once per 4) up to K = 2048; H200,
+    // session 33: 1.04-1.8x faster than the shared-memory form at K ≤ 2048, 2-8 % slower at K ≥ 4096.
+    enum : int { REG_A_UNITS = U::UE <= 32, REG_A_MAX_K = 2048 };
 
     // Byte offset of bf16 element (r, k) of a tile, k < BK; 8 elements from a multiple of 8 share
     // one 16-byte chunk.
@@ -154,8 +158,11 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     };
     // Octet o of a unit decoded into v (8 floats, the unit's elements xa(o)..+3, xb(o)..+3), the
     // scale groups applied.
-    auto scale_oct = [&](const typename U::Raw& raw, int o, float (&v)[8]) {
-        if constexpr (U::SCALED) {
+    auto decode_oct = [&](const typename U::Raw& raw, int sub, int o, float (&v)[8]) {
+        if constexpr (U::FOLDED) {
+            U::oct_scaled(raw, sub, o, v);
+        } else if constexpr (U::SCALED) {
+            U::oct(raw, sub, o, v);
             const float sa = U::scale(raw, U::ga(o)), ma = U::minv(raw, U::ga(o));
             const float sb = U::scale(raw, U::gb(o)), mb = U::minv(raw, U::gb(o));
 #pragma unroll
@@ -163,6 +170,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                 v[j] = fmaf(sa, v[j], ma);
                 v[4 + j] = fmaf(sb, v[4 + j], mb);
             }
+        } else {
+            U::oct(raw, sub, o, v);
         }
     };
 
@@ -185,8 +194,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             if (i % OCTS_PER_LOAD == 0 && inside) U::load(rowp + bi * U::BYTES, sub, raw);
             float v[8];
             if (inside) {
-                U::oct(raw, sub, o, v);
-                scale_oct(raw, o, v);
+                decode_oct(raw, sub, o, v);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) v[j] = 0.0f;
@@ -272,150 +280,214 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // Register-A warpgroup MMAs: D = W·Xᵀ (M = W rows, N = tokens). Warpgroup g owns W rows
-    // [g·BN/2, (g+1)·BN/2) — MB m64 blocks — times all BM tokens; each thread dequantizes straight
-    // into its A fragments (rows 16·(warp % 4) + lane / 4 (+8) of each m64 block), so W never goes
-    // through shared memory as bf16. The 4 lanes of a row's quad split each k-tile; the MMA's k
-    // order is a permutation of W's, and X's bf16 tile is stored in the same order.
-    // The permutation: K runs in periods of PT k-tiles (PER = 64·PT elements; 4 units for 32- and
-    // 64-element units, 8 for 8-element ones). In k-tile τ of a period, lane c = lane % 4 takes
-    // octets 2(PT·c + τ) + P, P = 0, 1 (octets ordered (unit, octet)): so for 32/64-element units
-    // the lane reads its own unit c and the octet index 2τ + P is a compile-time constant (no
-    // indexed registers). Octet P feeds k-steps 2P (its xa run) and 2P + 1 (its xb run): the run's
-    // 4 elements go to logical columns 16s + 2c (+1) and 16s + 2c + 8 (+9) of step s.
-    // Pipeline per k-tile kt, MMAs asynchronous: [MMA pair 0 (steps 0-1)] → dequant pair 1 →
-    // [MMA pair 1] → store X of kt + 1, dequant pair 0 of kt + 1 → barrier. Two A register sets;
-    // three X tiles (a warpgroup may still read tile kt - 1 while the other stores kt + 1).
-    constexpr int MB = BN / 128;
-    constexpr int PT = UE >= 32 ? UE / 16 : 1, PER = 64 * PT;
-    constexpr int UPP = PER / UE;  // units per period: 4 or 8
-    static_assert(KR % PER == 0, "a raw super-tile holds whole periods");
-    const int n_rs_tiles = (K + PER - 1) / PER * PT;
-    const int wgi = warp >> 2, w4 = warp & 3, quad = lane >> 2, c = lane & 3;
-    auto row_of = [&](int i, int h) { return wgi * (BN / 2) + 64 * i + 16 * w4 + quad + 8 * h; };
-    auto x_tile = [&](int kt) { return tiles + (kt % 3) * G::XT_BYTES; };
-    // Octet 2(PT·c + τ) + P of a period: its unit in the period (run time) and octet (constant).
-    auto oct_unit = [&](int tau, int P) { return c * (2 * PT / OCTS) + (2 * tau + P) / OCTS; };
-    // X: thread run ρ = tid % 16 = 4c' + 2P + half of each of its rows (c' the lane it feeds).
-    const int x_rho = tid % 16, x_c = x_rho >> 2, x_p = (x_rho >> 1) & 1, x_half = x_rho & 1;
-    const int x_col = 2 * (8 * (2 * x_p + x_half) + x_c);  // logical column of its first pair
-    auto x_phys = [&](int kt) {  // physical element (from k-tile kt's period start) of its run
-        const int tau = kt % PT, q = 2 * tau + x_p;
-        const int unit = x_c * (2 * PT / OCTS) + q / OCTS;
-        return (kt - tau) * BK + unit * UE + (x_half ? U::xb(q % OCTS) : U::xa(q % OCTS));
-    };
-    auto issue_raw_rs = [&](int s) {
+    // Two forms; the register-A one (RS) for 8- and 32-element units at K ≤ REG_A_MAX_K (shorter
+    // tiles to fill: measured faster there), shared-memory operands (SS) otherwise.
+    auto rs_form = [&]() {
+        if constexpr (G::REG_A_UNITS) {  // instantiated only where it runs
+            // Register-A warpgroup MMAs: D = W·Xᵀ (M = W rows, N = tokens). Warpgroup g owns W rows
+            // [g·BN/2, (g+1)·BN/2) — MB m64 blocks — times all BM tokens; each thread dequantizes straight
+            // into its A fragments (rows 16·(warp % 4) + lane / 4 (+8) of each m64 block), so W never goes
+            // through shared memory as bf16. The 4 lanes of a row's quad split each k-tile; the MMA's k
+            // order is a permutation of W's, and X's bf16 tile is stored in the same order.
+            // The permutation: K runs in periods of PT k-tiles (PER = 64·PT elements; 4 units for 32- and
+            // 64-element units, 8 for 8-element ones). In k-tile τ of a period, lane c = lane % 4 takes
+            // octets 2(PT·c + τ) + P, P = 0, 1 (octets ordered (unit, octet)): so for 32/64-element units
+            // the lane reads its own unit c and the octet index 2τ + P is a compile-time constant (no
+            // indexed registers). Octet P feeds k-steps 2P (its xa run) and 2P + 1 (its xb run): the run's
+            // 4 elements go to logical columns 16s + 2c (+1) and 16s + 2c + 8 (+9) of step s.
+            // Pipeline per k-tile kt, MMAs asynchronous: [MMA pair 0 (steps 0-1)] → dequant pair 1 →
+            // [MMA pair 1] → store X of kt + 1, dequant pair 0 of kt + 1 → barrier. Two A register sets;
+            // three X tiles (a warpgroup may still read tile kt - 1 while the other stores kt + 1).
+            constexpr int MB = BN / 128;
+            constexpr int PT = UE >= 32 ? UE / 16 : 1, PER = 64 * PT;
+            constexpr int UPP = PER / UE;  // units per period: 4 or 8
+            static_assert(KR % PER == 0, "a raw super-tile holds whole periods");
+            const int n_rs_tiles = (K + PER - 1) / PER * PT;
+            const int wgi = warp >> 2, w4 = warp & 3, quad = lane >> 2, c = lane & 3;
+            auto row_of = [&](int i, int h) { return wgi * (BN / 2) + 64 * i + 16 * w4 + quad + 8 * h; };
+            auto x_tile = [&](int kt) { return tiles + (kt % 3) * G::XT_BYTES; };
+            // Octet 2(PT·c + τ) + P of a period: its unit in the period (run time) and octet (constant).
+            auto oct_unit = [&](int tau, int P) { return c * (2 * PT / OCTS) + (2 * tau + P) / OCTS; };
+            // X: thread run ρ = tid % 16 = 4c' + 2P + half of each of its rows (c' the lane it feeds).
+            const int x_rho = tid % 16, x_c = x_rho >> 2, x_p = (x_rho >> 1) & 1, x_half = x_rho & 1;
+            const int x_col = 2 * (8 * (2 * x_p + x_half) + x_c);  // logical column of its first pair
+            auto x_phys = [&](int kt) {  // physical element (from k-tile kt's period start) of its run
+                const int tau = kt % PT, q = 2 * tau + x_p;
+                const int unit = x_c * (2 * PT / OCTS) + q / OCTS;
+                return (kt - tau) * BK + unit * UE + (x_half ? U::xb(q % OCTS) : U::xa(q % OCTS));
+            };
+            auto issue_raw_rs = [&](int s) {
 #pragma unroll
-        for (int i = 0; i < MB; ++i)
+                for (int i = 0; i < MB; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) issue_raw_row(s, row_of(i, h), c, 4);
-    };
-    auto store_x_rs = [&](u8* xs) {
+                    for (int h = 0; h < 2; ++h) issue_raw_row(s, row_of(i, h), c, 4);
+            };
+            auto store_x_rs = [&](u8* xs) {
 #pragma unroll
-        for (int j = 0; j < XJ; ++j) {
-            const int r = tid / 16 + 16 * j;
-            *reinterpret_cast<u32*>(xs + G::at(r, x_col)) = ptx::pack_bf16x2(xr[j].x, xr[j].y);
-            *reinterpret_cast<u32*>(xs + G::at(r, x_col + 8)) = ptx::pack_bf16x2(xr[j].z, xr[j].w);
-        }
-    };
-    // A fragments of pair P of k-tile kt (τ = kt % PT, a constant): a[i][st] for m64 block i,
-    // step 2P + st.
-    auto dequant_pair = [&](const int tau, const int P, int kt, u32 (&a)[MB][2][4]) {
-        const int s = kt / TILES_PER_SUPER;
-        const int u = (kt % TILES_PER_SUPER - tau) / PT * UPP + oct_unit(tau, P);  // unit in the super-tile
-        const int o = (2 * tau + P) % OCTS, bi = u / U::UPB, sub = u % U::UPB;
-        const bool inside = G::WHOLE_SUPER || s * KR + u * UE < K;
-#pragma unroll
-        for (int i = 0; i < MB; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float v[8];
-                if (inside) {
-                    typename U::Raw raw;
-                    U::load(raw_row(s, row_of(i, h)) + bi * U::BYTES, sub, raw);
-                    U::oct(raw, sub, o, v);
-                    scale_oct(raw, o, v);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) v[j] = 0.0f;
+                for (int j = 0; j < XJ; ++j) {
+                    const int r = tid / 16 + 16 * j;
+                    *reinterpret_cast<u32*>(xs + G::at(r, x_col)) = ptx::pack_bf16x2(xr[j].x, xr[j].y);
+                    *reinterpret_cast<u32*>(xs + G::at(r, x_col + 8)) = ptx::pack_bf16x2(xr[j].z, xr[j].w);
                 }
-                a[i][0][h] = ptx::pack_bf16x2(v[0], v[1]);
-                a[i][0][2 + h] = ptx::pack_bf16x2(v[2], v[3]);
-                a[i][1][h] = ptx::pack_bf16x2(v[4], v[5]);
-                a[i][1][2 + h] = ptx::pack_bf16x2(v[6], v[7]);
-            }
-    };
-    auto mma_pair = [&](const int P, const u32 (&a)[MB][2][4], int kt) {
-        const u32 xs = ptx::smem_addr(x_tile(kt));
-        wg::fence();
+            };
+            // A fragments of pair P of k-tile kt (τ = kt % PT, a constant): a[i][st] for m64 block i,
+            // step 2P + st.
+            auto dequant_pair = [&](const int tau, const int P, int kt, u32 (&a)[MB][2][4]) {
+                const int s = kt / TILES_PER_SUPER;
+                const int u = (kt % TILES_PER_SUPER - tau) / PT * UPP + oct_unit(tau, P);  // unit in the super-tile
+                const int o = (2 * tau + P) % OCTS, bi = u / U::UPB, sub = u % U::UPB;
+                const bool inside = G::WHOLE_SUPER || s * KR + u * UE < K;
 #pragma unroll
-        for (int st = 0; st < 2; ++st) {
-            const u64 b = wg::desc_sw128(xs + 32 * (2 * P + st), 16, 1024);
+                for (int i = 0; i < MB; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float v[8];
+                        if (inside) {
+                            typename U::Raw raw;
+                            U::load(raw_row(s, row_of(i, h)) + bi * U::BYTES, sub, raw);
+                            decode_oct(raw, sub, o, v);
+                        } else {
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) v[j] = 0.0f;
+                        }
+                        a[i][0][h] = ptx::pack_bf16x2(v[0], v[1]);
+                        a[i][0][2 + h] = ptx::pack_bf16x2(v[2], v[3]);
+                        a[i][1][h] = ptx::pack_bf16x2(v[4], v[5]);
+                        a[i][1][2 + h] = ptx::pack_bf16x2(v[6], v[7]);
+                    }
+            };
+            auto mma_pair = [&](const int P, const u32 (&a)[MB][2][4], int kt) {
+                const u32 xs = ptx::smem_addr(x_tile(kt));
+                wg::fence();
+#pragma unroll
+                for (int st = 0; st < 2; ++st) {
+                    const u64 b = wg::desc_sw128(xs + 32 * (2 * P + st), 16, 1024);
+#pragma unroll
+                    for (int i = 0; i < MB; ++i) {
+                        if constexpr (BM == 128) {
+                            wg::mma_rs_m64n128k16(*reinterpret_cast<float(*)[64]>(acc + 64 * i), a[i][st], b, 1);
+                        } else {
+                            wg::mma_rs_m64n64k16(*reinterpret_cast<float(*)[32]>(acc + 32 * i), a[i][st], b, 1);
+                        }
+                    }
+                }
+                wg::commit();
+            };
+            // X of k-tile kt: the thread's run of each row, zero past K.
+            auto load_x_rs = [&](int kt) { load_x_at(x_phys(kt), (kt - kt % PT + PT) * BK <= K); };
+
+            u32 a0[MB][2][4], a1[MB][2][4];
+            issue_raw_rs(0);
+            async::commit();
+            load_x_rs(0);
+            async::wait<0>();
+            __syncwarp();  // the quad's pieces of super-tile 0 are visible
+            if (1 < n_super) issue_raw_rs(1);
+            async::commit();
+            store_x_rs(x_tile(0));
+            if (1 < n_rs_tiles) load_x_rs(1);
+            dequant_pair(0, 0, 0, a0);
+            wg::fence_proxy_async();  // this thread's X tile writes, seen by the MMAs
+            __syncthreads();
+#pragma unroll 1
+            for (int kb = 0; kb < n_rs_tiles; kb += PT) {
+#pragma unroll
+                for (int tau = 0; tau < PT; ++tau) {
+                    const int kt = kb + tau;
+                    mma_pair(0, a0, kt);
+                    wg::wait<1>();  // tile kt - 1's pair 1 done: a1 is free
+                    dequant_pair(tau, 1, kt, a1);
+                    mma_pair(1, a1, kt);
+                    if (kt + 1 < n_rs_tiles) {
+                        const int sp = (kt + 1) / TILES_PER_SUPER;
+                        if ((kt + 1) % TILES_PER_SUPER == 0) {
+                            async::wait<0>();
+                            __syncwarp();  // super-tile sp landed (the quad's copies); slot (sp + 1) & 1 read out
+                            if (sp + 1 < n_super) issue_raw_rs(sp + 1);
+                            async::commit();
+                        }
+                        store_x_rs(x_tile(kt + 1));  // last read by tile kt - 2, finished before the last barrier
+                        if (kt + 2 < n_rs_tiles) load_x_rs(kt + 2);
+                        wg::wait<1>();  // pair 0 of tile kt done: a0 is free
+                        dequant_pair((tau + 1) % PT, 0, kt + 1, a0);
+                    }
+                    wg::fence_proxy_async();
+                    __syncthreads();  // X tile kt + 1 complete
+                }
+            }
+            wg::wait<0>();
+            wg::fence_operand(acc);
+
+            // acc[BM/2 · i + 4j + e]: W row 64i + 16·(warp % 4) + lane / 4 + 8·(e / 2) of the warpgroup's
+            // rows, token 8j + 2·(lane % 4) + e % 2.
 #pragma unroll
             for (int i = 0; i < MB; ++i) {
-                if constexpr (BM == 128) {
-                    wg::mma_rs_m64n128k16(*reinterpret_cast<float(*)[64]>(acc + 64 * i), a[i][st], b, 1);
-                } else {
-                    wg::mma_rs_m64n64k16(*reinterpret_cast<float(*)[32]>(acc + 32 * i), a[i][st], b, 1);
-                }
+                const int nn = n0 + row_of(i, 0);
+#pragma unroll
+                for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) store(t0 + 8 * j + 2 * c + (e % 2), nn + 8 * (e / 2), acc[BM / 2 * i + 4 * j + e]);
             }
         }
-        wg::commit();
     };
-    // X of k-tile kt: the thread's run of each row, zero past K.
-    auto load_x_rs = [&](int kt) { load_x_at(x_phys(kt), (kt - kt % PT + PT) * BK <= K); };
-
-    u32 a0[MB][2][4], a1[MB][2][4];
-    issue_raw_rs(0);
-    async::commit();
-    load_x_rs(0);
-    async::wait<0>();
-    __syncwarp();  // the quad's pieces of super-tile 0 are visible
-    if (1 < n_super) issue_raw_rs(1);
-    async::commit();
-    store_x_rs(x_tile(0));
-    if (1 < n_rs_tiles) load_x_rs(1);
-    dequant_pair(0, 0, 0, a0);
-    wg::fence_proxy_async();  // this thread's X tile writes, seen by the MMAs
-    __syncthreads();
+    auto ss_form = [&]() {
+        if constexpr (!G::WIDE_ROWS) {  // instantiated only where it runs
+            issue_raw_row(0, my_row, half, TPR);
+            async::commit();
+            load_x(0);
+            produce(0);
+            // Warpgroup g multiplies tokens [64g, 64g + 64) by all BN W rows (BM = 128), or all 64
+            // tokens by W rows [g·BN/2, (g+1)·BN/2) (BM = 64). The MMAs of k-tile kt run asynchronously
+            // while the same threads produce kt + 1; one barrier per k-tile.
+            constexpr int WGN = G::ACCS * 2;  // columns per warpgroup: 256, 128 or 64
+            const int wgi = warp >> 2;
+            const int wg_m = BM == 128 ? 64 * wgi : 0, wg_n = BM == 128 ? 0 : WGN * wgi;
+            wg::fence_proxy_async();  // this thread's tile writes, seen by the MMAs
+            __syncthreads();
 #pragma unroll 1
-    for (int kb = 0; kb < n_rs_tiles; kb += PT) {
+            for (int kt = 0; kt < n_ktiles; ++kt) {
+                const u32 xs = ptx::smem_addr(xs_buf(kt & 1)) + wg_m * 128, ws = ptx::smem_addr(ws_buf(kt & 1)) + wg_n * 128;
+                wg::fence();
 #pragma unroll
-        for (int tau = 0; tau < PT; ++tau) {
-            const int kt = kb + tau;
-            mma_pair(0, a0, kt);
-            wg::wait<1>();  // tile kt - 1's pair 1 done: a1 is free
-            dequant_pair(tau, 1, kt, a1);
-            mma_pair(1, a1, kt);
-            if (kt + 1 < n_rs_tiles) {
-                const int sp = (kt + 1) / TILES_PER_SUPER;
-                if ((kt + 1) % TILES_PER_SUPER == 0) {
-                    async::wait<0>();
-                    __syncwarp();  // super-tile sp landed (the quad's copies); slot (sp + 1) & 1 read out
-                    if (sp + 1 < n_super) issue_raw_rs(sp + 1);
-                    async::commit();
+                for (int ks = 0; ks < BK / 16; ++ks) {
+                    const u64 a = wg::desc_sw128(xs + 32 * ks, 16, 1024), b = wg::desc_sw128(ws + 32 * ks, 16, 1024);
+                    if constexpr (WGN == 256) {
+                        wg::mma_m64n256k16<0>(acc, a, b, 1);
+                    } else if constexpr (WGN == 128) {
+                        wg::mma_m64n128k16<0>(acc, a, b, 1);
+                    } else {
+                        wg::mma_m64n64k16<0>(acc, a, b, 1);
+                    }
                 }
-                store_x_rs(x_tile(kt + 1));  // last read by tile kt - 2, finished before the last barrier
-                if (kt + 2 < n_rs_tiles) load_x_rs(kt + 2);
-                wg::wait<1>();  // pair 0 of tile kt done: a0 is free
-                dequant_pair((tau + 1) % PT, 0, kt + 1, a0);
+                wg::commit();
+                if (kt + 1 < n_ktiles) produce(kt + 1);
+                wg::wait<0>();
+                wg::fence_operand(acc);
+                wg::fence_proxy_async();
+                __syncthreads();  // tile kt + 1 complete; both warpgroups done reading buffer kt & 1
             }
-            wg::fence_proxy_async();
-            __syncthreads();  // X tile kt + 1 complete
-        }
-    }
-    wg::wait<0>();
-    wg::fence_operand(acc);
 
-    // acc[BM/2 · i + 4j + e]: W row 64i + 16·(warp % 4) + lane / 4 + 8·(e / 2) of the warpgroup's
-    // rows, token 8j + 2·(lane % 4) + e % 2.
+            const int row0 = t0 + wg_m + 16 * (warp & 3) + lane / 4, col0 = n0 + wg_n + 2 * (lane % 4);
 #pragma unroll
-    for (int i = 0; i < MB; ++i) {
-        const int nn = n0 + row_of(i, 0);
+            for (int j = 0; j < WGN / 8; ++j)
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) store(t0 + 8 * j + 2 * c + (e % 2), nn + 8 * (e / 2), acc[BM / 2 * i + 4 * j + e]);
+                for (int e = 0; e < 4; ++e) store(row0 + 8 * (e / 2), col0 + 8 * j + (e % 2), acc[4 * j + e]);
+        }
+    };
+    if constexpr (!G::REG_A_UNITS) {
+        ss_form();
+    } else if constexpr (G::WIDE_ROWS) {
+        rs_form();
+    } else if constexpr (Cfg::K != 0) {
+        if constexpr (Cfg::K <= G::REG_A_MAX_K) {
+            rs_form();
+        } else {
+            ss_form();
+        }
+    } else if (K <= G::REG_A_MAX_K) {
+        rs_form();
+    } else {
+        ss_form();
     }
 #else
     const int wm = warp / G::WARPS_N, wn = warp % G::WARPS_N;

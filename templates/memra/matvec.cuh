@@ -266,6 +266,9 @@ struct UnitBase {
     enum : int { IGROUPS = 1 };
     // The integer path (XQ8 = 1) loads this type's units straight from global memory (run_direct_q8).
     enum : bool { DIRECT_Q8 = false };
+    // oct_scaled(raw, sub, o, v): oct with the scale applied in the same instruction (matmul's
+    // dequantization), where a type has it.
+    enum : bool { FOLDED = false };
     __host__ __device__ static constexpr int ga(int) { return 0; }
     __host__ __device__ static constexpr int gb(int) { return 0; }
 };
@@ -351,6 +354,19 @@ template <> struct Unit<QType::Q8_0> : Block32UnitBase {
     }
     __device__ static float scale(const Raw& r, int) { return r.d; }
     __device__ static float minv(const Raw&, int) { return 0.0f; }
+    // d·q in one FMA an element: byte q + 128 as bits 8..15 below 2^23 is p = 2^23 + 256(q + 128),
+    // and p·(d / 256) − 257·128·d = q·d before the FMA's one rounding (257·128·d has at most 20
+    // significant bits: exact), so the result equals round(d·q) as oct + scale give it.
+    enum : bool { FOLDED = true };
+    __device__ static void oct_scaled(const Raw& r, int, int o, float (&v)[8]) {
+        const u32 a = r.q[2 * o] ^ 0x80808080u, b = r.q[2 * o + 1] ^ 0x80808080u;
+        const float ds = r.d * (1.0f / 256.0f), off = -32896.0f * r.d;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[j] = fmaf(__uint_as_float(__byte_perm(a, 0x4B000000u, 0x7404u | ((u32)j << 4))), ds, off);
+            v[4 + j] = fmaf(__uint_as_float(__byte_perm(b, 0x4B000000u, 0x7404u | ((u32)j << 4))), ds, off);
+        }
+    }
     enum : bool { INT_DOT = true };
     __device__ static void ints(const Raw& r, int, int, u32 (&q)[8]) {
 #pragma unroll
