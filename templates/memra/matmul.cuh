@@ -50,8 +50,11 @@
 // barrier per k-tile. sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs:
 // warpgroup g takes tokens [64g, 64g + 64) × all BN W rows (BM = 128) or all 64 tokens × half the
 // W rows (BM = 64), wgmma m64nNk16 with N = BM · BN / 128, issued asynchronously: the same
-// threads produce tile kt + 1 while the tensor cores run tile kt. Elsewhere warps run ldmatrix +
-// mma.sync on tile kt, then produce kt + 1.
+// threads produce tile kt + 1 while the tensor cores run tile kt (the "SS" form). For 8- and
+// 32-element units at K ≤ 2048 (and F32 / F16 / BF16 weights at any K) sm_90a runs the register-A
+// ("RS") form instead: D = W·Xᵀ, each thread dequantizes its rows straight into wgmma's A
+// fragments, only X goes through shared memory (in a k order permuted to match; see rs_form).
+// Elsewhere warps run ldmatrix + mma.sync on tile kt, then produce kt + 1.
 #pragma once
 #include "memra/matvec.cuh"
 #include "memra/mma.cuh"
@@ -280,9 +283,11 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // Two forms; the register-A one (RS) for 8- and 32-element units at K ≤ REG_A_MAX_K (shorter
-    // tiles to fill: measured faster there), shared-memory operands (SS) otherwise.
-    auto rs_form = [&]() {
+    // Two forms: register-A (RS) for 8- and 32-element units at K ≤ REG_A_MAX_K and for float
+    // weights (measured faster there), shared-memory operands (SS) otherwise; a constant where K is
+    // baked, a run-time choice in generic variants.
+    const bool use_rs = G::REG_A_UNITS && (G::WIDE_ROWS || (Cfg::K != 0 ? Cfg::K : K) <= G::REG_A_MAX_K);
+    if (use_rs) {
         if constexpr (G::REG_A_UNITS) {  // instantiated only where it runs
             // Register-A warpgroup MMAs: D = W·Xᵀ (M = W rows, N = tokens). Warpgroup g owns W rows
             // [g·BN/2, (g+1)·BN/2) — MB m64 blocks — times all BM tokens; each thread dequantizes straight
@@ -429,8 +434,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                     for (int e = 0; e < 4; ++e) store(t0 + 8 * j + 2 * c + (e % 2), nn + 8 * (e / 2), acc[BM / 2 * i + 4 * j + e]);
             }
         }
-    };
-    auto ss_form = [&]() {
+    } else {
         if constexpr (!G::WIDE_ROWS) {  // instantiated only where it runs
             issue_raw_row(0, my_row, half, TPR);
             async::commit();
@@ -473,21 +477,6 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) store(row0 + 8 * (e / 2), col0 + 8 * j + (e % 2), acc[4 * j + e]);
         }
-    };
-    if constexpr (!G::REG_A_UNITS) {
-        ss_form();
-    } else if constexpr (G::WIDE_ROWS) {
-        rs_form();
-    } else if constexpr (Cfg::K != 0) {
-        if constexpr (Cfg::K <= G::REG_A_MAX_K) {
-            rs_form();
-        } else {
-            ss_form();
-        }
-    } else if (K <= G::REG_A_MAX_K) {
-        rs_form();
-    } else {
-        ss_form();
     }
 #else
     const int wm = warp / G::WARPS_N, wn = warp % G::WARPS_N;
