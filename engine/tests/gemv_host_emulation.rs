@@ -2,7 +2,8 @@
 //! (the same cut as `gemv_host_units.rs`, plus stand-ins for the block-level CUDA features: one
 //! std::thread per CUDA thread, std::barrier for __syncthreads/__syncwarp, a per-warp exchange for
 //! shuffles, synchronous copies for cp.async, and ldmatrix / mma.sync m16n8k16 from the shared
-//! `mma_host` module, bf16 round-to-nearest-even), run block by block, and compared with
+//! `mma_host` module, bf16 round-to-nearest-even; with `__CUDA_ARCH_FEAT_SM90_ALL` defined, the
+//! matmul's sm_90a forms on mma_host's warpgroup MMAs), run block by block, and compared with
 //! memra-reference (f32 path ≤ 1e-4, bf16 products ≤ 1e-2) on fresh random quantized weights,
 //! NaN-poisoned outputs and padded strides. It checks the pipeline, indexing and reduction logic
 //! that the GPU tests check, without a GPU; it says nothing about speed. Skips (one SKIP line)
@@ -217,7 +218,7 @@ fn emulator_source(matmul: bool) -> String {
             "#define MEMRA_DEFINE_MATMUL",
             "matmul.cuh",
         );
-        let mm_body = mma_host::with_host_ptx(mm_body).replace(
+        let mm_body = mma_host::with_host_ptx_wg(mm_body).replace(
             "extern __shared__ __align__(16) u8 matmul_smem[];",
             "u8* matmul_smem = g_smem;",
         );
@@ -570,7 +571,18 @@ fn matvec_emulated(test: &str, xq8_cfg: u8) {
 
 #[test]
 fn matmul_kernel_emulated_on_host_threads_matches_reference() {
-    let test = "matmul_kernel_emulated_on_host_threads_matches_reference";
+    matmul_cases("matmul_kernel_emulated_on_host_threads_matches_reference", false);
+}
+
+/// The sm_90a forms (warpgroup MMAs: register-A where matmul.cuh picks it, shared-memory
+/// operands otherwise), with `namespace wg` emulated (mma_host::WG_FNS): the cases above plus
+/// K = 2304, where 8- and 32-element units switch to the shared-memory form.
+#[test]
+fn matmul_sm90a_forms_emulated_on_host_threads_match_reference() {
+    matmul_cases("matmul_sm90a_forms_emulated_on_host_threads_match_reference", true);
+}
+
+fn matmul_cases(test: &str, sm90a: bool) {
     let Some(mut b) = Builder::new(test, true) else {
         return;
     };
@@ -578,7 +590,10 @@ fn matmul_kernel_emulated_on_host_threads_matches_reference() {
     for ty in QTYPES {
         let k_aw = awkward_k(ty);
         // (t, k, n, BM, BN, ACCUMULATE, ldx pad, ldy pad)
-        let cases = [(17, k_aw, 33, 64, 256, 0, 4, 3), (130, 512, 130, 128, 128, 1, 0, 0)];
+        let mut cases = vec![(17, k_aw, 33, 64, 256, 0, 4, 3), (130, 512, 130, 128, 128, 1, 0, 0)];
+        if sm90a {
+            cases.push((9, 2304, 40, 128, 256, 0, 4, 0));
+        }
         for (t, k, n, bm, bn, acc, px, py) in cases {
             let (ldx, ldy) = (k + px, n + py);
             let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
@@ -595,16 +610,20 @@ fn matmul_kernel_emulated_on_host_threads_matches_reference() {
             };
             for spec in [true, false] {
                 let (kd, nd) = if spec { (k, n) } else { (0, 0) };
-                let bin = b.get(vec![
+                let mut defines = vec![
                     format!("KDIM={kd}"),
                     format!("NDIM={nd}"),
                     format!("QT={}", ty.name()),
                     format!("BMV={bm}"),
                     format!("BNV={bn}"),
                     format!("ACC={acc}"),
-                ]);
+                ];
+                if sm90a {
+                    defines.push("__CUDA_ARCH_FEAT_SM90_ALL".into());
+                }
+                let bin = b.get(defines);
                 let got = run(&bin, &[t, k, n, ldx, ldy], &w, &x, &y0);
-                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} bn={bn} spec={spec} acc={acc}");
+                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} bn={bn} spec={spec} acc={acc} sm90a={sm90a}");
                 compare(&what, &got, &y0, &want, t, n, ldy, acc == 1, 1e-2, &rng);
             }
         }

@@ -1,6 +1,8 @@
 //! Host C++ stand-ins for the warp-level tensor-core PTX the templates use (ldmatrix .x4 and
-//! .x4.trans, mma.sync.m16n8k16 bf16 → f32, cvt.rn.bf16x2), written from the PTX ISA fragment
-//! layouts, for the host emulation tests that compile templates as C++ on std::threads.
+//! .x4.trans, mma.sync.m16n8k16 bf16 → f32, cvt.rn.bf16x2) and for sm_90a's warpgroup MMAs
+//! (`namespace wg`: K-major 128-byte-swizzled operands, A from shared memory or registers), written
+//! from the PTX ISA fragment and matrix-descriptor layouts, for the host emulation tests that
+//! compile templates as C++ on std::threads.
 //!
 //! [`host_ptx`] is the whole `namespace ptx` of templates/memra/mma.cuh on the host (the
 //! templates include mma.cuh; the emulators strip that include and paste this inside `namespace
@@ -55,6 +57,60 @@ inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         for (int kk = 0; kk < 16; ++kk) acc += (double)A[row][kk] * B[kk][col]; d[e] = (float)acc; } }
 "#;
 
+/// mma.cuh's `namespace wg` on the host (emulators that define `__CUDA_ARCH_FEAT_SM90_ALL`).
+/// An MMA runs when issued (the kernels keep its operands still until they wait on it), so
+/// fence / commit / wait do nothing; shared-memory operands are read through the descriptor's
+/// start and stride and the 128-byte swizzle (address bits 4..6 XOR 7..9); MN-major B
+/// (TRANS_B = 1) is not emulated (aborts). The register-A form gathers the warpgroup's fragments
+/// between two barriers of its 128 threads. Products accumulate in f64 as in [`FNS`].
+pub const WG_FNS: &str = r#"
+namespace wg {
+inline u64 desc_sw128(u32 addr, u32 lbo, u32 sbo) { return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62); }
+inline void fence() {}
+inline void commit() {}
+template <int PENDING> inline void wait() {}
+inline void fence_proxy_async() {}
+template <int N> inline void fence_operand(float (&)[N]) {}
+// Element (r, k) of the K-major operand a descriptor points at (k < 16).
+inline float sw128_at(u64 desc, int r, int k) {
+    u32 a = ((u32)(desc & 0x3FFF) << 4) + (r / 8) * ((u32)((desc >> 32) & 0x3FFF) << 4) + (r % 8) * 128 + 2 * k;
+    a ^= ((a >> 7) & 7) << 4;
+    u16 h; memcpy(&h, g_smem + a, 2); return ptx::bf16f(h); }
+// This thread's D fragment: row 16·(warp % 4) + lane / 4 + 8·(e / 2), column 8j + 2·(lane % 4) + e % 2.
+template <int NN, class A> inline void mma_d(float* d, A a_at, u64 b, int accumulate) {
+    int t = threadIdx.x % 128, w4 = t / 32, lane = t % 32;
+    for (int j = 0; j < NN / 8; ++j) for (int e = 0; e < 4; ++e) {
+        int row = 16 * w4 + lane / 4 + 8 * (e / 2), col = 8 * j + 2 * (lane % 4) + (e % 2);
+        double acc = accumulate ? d[4 * j + e] : 0.0;
+        for (int kk = 0; kk < 16; ++kk) acc += (double)a_at(row, kk) * sw128_at(b, col, kk);
+        d[4 * j + e] = (float)acc; } }
+template <int NN, int TRANS_B> inline void mma_ss(float* d, u64 a, u64 b, int accumulate) {
+    if (TRANS_B) abort();
+    mma_d<NN>(d, [&](int r, int k) { return sw128_at(a, r, k); }, b, accumulate); }
+template <int TRANS_B> inline void mma_m64n32k16(float (&d)[16], u64 a, u64 b, int acc) { mma_ss<32, TRANS_B>(d, a, b, acc); }
+template <int TRANS_B> inline void mma_m64n64k16(float (&d)[32], u64 a, u64 b, int acc) { mma_ss<64, TRANS_B>(d, a, b, acc); }
+template <int TRANS_B> inline void mma_m64n128k16(float (&d)[64], u64 a, u64 b, int acc) { mma_ss<128, TRANS_B>(d, a, b, acc); }
+template <int TRANS_B> inline void mma_m64n256k16(float (&d)[128], u64 a, u64 b, int acc) { mma_ss<256, TRANS_B>(d, a, b, acc); }
+struct WgSlot { u32 a[4]; };
+inline WgSlot* wg_slots() { static WgSlot s[1024]; return s; }
+inline std::barrier<>& wg_barrier(int g) { static std::barrier<> b0(128), b1(128), b2(128), b3(128); return g == 0 ? b0 : g == 1 ? b1 : g == 2 ? b2 : b3; }
+// A (64 × 16) from the warpgroup's registers: row m from warp m / 16, lane 4·(m % 8) + k % 8 / 2,
+// register (m % 16 ≥ 8) + 2·(k ≥ 8), half k % 2 (the mma.sync m16n8k16 A layout a warp).
+template <int NN> inline void mma_rs(float* d, const u32 (&a)[4], u64 b, int accumulate) {
+    int tid = threadIdx.x, g0 = tid & ~127;
+    std::barrier<>& bar = wg_barrier(tid / 128);
+    for (int i = 0; i < 4; ++i) wg_slots()[tid].a[i] = a[i];
+    bar.arrive_and_wait();
+    mma_d<NN>(d, [&](int m, int k) {
+        const WgSlot& s = wg_slots()[g0 + 32 * (m / 16) + 4 * (m % 8) + (k % 8) / 2];
+        u32 v = s.a[(m % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+        return ptx::bf16f(k % 2 ? v >> 16 : v & 0xffff); }, b, accumulate);
+    bar.arrive_and_wait(); }
+inline void mma_rs_m64n64k16(float (&d)[32], const u32 (&a)[4], u64 b, int acc) { mma_rs<64>(d, a, b, acc); }
+inline void mma_rs_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 b, int acc) { mma_rs<128>(d, a, b, acc); }
+}  // namespace wg
+"#;
+
 /// mma.cuh's `namespace ptx` on the host: copies are synchronous (`src_bytes` copied, the rest
 /// of the 16 zeroed), so commit and wait do nothing.
 pub fn host_ptx() -> String {
@@ -78,6 +134,15 @@ inline u32 dynamic_smem_bytes() {{ return g_smem_bytes; }}
 pub fn with_host_ptx(text: &str) -> String {
     format!(
         "namespace memra {{\n{}}}  // namespace memra\n{}",
+        host_ptx(),
+        text.replace("#include \"memra/mma.cuh\"", "")
+    )
+}
+
+/// [`with_host_ptx`] plus [`WG_FNS`] (the prelude brings `u64`, `<barrier>` and `abort`).
+pub fn with_host_ptx_wg(text: &str) -> String {
+    format!(
+        "namespace memra {{\n{}{WG_FNS}}}  // namespace memra\n{}",
         host_ptx(),
         text.replace("#include \"memra/mma.cuh\"", "")
     )
