@@ -311,6 +311,17 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             const int wgi = warp >> 2, w4 = warp & 3, quad = lane >> 2, c = lane & 3;
             auto row_of = [&](int i, int h) { return wgi * (BN / 2) + 64 * i + 16 * w4 + quad + 8 * h; };
             auto x_tile = [&](int kt) { return tiles + (kt % 3) * G::XT_BYTES; };
+            // Where K is baked, raw_row in 32-bit arithmetic (only the start's offset mod 16 matters;
+            // wrapping keeps it): the 64-bit form left those variants a register short (a spill), while
+            // the generic Q6_K one spills with the 32-bit form. ptxas's choices, measured by NVRTC.
+            auto raw_row_rs = [&](int s, int row) -> const u8* {
+                if constexpr (Cfg::K != 0) {
+                    return raw_buf + (s & 1) * G::RAW_BYTES + row * G::RAW_ROW +
+                           (int)(((u32)(n0 + row) * (u32)rb + (u32)s * (u32)G::SB) & 15u);
+                } else {
+                    return raw_row(s, row);
+                }
+            };
             // Octet 2(PT·c + τ) + P of a period: its unit in the period (run time) and octet (constant).
             auto oct_unit = [&](int tau, int P) { return c * (2 * PT / OCTS) + (2 * tau + P) / OCTS; };
             // X: thread run ρ = tid % 16 = 4c' + 2P + half of each of its rows (c' the lane it feeds).
@@ -349,7 +360,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                         float v[8];
                         if (inside) {
                             typename U::Raw raw;
-                            U::load(raw_row(s, row_of(i, h)) + bi * U::BYTES, sub, raw);
+                            U::load(raw_row_rs(s, row_of(i, h)) + bi * U::BYTES, sub, raw);
                             decode_oct(raw, sub, o, v);
                         } else {
 #pragma unroll
