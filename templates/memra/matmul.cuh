@@ -322,15 +322,16 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                     return raw_row(s, row);
                 }
             };
-            // Octet 2(PT·c + τ) + P of a period: its unit in the period (run time) and octet (constant).
-            auto oct_unit = [&](int tau, int P) { return c * (2 * PT / OCTS) + (2 * tau + P) / OCTS; };
+            // Octet 2(PT·cc + τ) + P of a period, the one lane cc takes: its unit in the period. The A
+            // side (lane c) and the X side (the lane a run feeds) both place octets with it.
+            auto period_unit = [&](int cc, int tau, int P) { return cc * (2 * PT / OCTS) + (2 * tau + P) / OCTS; };
+            auto oct_unit = [&](int tau, int P) { return period_unit(c, tau, P); };
             // X: thread run ρ = tid % 16 = 4c' + 2P + half of each of its rows (c' the lane it feeds).
             const int x_rho = tid % 16, x_c = x_rho >> 2, x_p = (x_rho >> 1) & 1, x_half = x_rho & 1;
             const int x_col = 2 * (8 * (2 * x_p + x_half) + x_c);  // logical column of its first pair
             auto x_phys = [&](int kt) {  // physical element (from k-tile kt's period start) of its run
-                const int tau = kt % PT, q = 2 * tau + x_p;
-                const int unit = x_c * (2 * PT / OCTS) + q / OCTS;
-                return (kt - tau) * BK + unit * UE + (x_half ? U::xb(q % OCTS) : U::xa(q % OCTS));
+                const int tau = kt % PT, o = (2 * tau + x_p) % OCTS;
+                return (kt - tau) * BK + period_unit(x_c, tau, x_p) * UE + (x_half ? U::xb(o) : U::xa(o));
             };
             auto issue_raw_rs = [&](int s) {
 #pragma unroll
