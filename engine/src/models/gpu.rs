@@ -818,8 +818,10 @@ impl<S: DecoderStack> GpuModel for S {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "model-glm-dsa")]
     use crate::kernels::moe_matvec;
 
+    #[cfg(feature = "model-glm-dsa")]
     fn req<'a>(k: i64, n: i64, q: &'static str, mode: &'static str) -> Vec<(&'a str, Param)> {
         vec![("k", Param::Int(k)), ("n", Param::Int(n)), ("qtype", Param::Sym(q)), ("mode", Param::Sym(mode))]
     }
