@@ -71,7 +71,7 @@ fn matvec_variants() -> Vec<(&'static KernelVariant, bool)> {
 }
 
 /// Matmul variants and whether each must compile without spills: every 256-thread one; at 512
-/// threads (128 registers a thread) the specialized ones, while the generic ones may spill (32 to
+/// threads (128 registers a thread) the specialized ones, while the generic ones may spill (28 to
 /// 104 bytes at BM = 128 with NVRTC 13.0: run-time K's ragged-tile checks and 64-bit offsets).
 fn matmul_variants() -> Vec<(&'static KernelVariant, bool)> {
     let mut v = Vec::new();

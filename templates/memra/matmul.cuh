@@ -72,6 +72,7 @@ template <class Cfg> struct MatmulGeometry {
     // otherwise (F32 / F16 / BF16 run the register-A form, which spilled at 512).
     enum : int { THREADS = Cfg::THREADS == 512 && BN == 256 && !WIDE_ROWS ? 512 : 256 };
     enum : int { TPR = THREADS / BN };                       // threads per W row (copy and dequant)
+    enum : int { HALF_BY_WARP = THREADS == 512 };             // a row's two threads in sibling warps
     // Elements per raw super-tile: whole blocks, as long as shared memory allows (the next one's
     // copy lands during the super-tile's k-tiles of MMA time).
     enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : WIDE_ROWS ? (BN == 128 ? 128 : 64) : (U::BLOCK == 256 || BN == 128) ? 256 : 128 };
@@ -138,7 +139,10 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     const int n_ktiles = (K + BK - 1) / BK;
 
     // Raw copy / dequant role: TPR threads per W row (2 or 1), each 64 / TPR elements of a k-tile.
-    const int my_row = tid / TPR, half = tid % TPR;
+    // At 512 threads a row's halves belong to sibling warps (warp 2j + h: half h of rows 32j + lane):
+    // each warp then runs one half's code, where partner lanes made every warp run both, half idle.
+    const int my_row = G::HALF_BY_WARP ? (warp >> 1) * 32 + lane : tid / TPR;
+    const int half = G::HALF_BY_WARP ? warp & 1 : tid % TPR;
 
     // Copy super-tile s of W row `row` (of the block's BN) into its raw slot: pieces part,
     // part + parts, … of the row (the threads that dequantize a row copy it).
@@ -264,12 +268,18 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 
     // Produce k-tile kp (dequantized W, rounded X) into buffer kp & 1. The raw rows the TPR threads
     // of a row dequantize are the rows they copied, so a super-tile only needs their own cp.async
-    // wait plus __syncwarp, and the next super-tile's copy starts right after it.
+    // wait plus __syncwarp (a block barrier where the row's threads are in two warps), and the next
+    // super-tile's copy starts right after it.
     auto produce = [&](int kp) {
         const int sp = kp / TILES_PER_SUPER, tt = kp % TILES_PER_SUPER;
         if (tt == 0) {
             async::wait<0>();
-            __syncwarp();  // the row partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free
+            // The row partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free.
+            if constexpr (G::HALF_BY_WARP) {
+                __syncthreads();
+            } else {
+                __syncwarp();
+            }
             if (sp + 1 < n_super) issue_raw_row(sp + 1, my_row, half, TPR);
             async::commit();
         }
@@ -382,11 +392,11 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
                     }
             };
             auto mma_pair = [&](const int P, const u32 (&a)[MB][2][4], int kt) {
-                const u32 xs = ptx::smem_addr(x_tile(kt));
+                const u64 b0 = wg::desc_sw128(ptx::smem_addr(x_tile(kt)), 16, 1024);
                 wg::fence();
 #pragma unroll
                 for (int st = 0; st < 2; ++st) {
-                    const u64 b = wg::desc_sw128(xs + 32 * (2 * P + st), 16, 1024);
+                    const u64 b = wg::desc_plus(b0, 32 * (2 * P + st));
 #pragma unroll
                     for (int i = 0; i < MB; ++i) {
                         if constexpr (BM == 128) {
@@ -469,15 +479,18 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             // (With 2 warpgroups wgi < 2, which the compiler cannot see: spelled so it need not.)
             const int wg_m = BM == 128 ? 64 * (G::WGS == 2 ? wgi : wgi & 1) : 0;
             const int wg_n = BM == 128 ? (G::WGS == 2 ? 0 : WGN * (wgi >> 1)) : WGN * wgi;
+            const u32 tiles_s = ptx::smem_addr(tiles);
             wg::fence_proxy_async();  // this thread's tile writes, seen by the MMAs
             __syncthreads();
 #pragma unroll 1
             for (int kt = 0; kt < n_ktiles; ++kt) {
-                const u32 xs = ptx::smem_addr(xs_buf(kt & 1)) + wg_m * 128, ws = ptx::smem_addr(ws_buf(kt & 1)) + wg_n * 128;
+                const u32 buf = tiles_s + (kt & 1) * (G::XT_BYTES + G::WT_BYTES);  // xs_buf(kt & 1), as a shared address
+                const u32 xs = buf + wg_m * 128, ws = buf + G::XT_BYTES + wg_n * 128;
+                const u64 a0 = wg::desc_sw128(xs, 16, 1024), b0 = wg::desc_sw128(ws, 16, 1024);
                 wg::fence();
 #pragma unroll
                 for (int ks = 0; ks < BK / 16; ++ks) {
-                    const u64 a = wg::desc_sw128(xs + 32 * ks, 16, 1024), b = wg::desc_sw128(ws + 32 * ks, 16, 1024);
+                    const u64 a = wg::desc_plus(a0, 32 * ks), b = wg::desc_plus(b0, 32 * ks);
                     if constexpr (WGN == 256) {
                         wg::mma_m64n256k16<0>(acc, a, b, 1);
                     } else if constexpr (WGN == 128) {

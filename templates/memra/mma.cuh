@@ -99,6 +99,13 @@ __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lbo, u32 sbo) {
            (1ull << 62);
 }
 
+// desc_sw128(addr + bytes, …) from desc_sw128(addr, …) with one 32-bit add: the start-address
+// field (bits 0..13: address / 16) never carries into the next, shared addresses staying below
+// 2^18, so a k-step's descriptor costs one instruction instead of a mask, shift and OR again.
+__device__ __forceinline__ u64 desc_plus(u64 desc, u32 bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (u32)((u32)desc + (bytes >> 4));
+}
+
 // Orders this thread's register accesses before the warpgroup MMAs that follow.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -66,6 +66,7 @@ inline void bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 pub const WG_FNS: &str = r#"
 namespace wg {
 inline u64 desc_sw128(u32 addr, u32 lbo, u32 sbo) { return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62); }
+inline u64 desc_plus(u64 desc, u32 bytes) { return (desc & 0xFFFFFFFF00000000ull) | (u32)((u32)desc + (bytes >> 4)); }
 inline void fence() {}
 inline void commit() {}
 template <int PENDING> inline void wait() {}
