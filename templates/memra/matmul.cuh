@@ -55,7 +55,8 @@
 // threads produce tile kt + 1 while the tensor cores run tile kt (the "SS" form). For 8- and
 // 32-element units at K ≤ 2048 (and F32 / F16 / BF16 weights at any K) sm_90a runs the register-A
 // ("RS") form instead: D = W·Xᵀ, each thread dequantizes its rows straight into wgmma's A
-// fragments, only X goes through shared memory (in a k order permuted to match; see rs_form).
+// fragments, only X goes through shared memory (in a k order permuted to match; see the use_rs
+// block).
 // Elsewhere warps run ldmatrix + mma.sync on tile kt, then produce kt + 1.
 #pragma once
 #include "memra/matvec.cuh"
@@ -87,8 +88,8 @@ template <class Cfg> struct MatmulGeometry {
     // bf16 tiles: rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle layout (16-byte
     // chunk c of row r at chunk c ^ (r mod 8)), 1024-byte aligned: what wgmma reads, and
     // conflict-free for ldmatrix and the producers' 8-byte stores.
-    enum : int { XT_BYTES = BM * 128, WT_BYTES = BN * 128 };
-    enum : int { SMEM = 2 * RAW_BYTES + 2 * (XT_BYTES + WT_BYTES) + 1024 };  // raw and bf16 tiles double-buffered
+    enum : int { XT_BYTES = BM * 128, WT_BYTES = BN * 128, TILE_BYTES = XT_BYTES + WT_BYTES };  // a k-tile's pair
+    enum : int { SMEM = 2 * RAW_BYTES + 2 * TILE_BYTES + 1024 };  // raw and bf16 tiles double-buffered
     enum : int { WGS = THREADS / 128 };                      // warpgroups: 2 or 4
     enum : int { WARPS_M = WGS, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
     enum : int { MT = WM / 16, NT = WN / 8 };                // mma.sync tiles per warp
@@ -128,8 +129,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     // bf16 tiles for k-tile kt in buffer kt & 1: xs [BM] rows, then ws [BN] rows (G::at).
     u8* tiles = matmul_smem + 2 * G::RAW_BYTES;
     tiles += (1024u - (ptx::smem_addr(tiles) & 1023u)) & 1023u;  // the swizzle is on address bits 4..9
-    auto xs_buf = [&](int b) { return tiles + b * (G::XT_BYTES + G::WT_BYTES); };
-    auto ws_buf = [&](int b) { return tiles + b * (G::XT_BYTES + G::WT_BYTES) + G::XT_BYTES; };
+    auto xs_buf = [&](int b) { return tiles + b * G::TILE_BYTES; };
+    auto ws_buf = [&](int b) { return tiles + b * G::TILE_BYTES + G::XT_BYTES; };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int n0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
@@ -484,7 +485,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             __syncthreads();
 #pragma unroll 1
             for (int kt = 0; kt < n_ktiles; ++kt) {
-                const u32 buf = tiles_s + (kt & 1) * (G::XT_BYTES + G::WT_BYTES);  // xs_buf(kt & 1), as a shared address
+                const u32 buf = tiles_s + (kt & 1) * G::TILE_BYTES;  // xs_buf(kt & 1), as a shared address
                 const u32 xs = buf + wg_m * 128, ws = buf + G::XT_BYTES + wg_n * 128;
                 const u64 a0 = wg::desc_sw128(xs, 16, 1024), b0 = wg::desc_sw128(ws, 16, 1024);
                 wg::fence();
