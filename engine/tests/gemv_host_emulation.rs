@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
 
 const MATMUL_DRIVER: &str = r#"
 struct Cfg { static constexpr int K = KDIM; static constexpr int N = NDIM; static constexpr memra::QType QTYPE = memra::QType::QT;
-  static constexpr int BM = BMV; static constexpr int BN = BNV; static constexpr int THREADS = THR; static constexpr int ACCUMULATE = ACC; };
+  static constexpr int BM = BMV; static constexpr int BN = BNV; static constexpr int THREADS = 256; static constexpr int ACCUMULATE = ACC; };
 int main(int argc, char** argv) {
     int t = atoi(argv[1]), k = atoi(argv[2]), n = atoi(argv[3]), ldx = atoi(argv[4]), ldy = atoi(argv[5]);
     auto rd = [](const char* f, std::vector<unsigned char>& v) { FILE* fp = fopen(f, "rb"); fseek(fp, 0, SEEK_END); long n = ftell(fp); fseek(fp, 0, SEEK_SET); v.resize(n + 64); fread(v.data(), 1, n, fp); fclose(fp); return n; };
@@ -148,11 +148,11 @@ int main(int argc, char** argv) {
     for (int by = 0; by < (t + G::BM - 1) / G::BM; ++by)
     for (int bx = 0; bx < (n + G::BN - 1) / G::BN; ++bx) {
         std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
-        std::barrier<> block_bar(G::THREADS); g_block_barrier = &block_bar;
-        std::vector<std::barrier<>*> wb; for (int i = 0; i < G::THREADS / 32; ++i) wb.push_back(new std::barrier<>(32));
-        g_warp_barriers = wb; g_xchg.assign(G::THREADS, 0.f);
+        std::barrier<> block_bar(256); g_block_barrier = &block_bar;
+        std::vector<std::barrier<>*> wb; for (int i = 0; i < 8; ++i) wb.push_back(new std::barrier<>(32));
+        g_warp_barriers = wb; g_xchg.assign(256, 0.f);
         std::vector<std::thread> ts;
-        for (int th = 0; th < G::THREADS; ++th) ts.emplace_back([&, th] {
+        for (int th = 0; th < 256; ++th) ts.emplace_back([&, th] {
             threadIdx = {(unsigned)th, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, (unsigned)bz}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
             memra::matmul_entry<Cfg>(wa, xa, ya, t, k, n, ldx, ldy, offs, eb, xb, yb); });
         for (auto& x : ts) x.join();
@@ -589,18 +589,12 @@ fn matmul_cases(test: &str, sm90a: bool) {
     let mut rng = Rng::from_env_or_time(test);
     for ty in QTYPES {
         let k_aw = awkward_k(ty);
-        // (t, k, n, BM, BN, ACCUMULATE, ldx pad, ldy pad, THREADS); 512 threads: four warpgroups
-        // (F32 weights run 256 whatever is asked).
-        let mut cases = vec![
-            (17, k_aw, 33, 64, 256, 0, 4, 3, 256),
-            (130, 512, 130, 128, 128, 1, 0, 0, 256),
-            (130, k_aw, 70, 128, 256, 1, 4, 3, 512),
-        ];
+        // (t, k, n, BM, BN, ACCUMULATE, ldx pad, ldy pad)
+        let mut cases = vec![(17, k_aw, 33, 64, 256, 0, 4, 3), (130, 512, 130, 128, 128, 1, 0, 0)];
         if sm90a {
-            cases.push((9, 2304, 40, 128, 256, 0, 4, 0, 256));
-            cases.push((9, 2304, 40, 64, 256, 0, 4, 0, 512));
+            cases.push((9, 2304, 40, 128, 256, 0, 4, 0));
         }
-        for (t, k, n, bm, bn, acc, px, py, threads) in cases {
+        for (t, k, n, bm, bn, acc, px, py) in cases {
             let (ldx, ldy) = (k + px, n + py);
             let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();
             let x = rng.normal_vec((t - 1) * ldx + k, 1.0);
@@ -623,14 +617,13 @@ fn matmul_cases(test: &str, sm90a: bool) {
                     format!("BMV={bm}"),
                     format!("BNV={bn}"),
                     format!("ACC={acc}"),
-                    format!("THR={threads}"),
                 ];
                 if sm90a {
                     defines.push("__CUDA_ARCH_FEAT_SM90_ALL".into());
                 }
                 let bin = b.get(defines);
                 let got = run(&bin, &[t, k, n, ldx, ldy], &w, &x, &y0);
-                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} bn={bn} threads={threads} spec={spec} acc={acc} sm90a={sm90a}");
+                let what = format!("matmul {ty:?} t={t} k={k} n={n} bm={bm} bn={bn} spec={spec} acc={acc} sm90a={sm90a}");
                 compare(&what, &got, &y0, &want, t, n, ldy, acc == 1, 1e-2, &rng);
             }
         }
@@ -686,7 +679,6 @@ fn matmul_grouped_launch_emulated_on_host_threads_matches_reference() {
             "BMV=64".into(),
             "BNV=256".into(),
             "ACC=0".into(),
-            "THR=256".into(),
         ]);
         let max_rows = *rows.iter().max().unwrap();
         let got = run_with(
@@ -739,7 +731,7 @@ fn matmul_strided_batch_emulated_on_host_threads_matches_reference() {
                 want[i * ldy + z * yr..][..n].copy_from_slice(&yz[i * n..][..n]);
             }
         }
-        let bin = b.get(vec![format!("KDIM={k}"), format!("NDIM={n}"), format!("QT={}", ty.name()), "BMV=64".into(), "BNV=128".into(), "ACC=0".into(), "THR=256".into()]);
+        let bin = b.get(vec![format!("KDIM={k}"), format!("NDIM={n}"), format!("QT={}", ty.name()), "BMV=64".into(), "BNV=128".into(), "ACC=0".into()]);
         let counts = vec![0i32; heads + 1];
         let got = run_with(&bin, &[t, k, n, ldx, ldy], &experts.concat(), &x, &y0, Some((&counts, expert_bytes, [xr, yr])));
         let what = format!("strided batch matmul {ty:?} k={k} n={n} heads={heads} t={t} (MEMRA_SEED={})", rng.seed());

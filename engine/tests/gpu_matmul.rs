@@ -250,27 +250,6 @@ fn gpu_matmul_real_shapes() {
     }
 }
 
-/// `threads = 512` (four warpgroups of the shared-memory form, quantized weights; F32 / F16 /
-/// BF16 run 256 whatever is asked): every QType at an awkward K and a GLM-5 shape, K baked and
-/// generic, BM 128 and 64, partial token and row tiles.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_matmul_512_threads_every_qtype() {
-    let gpu = gpu();
-    let mut rng = Rng::from_env_or_time("gpu_matmul_512_threads_every_qtype");
-    for ty in QTYPES {
-        for (k, n, t) in [(awkward_k(ty), 33, 130), (6144, 2048 + 64, 200)] {
-            let w = random_weight(ty, k, n, &mut rng);
-            for dims in [(Some(k), None), (None, None)] {
-                for bm in [128, 64] {
-                    let kernel = load(&gpu, mm_variant(ty, dims, &[("threads", 512), ("bm", bm)]));
-                    check(&gpu, &kernel, ty, &w, &Case::plain(t, k, n), &mut rng);
-                }
-            }
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_matmul_awkward_sizes_every_qtype() {

@@ -14,9 +14,7 @@
 //   int   BM          tokens per block tile: 64 or 128
 //   int   BN          W rows per block tile: 128 or 256 (F32 weights: 128 whatever is set). X, the
 //                     larger operand per element (f32 from L2), is re-read N / BN times
-//   int   THREADS     256 or 512 (2 or 4 warpgroups; 512 only for quantized weights at BN = 256,
-//                     else 256): at 512 ptxas allots 128 registers a thread, BM · BN / 512
-//                     accumulators, and sm_90a runs the shared-memory form at every K
+//   int   THREADS     256 (8 warps: 2 along T × 4 along N)
 //   int   ACCUMULATE  0: Y = X·Wᵀ; 1: Y += X·Wᵀ
 //
 // Kernel parameters, in order:
@@ -33,11 +31,11 @@
 //     per-head absorption of a prefill chunk, head z's rows interleaved with the others'.
 //   One launch keeps every SM busy where one launch per matrix ran a few blocks each.
 //
-// __launch_bounds__(THREADS, 1): one block per SM (BM · BN / THREADS accumulators per thread plus the
+// __launch_bounds__(256, 1): one block per SM (BM · BN / 256 accumulators per thread plus the
 // dequant and X prefetch registers), no spills.
 //
 // Launch geometry (MatmulGeometry<Cfg> below; the Rust wrapper mirrors it):
-//   grid (ceil(N / BN), ceil(T / BM), experts or 1), block (MatmulGeometry::THREADS), dynamic shared memory
+//   grid (ceil(N / BN), ceil(T / BM), experts or 1), block (THREADS), dynamic shared memory
 //   2 · BN · RAW_ROW + 2 · (BM + BN) · 128 + 1024 bytes, RAW_ROW = 16 · (the odd number at or
 //   above ceil((KR / BLOCK · BYTES + 16) / 16)), KR (elements of a raw super-tile) = 64 for F32;
 //   F16 / BF16 128 (BN = 128) or 64; 32-element blocks 256 (BN = 128) or 128; 256-element
@@ -46,12 +44,12 @@
 // Structure: K runs in "super-tiles" of KR elements (whole quant blocks for every type); the raw
 // bytes of the BN W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
 // addresses, as in matvec), one super-tile ahead. Each 64-wide k-tile is dequantized by all
-// threads (the matvec unit decoders; 64 · BN / THREADS elements of a row a thread) into a bf16
+// threads (the matvec unit decoders; BN / 128 × 32 elements of a row a thread) into a bf16
 // [BN][64] tile; X's k-tile is loaded one tile ahead into registers, rounded and stored as bf16
 // [BM][64]. Both tiles are 128-byte rows in the 128-byte-swizzle layout, double-buffered, one
 // barrier per k-tile. sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs:
-// warpgroup g takes 64 tokens × BN / (THREADS / 128 · 64 / BM) W rows, wgmma m64nNk16 with
-// N = 2 · BM · BN / THREADS, issued asynchronously: the same
+// warpgroup g takes tokens [64g, 64g + 64) × all BN W rows (BM = 128) or all 64 tokens × half the
+// W rows (BM = 64), wgmma m64nNk16 with N = BM · BN / 128, issued asynchronously: the same
 // threads produce tile kt + 1 while the tensor cores run tile kt (the "SS" form). For 8- and
 // 32-element units at K ≤ 2048 (and F32 / F16 / BF16 weights at any K) sm_90a runs the register-A
 // ("RS") form instead: D = W·Xᵀ, each thread dequantizes its rows straight into wgmma's A
@@ -69,11 +67,7 @@ template <class Cfg> struct MatmulGeometry {
     enum : int { WIDE_ROWS = Cfg::QTYPE == QType::F32 || Cfg::QTYPE == QType::F16 || Cfg::QTYPE == QType::BF16 };
     // F32 rows (4 bytes an element) do not fit 256 a tile twice: 128 whatever the tuning says.
     enum : int { BM = Cfg::BM, BN = Cfg::QTYPE == QType::F32 ? 128 : Cfg::BN, BK = 64 };
-    // 512 threads (four warpgroups, the shared-memory form) for quantized weights at BN = 256; 256
-    // otherwise (F32 / F16 / BF16 run the register-A form, which spilled at 512).
-    enum : int { THREADS = Cfg::THREADS == 512 && BN == 256 && !WIDE_ROWS ? 512 : 256 };
-    enum : int { TPR = THREADS / BN };                       // threads per W row (copy and dequant)
-    enum : int { HALF_BY_WARP = THREADS == 512 };             // a row's two threads in sibling warps
+    enum : int { TPR = Cfg::THREADS / BN };                  // threads per W row (copy and dequant)
     // Elements per raw super-tile: whole blocks, as long as shared memory allows (the next one's
     // copy lands during the super-tile's k-tiles of MMA time).
     enum : int { KR = Cfg::QTYPE == QType::F32 ? 64 : WIDE_ROWS ? (BN == 128 ? 128 : 64) : (U::BLOCK == 256 || BN == 128) ? 256 : 128 };
@@ -90,21 +84,19 @@ template <class Cfg> struct MatmulGeometry {
     // conflict-free for ldmatrix and the producers' 8-byte stores.
     enum : int { XT_BYTES = BM * 128, WT_BYTES = BN * 128, TILE_BYTES = XT_BYTES + WT_BYTES };  // a k-tile's pair
     enum : int { SMEM = 2 * RAW_BYTES + 2 * TILE_BYTES + 1024 };  // raw and bf16 tiles double-buffered
-    enum : int { WGS = THREADS / 128 };                      // warpgroups: 2 or 4
-    enum : int { WARPS_M = WGS, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
+    enum : int { WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };
     enum : int { MT = WM / 16, NT = WN / 8 };                // mma.sync tiles per warp
-    enum : int { ACCS = BM * BN / THREADS };                 // accumulators per thread (every form)
+    enum : int { ACCS = BM * BN / 256 };                     // accumulators per thread (both forms)
     // sm_90a: W dequantized into the MMA's register A fragments for units of ≤ 32 elements (64-element
     // K-quant units would be loaded once per octet instead of once per 4) up to K = 2048; H200,
     // session 33: 1.04-1.8x faster than the shared-memory form at K ≤ 2048, 2-8 % slower at K ≥ 4096.
-    // Not at 512 threads: within 128 registers it spilled 4-12 bytes (NVRTC 13.0, session 34).
-    enum : int { REG_A_UNITS = U::UE <= 32 && THREADS == 256, REG_A_MAX_K = 2048 };
+    enum : int { REG_A_UNITS = U::UE <= 32, REG_A_MAX_K = 2048 };
 
     // Byte offset of bf16 element (r, k) of a tile, k < BK; 8 elements from a multiple of 8 share
     // one 16-byte chunk.
     __host__ __device__ static constexpr int at(int r, int k) { return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2; }
 
-    static_assert(Cfg::THREADS == 256 || Cfg::THREADS == 512, "matmul runs 256 or 512 threads");
+    static_assert(Cfg::THREADS == 256, "matmul uses 8 warps");
     static_assert(BM == 64 || BM == 128, "BM must be 64 or 128");
     static_assert(BN == 128 || BN == 256, "BN must be 128 or 256");
     static_assert(KR % U::BLOCK == 0 && KR % BK == 0, "a super-tile holds whole blocks and k-tiles");
@@ -140,10 +132,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     const int n_ktiles = (K + BK - 1) / BK;
 
     // Raw copy / dequant role: TPR threads per W row (2 or 1), each 64 / TPR elements of a k-tile.
-    // At 512 threads a row's halves belong to sibling warps (warp 2j + h: half h of rows 32j + lane):
-    // each warp then runs one half's code, where partner lanes made every warp run both, half idle.
-    const int my_row = G::HALF_BY_WARP ? (warp >> 1) * 32 + lane : tid / TPR;
-    const int half = G::HALF_BY_WARP ? warp & 1 : tid % TPR;
+    const int my_row = tid / TPR, half = tid % TPR;
 
     // Copy super-tile s of W row `row` (of the block's BN) into its raw slot: pieces part,
     // part + parts, … of the row (the threads that dequantize a row copy it).
@@ -232,8 +221,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
 
-    // X k-tile: BM rows × 64 floats; thread reads float4 (row tid/16 + XR·j, col 4·(tid%16)).
-    constexpr int XR = G::THREADS / 16, XJ = BM / XR;
+    // X k-tile: BM rows × 64 floats; thread reads float4 (row tid/16 + 16j, col 4·(tid%16)).
+    constexpr int XJ = BM * BK / 4 / Cfg::THREADS;
     float4 xr[XJ];
     const bool x_rows_full = t0 + BM <= T;
     // kk: the thread's first column; cols_inside: every column the block loads with it is < K.
@@ -241,12 +230,12 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const float* xp = x + (i64)(t0 + tid / 16) * ldx + kk;
         if (x_rows_full && (G::WHOLE_SUPER || cols_inside)) {
 #pragma unroll
-            for (int j = 0; j < XJ; ++j) xr[j] = load_f4(xp + (i64)XR * j * ldx);
+            for (int j = 0; j < XJ; ++j) xr[j] = load_f4(xp + (i64)16 * j * ldx);
         } else {
 #pragma unroll
             for (int j = 0; j < XJ; ++j) {
-                const int t = t0 + tid / 16 + XR * j;
-                xr[j] = (t < T && kk < K) ? load_f4(xp + (i64)XR * j * ldx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const int t = t0 + tid / 16 + 16 * j;
+                xr[j] = (t < T && kk < K) ? load_f4(xp + (i64)16 * j * ldx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
     };
@@ -254,7 +243,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
     auto store_x = [&](u8* xs) {
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {
-            const int r = tid / 16 + XR * j;
+            const int r = tid / 16 + 16 * j;
             *reinterpret_cast<uint2*>(xs + G::at(r, 4 * (tid % 16))) =
                 make_uint2(ptx::pack_bf16x2(xr[j].x, xr[j].y), ptx::pack_bf16x2(xr[j].z, xr[j].w));
         }
@@ -269,18 +258,12 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 
     // Produce k-tile kp (dequantized W, rounded X) into buffer kp & 1. The raw rows the TPR threads
     // of a row dequantize are the rows they copied, so a super-tile only needs their own cp.async
-    // wait plus __syncwarp (a block barrier where the row's threads are in two warps), and the next
-    // super-tile's copy starts right after it.
+    // wait plus __syncwarp, and the next super-tile's copy starts right after it.
     auto produce = [&](int kp) {
         const int sp = kp / TILES_PER_SUPER, tt = kp % TILES_PER_SUPER;
         if (tt == 0) {
             async::wait<0>();
-            // The row partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free.
-            if constexpr (G::HALF_BY_WARP) {
-                __syncthreads();
-            } else {
-                __syncwarp();
-            }
+            __syncwarp();  // the row partner's pieces of super-tile sp are visible; slot (sp+1)&1 is free
             if (sp + 1 < n_super) issue_raw_row(sp + 1, my_row, half, TPR);
             async::commit();
         }
@@ -321,7 +304,6 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             // Pipeline per k-tile kt, MMAs asynchronous: [MMA pair 0 (steps 0-1)] → dequant pair 1 →
             // [MMA pair 1] → store X of kt + 1, dequant pair 0 of kt + 1 → barrier. Two A register sets;
             // three X tiles (a warpgroup may still read tile kt - 1 while the other stores kt + 1).
-            static_assert(G::WGS == 2, "the register-A form runs two warpgroups");
             constexpr int MB = BN / 128;
             constexpr int PT = UE >= 32 ? UE / 16 : 1, PER = 64 * PT;
             constexpr int UPP = PER / UE;  // units per period: 4 or 8
@@ -361,7 +343,7 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             auto store_x_rs = [&](u8* xs) {
 #pragma unroll
                 for (int j = 0; j < XJ; ++j) {
-                    const int r = tid / 16 + XR * j;
+                    const int r = tid / 16 + 16 * j;
                     *reinterpret_cast<u32*>(xs + G::at(r, x_col)) = ptx::pack_bf16x2(xr[j].x, xr[j].y);
                     *reinterpret_cast<u32*>(xs + G::at(r, x_col + 8)) = ptx::pack_bf16x2(xr[j].z, xr[j].w);
                 }
@@ -471,15 +453,12 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
             async::commit();
             load_x(0);
             produce(0);
-            // Warpgroup g multiplies 64 tokens, [64(g mod (BM/64)), +64), by WGN W rows from
-            // WGN·⌊g / (BM/64)⌋: all BN (2 warpgroups, BM = 128), half (4 at BM = 128, or 2 at
-            // BM = 64) or a quarter (4, BM = 64). The MMAs of k-tile kt run asynchronously while the
-            // same threads produce kt + 1; one barrier per k-tile.
+            // Warpgroup g multiplies tokens [64g, 64g + 64) by all BN W rows (BM = 128), or all 64
+            // tokens by W rows [g·BN/2, (g+1)·BN/2) (BM = 64). The MMAs of k-tile kt run asynchronously
+            // while the same threads produce kt + 1; one barrier per k-tile.
             constexpr int WGN = G::ACCS * 2;  // columns per warpgroup: 256, 128 or 64
             const int wgi = warp >> 2;
-            // (With 2 warpgroups wgi < 2, which the compiler cannot see: spelled so it need not.)
-            const int wg_m = BM == 128 ? 64 * (G::WGS == 2 ? wgi : wgi & 1) : 0;
-            const int wg_n = BM == 128 ? (G::WGS == 2 ? 0 : WGN * (wgi >> 1)) : WGN * wgi;
+            const int wg_m = BM == 128 ? 64 * wgi : 0, wg_n = BM == 128 ? 0 : WGN * wgi;
             const u32 tiles_s = ptx::smem_addr(tiles);
             wg::fence_proxy_async();  // this thread's tile writes, seen by the MMAs
             __syncthreads();
@@ -591,7 +570,7 @@ __device__ __forceinline__ void matmul_entry(const unsigned char* __restrict__ w
 }  // namespace memra
 
 #define MEMRA_DEFINE_MATMUL(SYMBOL, CFG)                                                                        \
-    extern "C" __global__ void __launch_bounds__(memra::MatmulGeometry<CFG>::THREADS, 1)                        \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1)                                               \
         SYMBOL(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int t, \
                int k, int n, int ldx, int ldy, const int* __restrict__ offsets, long long expert_bytes,       \
                long long x_batch, long long y_batch) {                                                          \

@@ -11,6 +11,7 @@ use crate::kernels::launch::{KernelArgs, launch};
 use crate::kernels::matvec::{allow_smem, check_weight, qtype, unit_shape};
 
 pub const FAMILY: &str = "matmul";
+pub const THREADS: u32 = 256;
 
 /// Kernel parameters in order: `(const unsigned char* w, const float* x, float* y, int t, int k,
 /// int n, int ldx, int ldy, const int* offsets, long long expert_bytes, long long x_batch,
@@ -73,8 +74,6 @@ pub struct MatmulTuning {
     pub bm: u32,
     /// Weight rows per block tile: 128 or 256 (F32 weights run 128: [`block_n`]).
     pub bn: u32,
-    /// Threads per block: 256 or 512 (512 for quantized weights at 256 rows a block: [`block_threads`]).
-    pub threads: u32,
     pub accumulate: bool,
 }
 
@@ -83,7 +82,6 @@ impl Default for MatmulTuning {
         MatmulTuning {
             bm: 128,
             bn: 256,
-            threads: 256,
             accumulate: false,
         }
     }
@@ -99,11 +97,11 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
     if bn != 128 && bn != 256 {
         return Err(checks::invalid(kernel, format!("bn={bn} is not 128 or 256")));
     }
-    let threads = checks::baked_int(v, "threads").unwrap_or(256);
-    if threads != 256 && threads != 512 {
+    let threads = checks::baked_int(v, "threads").unwrap_or(THREADS as i64);
+    if threads != THREADS as i64 {
         return Err(checks::invalid(
             kernel,
-            format!("threads={threads}: matmul runs 256 or 512 threads"),
+            format!("threads={threads}: matmul runs 256 threads"),
         ));
     }
     let accumulate = checks::baked_int(v, "accumulate").unwrap_or(0);
@@ -116,7 +114,6 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
     Ok(MatmulTuning {
         bm: bm as u32,
         bn: bn as u32,
-        threads: threads as u32,
         accumulate: accumulate == 1,
     })
 }
@@ -125,14 +122,6 @@ pub fn tuning(kernel: &Kernel) -> Result<MatmulTuning, Error> {
 /// 128 for F32 weights, whose 256 rows would not fit shared memory twice.
 pub fn block_n(ty: GgmlType, t: &MatmulTuning) -> u32 {
     if ty == GgmlType::F32 { 128 } else { t.bn }
-}
-
-/// Threads per block as the kernel runs them (`MatmulGeometry::THREADS`): the tuning's 512 for
-/// quantized weights at 256 rows a block; 256 otherwise (F32 / F16 / BF16 weights run the
-/// register-A form, which spilled at 512's 128 registers a thread).
-pub fn block_threads(ty: GgmlType, t: &MatmulTuning) -> u32 {
-    let wide = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-    if t.threads == 512 && block_n(ty, t) == 256 && !wide { 512 } else { 256 }
 }
 
 /// Dynamic shared memory, mirroring `MatmulGeometry<Cfg>::SMEM` in matmul.cuh.
@@ -165,7 +154,7 @@ pub fn launch_config(
             checks::grid_dim(t, tune.bm as usize, checks::GRID_Y_MAX),
             matrices,
         ),
-        block_dim: (block_threads(ty, tune), 1, 1),
+        block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem_bytes(ty, tune)?,
     })
 }
@@ -358,11 +347,10 @@ pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatmulTun
     format!(
         "#include \"memra/matmul.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
          static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr int BM = {bm};\n    \
-         static constexpr int BN = {bn};\n    static constexpr int THREADS = {th};\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
+         static constexpr int BN = {bn};\n    static constexpr int THREADS = 256;\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
         q = ty.name(),
         bm = t.bm,
         bn = t.bn,
-        th = t.threads,
         a = t.accumulate as i32
     )
 }
@@ -373,7 +361,7 @@ mod tests {
 
     #[test]
     fn smem_matches_the_template_formula_by_hand() {
-        let tune = |bm, bn| MatmulTuning { bm, bn, ..MatmulTuning::default() };
+        let tune = |bm, bn| MatmulTuning { bm, bn, accumulate: false };
         // Raw rows: the super-tile + 16 bytes, rounded up to an odd number of 16-byte chunks.
         // Q4_K: super-tile 256 = 1 block of 144 B → 176; bf16 tiles 2 · (BM + BN) · 128.
         assert_eq!(smem_bytes(GgmlType::Q4_K, &MatmulTuning::default()), Some(2 * 256 * 176 + 2 * 384 * 128 + 1024));
@@ -386,18 +374,5 @@ mod tests {
         // Q5_K: 176 B → 208 (13 chunks); Q6_K, the widest block (210 B → 240), still fits 227 KiB.
         assert_eq!(smem_bytes(GgmlType::Q5_K, &MatmulTuning::default()), Some(2 * 256 * 208 + 2 * 384 * 128 + 1024));
         assert!(smem_bytes(GgmlType::Q6_K, &MatmulTuning::default()).unwrap() <= 232448);
-    }
-
-    #[test]
-    fn block_threads_mirror_the_template_rule() {
-        let t512 = |bn| MatmulTuning { bn, threads: 512, ..MatmulTuning::default() };
-        assert_eq!(block_threads(GgmlType::Q8_0, &MatmulTuning::default()), 256);
-        assert_eq!(block_threads(GgmlType::Q8_0, &t512(256)), 512);
-        assert_eq!(block_threads(GgmlType::Q4_K, &t512(256)), 512);
-        // 128 rows a block, or weights that run the register-A form: 256 whatever is asked.
-        assert_eq!(block_threads(GgmlType::Q8_0, &t512(128)), 256);
-        for wide in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
-            assert_eq!(block_threads(wide, &t512(256)), 256, "{wide:?}");
-        }
     }
 }
