@@ -61,6 +61,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
     int t = threadIdx.x; g_xchg[t] = v; __syncwarp(); float r = g_xchg[(t & ~31) | ((t & 31) ^ o)]; __syncwarp(); return r; }
 namespace memra {
 inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 typedef unsigned char u8; typedef signed char i8; typedef unsigned short u16; typedef unsigned int u32; typedef unsigned long long u64; typedef long long i64;
 enum class QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30 };
@@ -590,10 +591,14 @@ fn matmul_cases(test: &str, sm90a: bool) {
     for ty in QTYPES {
         let k_aw = awkward_k(ty);
         // (t, k, n, BM, BN, ACCUMULATE, ldx pad, ldy pad)
-        let mut cases = vec![(17, k_aw, 33, 64, 256, 0, 4, 3), (130, 512, 130, 128, 128, 1, 0, 0)];
-        if sm90a {
-            cases.push((9, 2304, 40, 128, 256, 0, 4, 0));
-        }
+        // K = 512 and 2304: baked rows of whole 16-byte chunks for 32-element blocks (matmul's
+        // aligned raw reads, every word phase), at 2 and 1 threads a row; 2304 > 2048 also puts
+        // sm_90a on the shared-memory form.
+        let cases = [
+            (17, k_aw, 33, 64, 256, 0, 4, 3),
+            (130, 512, 130, 128, 128, 1, 0, 0),
+            (9, 2304, 40, 128, 256, 0, 4, 0),
+        ];
         for (t, k, n, bm, bn, acc, px, py) in cases {
             let (ldx, ldy) = (k + px, n + py);
             let w = quant::quantize(ty, &rng.normal_vec(k * n, 1.0)).unwrap();

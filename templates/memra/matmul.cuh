@@ -79,6 +79,14 @@ template <class Cfg> struct MatmulGeometry {
     // count gave 4 or fewer: 8-way conflicts on every 4-byte load of the dequantization).
     enum : int { RAW_ROW = ((SB + 31) / 16 | 1) * 16 };
     enum : int { RAW_BYTES = BN * RAW_ROW };
+    // 32-element blocks at a baked K whose rows are whole 16-byte chunks: a k-tile (TB bytes of a
+    // row) starts at the same offset in its chunk in every row, a multiple of 4, so a thread
+    // reads its blocks as aligned 16-byte loads (conflict-free, rows an odd number of chunks
+    // apart) and decodes them from registers, where 2- and 4-byte loads of the 32 rows a warp
+    // reads fell on 8 bank groups (4-way conflicts).
+    enum : int { TB = BK / U::BLOCK * U::BYTES };
+    enum : int { REG_RAW = U::REG_BYTES && U::BLOCK == 32 && WHOLE_SUPER && Cfg::K / 32 * U::BYTES % 16 == 0 };
+    static_assert(!REG_RAW || (TB % 4 == 0 && SB % 4 == 0), "word-aligned k-tiles");
     // bf16 tiles: rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle layout (16-byte
     // chunk c of row r at chunk c ^ (r mod 8)), 1024-byte aligned: what wgmma reads, and
     // conflict-free for ldmatrix and the producers' 8-byte stores.
@@ -179,6 +187,34 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         }
     };
 
+    // The 8 runs of 4 bf16 of a row's 4 octets into ws (run r < 4: octet r's xa run, r ≥ 4: octet
+    // r - 4's xb run; col: each run's first column, constants after unrolling). Two runs that fill
+    // one 16-byte chunk go out as one 16-byte store: a warp's 32 rows then write 8 distinct chunks
+    // a quarter-warp (conflict-free), where 8-byte stores put rows r and r + 8 of a half-warp on
+    // the same banks. Every unit type pairs all its runs.
+    auto put_runs = [&](const uint2 (&run)[8], const int (&col)[8], u8* ws) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            int next = -1, prev = -1;
+#pragma unroll
+            for (int r2 = 0; r2 < 8; ++r2) {
+                if (col[r] % 8 == 0 && col[r2] == col[r] + 4) next = r2;
+                if (col[r] % 8 == 4 && col[r2] == col[r] - 4) prev = r2;
+            }
+            if (next >= 0) {
+                *reinterpret_cast<uint4*>(ws + G::at(my_row, col[r])) = make_uint4(run[r].x, run[r].y, run[next].x, run[next].y);
+            } else if (prev < 0) {
+                *reinterpret_cast<uint2*>(ws + G::at(my_row, col[r])) = run[r];
+            }
+        }
+    };
+    auto pack_oct = [&](const float (&v)[8], int i, int u_tile, int o, uint2 (&run)[8], int (&col)[8]) {
+        run[i] = make_uint2(ptx::pack_bf16x2(v[0], v[1]), ptx::pack_bf16x2(v[2], v[3]));
+        run[4 + i] = make_uint2(ptx::pack_bf16x2(v[4], v[5]), ptx::pack_bf16x2(v[6], v[7]));
+        col[i] = u_tile * UE + U::xa(o);
+        col[4 + i] = u_tile * UE + U::xb(o);
+    };
+
     // Dequantize k-tile `tt` of super-tile `s` (raw in slot s & 1) into ws: octets 4·H .. 4·H+3
     // of the row's 8 (ordered unit, octet). It is called with literal H values, so after inlining
     // every register index is a constant.
@@ -188,6 +224,8 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
         const u8* rowp = raw_row(s, my_row);
         constexpr int OCTS_PER_LOAD = OCTS < 4 ? OCTS : 4;
         typename U::Raw raw;
+        uint2 run[8];
+        int col[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int q = 4 * H + i;
@@ -203,21 +241,65 @@ __device__ __forceinline__ void matmul_impl(const unsigned char* __restrict__ w,
 #pragma unroll
                 for (int j = 0; j < 8; ++j) v[j] = 0.0f;
             }
-            u8* da = ws + G::at(my_row, u_tile * UE + U::xa(o));
-            u8* db = ws + G::at(my_row, u_tile * UE + U::xb(o));
-            *reinterpret_cast<uint2*>(da) = make_uint2(ptx::pack_bf16x2(v[0], v[1]), ptx::pack_bf16x2(v[2], v[3]));
-            *reinterpret_cast<uint2*>(db) = make_uint2(ptx::pack_bf16x2(v[4], v[5]), ptx::pack_bf16x2(v[6], v[7]));
+            pack_oct(v, i, u_tile, o, run, col);
+        }
+        put_runs(run, col, ws);
+    };
+    // G::REG_RAW: block H of the k-tile (32-element blocks: octets 4·H .. 4·H+3 are block H) from
+    // the 16-byte chunks at `chunk`, the k-tile's first byte at 4·PH in the first. PH (a literal)
+    // fixes every offset, so the chunks are read as aligned 16-byte loads into registers.
+    auto dequant_block_reg = [&](const int H, const int PH, const u8* chunk, u8* ws) {
+        if constexpr (G::REG_RAW) {  // instantiated only where it runs
+            // The block's first byte, and its chunks (to 2 bytes past it, which a 2-aligned tail
+            // word reads).
+            const int b0 = 4 * PH + H * U::BYTES;
+            const int c0 = b0 / 16, n = (b0 + U::BYTES + 1) / 16 - c0 + 1;
+            qunit::RegBytes<16> bytes;
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                if (c < n) {
+                    const uint4 t = *reinterpret_cast<const uint4*>(chunk + 16 * (c0 + c));
+                    bytes.w[4 * c] = t.x, bytes.w[4 * c + 1] = t.y, bytes.w[4 * c + 2] = t.z, bytes.w[4 * c + 3] = t.w;
+                }
+            typename U::Raw raw;
+            U::load_from(bytes, b0 - 16 * c0, 0, raw);
+            uint2 run[8];
+            int col[8];
+#pragma unroll
+            for (int o = 0; o < 4; ++o) {
+                float v[8];
+                decode_oct(raw, 0, o, v);
+                pack_oct(v, o, H, o, run, col);
+            }
+            put_runs(run, col, ws);
         }
     };
     auto dequant = [&](int s, int tt, u8* ws) {
-        auto halves = [&](const bool full) {
-            if (TPR == 1 || half == 0) dequant_half(0, full, s, tt, ws);
-            if (TPR == 1 || half == 1) dequant_half(1, full, s, tt, ws);
-        };
-        if (G::WHOLE_SUPER || s * KR + (tt + 1) * BK <= K) {
-            halves(true);
+        if constexpr (G::REG_RAW) {
+            // The k-tile's first byte from the row's 16-byte-aligned slot start (rows whole chunks
+            // long: the same for every row), and its word phase in its chunk.
+            const int d = ((s * G::SB) & 15) + tt * G::TB;
+            const u8* chunk = raw_buf + (s & 1) * G::RAW_BYTES + my_row * G::RAW_ROW + (d & ~15);
+            auto blocks = [&](const int PH) {
+                if (TPR == 1 || half == 0) dequant_block_reg(0, PH, chunk, ws);
+                if (TPR == 1 || half == 1) dequant_block_reg(1, PH, chunk, ws);
+            };
+            switch ((d >> 2) & 3) {
+                case 0: blocks(0); break;
+                case 1: blocks(1); break;
+                case 2: blocks(2); break;
+                default: blocks(3); break;
+            }
         } else {
-            halves(false);
+            auto halves = [&](const bool full) {
+                if (TPR == 1 || half == 0) dequant_half(0, full, s, tt, ws);
+                if (TPR == 1 || half == 1) dequant_half(1, full, s, tt, ws);
+            };
+            if (G::WHOLE_SUPER || s * KR + (tt + 1) * BK <= K) {
+                halves(true);
+            } else {
+                halves(false);
+            }
         }
     };
 

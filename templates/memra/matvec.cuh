@@ -185,6 +185,29 @@ template <int ALIGN, int NW, bool EXACT = false> __device__ __forceinline__ void
     }
 }
 
+// Where a unit's bytes come from (units with REG_BYTES decode through either): memory at p
+// (MemBytes), or words a thread already holds, byte 4i + j of the range in byte j of w[i]
+// (RegBytes: matmul's raw rows read as aligned 16-byte loads; byte offsets are constants after
+// unrolling, so every word stays a register).
+template <bool EXACT = false> struct MemBytes {
+    const u8* p;
+    __device__ __forceinline__ u16 u16_at(int b) const { return load_u16(p + b); }
+    template <int ALIGN, int NW> __device__ __forceinline__ void words(int b, u32 (&w)[NW]) const {
+        load_words<ALIGN, NW, EXACT>(p + b, w);
+    }
+};
+template <int N> struct RegBytes {
+    u32 w[N];
+    __device__ __forceinline__ u16 u16_at(int b) const { return (u16)(b & 2 ? w[b >> 2] >> 16 : w[b >> 2]); }
+    template <int ALIGN, int NW> __device__ __forceinline__ void words(int b, u32 (&out)[NW]) const {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) {
+            const int o = b + 4 * i;
+            out[i] = o & 3 ? __funnelshift_r(w[o >> 2], w[(o >> 2) + 1], 8 * (o & 3)) : w[o >> 2];
+        }
+    }
+};
+
 // 4 bits k of t -> bit 4 of byte k (Q5 high bits next to their nibbles).
 __device__ __forceinline__ u32 spread4_to_bit4(u32 t) { return (t * 0x02040810u) & 0x10101010u; }
 
@@ -269,6 +292,8 @@ struct UnitBase {
     // oct_scaled(raw, sub, o, v): oct with the scale applied in the same instruction (matmul's
     // dequantization), where a type has it.
     enum : bool { FOLDED = false };
+    // load_from(bytes, b, sub, raw): load from a byte source (MemBytes / RegBytes) at byte b.
+    enum : bool { REG_BYTES = false };
     __host__ __device__ static constexpr int ga(int) { return 0; }
     __host__ __device__ static constexpr int gb(int) { return 0; }
 };
@@ -338,9 +363,13 @@ template <> struct Unit<QType::Q8_0> : Block32UnitBase {
     enum : bool { DIRECT_Q8 = true };
     struct Raw { float d; u32 q[8]; };
     // EXACT: read nothing past the block (run_direct_q8 reads global memory in place).
-    template <bool EXACT = false> __device__ static void load(const u8* blk, int, Raw& r) {
-        r.d = f16_to_f32(load_u16(blk));
-        load_words<2, 8, EXACT>(blk + 2, r.q);
+    template <bool EXACT = false> __device__ static void load(const u8* blk, int sub, Raw& r) {
+        load_from(MemBytes<EXACT>{blk}, 0, sub, r);
+    }
+    enum : bool { REG_BYTES = true };
+    template <class B> __device__ static void load_from(const B& bytes, int b, int, Raw& r) {
+        r.d = f16_to_f32(bytes.u16_at(b));
+        bytes.template words<2, 8>(b + 2, r.q);
     }
     __host__ __device__ static constexpr int xa(int o) { return 8 * o; }
     __host__ __device__ static constexpr int xb(int o) { return 8 * o + 4; }
@@ -381,9 +410,11 @@ template <> struct Unit<QType::Q4_0> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
     enum : int { BYTES = 18, ALIGN = 2, UPL = 2 };
     struct Raw { float d; u32 q[4]; };
-    __device__ static void load(const u8* blk, int, Raw& r) {
-        r.d = f16_to_f32(load_u16(blk));
-        load_words<2, 4>(blk + 2, r.q);
+    __device__ static void load(const u8* blk, int sub, Raw& r) { load_from(MemBytes<>{blk}, 0, sub, r); }
+    enum : bool { REG_BYTES = true };
+    template <class B> __device__ static void load_from(const B& bytes, int b, int, Raw& r) {
+        r.d = f16_to_f32(bytes.u16_at(b));
+        bytes.template words<2, 4>(b + 2, r.q);
     }
     __device__ static void oct(const Raw& r, int, int o, float (&v)[8]) {
         nibble_oct(r.q[o] & 0x0F0F0F0Fu, (r.q[o] >> 4) & 0x0F0F0F0Fu, 8.0f, v);
@@ -455,10 +486,12 @@ template <> struct Unit<QType::Q5_0> : Block32UnitBase, NibbleRuns {
     using NibbleRuns::xa, NibbleRuns::xb;
     enum : int { BYTES = 22, ALIGN = 2, UPL = 2 };
     struct Raw { float d; u32 qh; u32 q[4]; };
-    __device__ static void load(const u8* blk, int, Raw& r) {
-        r.d = f16_to_f32(load_u16(blk));
+    __device__ static void load(const u8* blk, int sub, Raw& r) { load_from(MemBytes<>{blk}, 0, sub, r); }
+    enum : bool { REG_BYTES = true };
+    template <class B> __device__ static void load_from(const B& bytes, int b, int, Raw& r) {
+        r.d = f16_to_f32(bytes.u16_at(b));
         u32 w[5];
-        load_words<2, 5>(blk + 2, w);
+        bytes.template words<2, 5>(b + 2, w);
         r.qh = w[0];
 #pragma unroll
         for (int i = 0; i < 4; ++i) r.q[i] = w[1 + i];
