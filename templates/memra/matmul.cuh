@@ -44,13 +44,14 @@
 // Structure: K runs in "super-tiles" of KR elements (whole quant blocks for every type); the raw
 // bytes of the BN W rows of a super-tile are copied with 16-byte cp.async (aligned-floor
 // addresses, as in matvec), one super-tile ahead. Each 64-wide k-tile is dequantized by all
-// threads (the matvec unit decoders; BN / 128 × 32 elements of a row a thread) into a bf16
-// [BN][64] tile; X's k-tile is loaded one tile ahead into registers, rounded and stored as bf16
-// [BM][64]. Both tiles are 128-byte rows in the 128-byte-swizzle layout, double-buffered, one
-// barrier per k-tile. sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs:
-// warpgroup g takes tokens [64g, 64g + 64) × all BN W rows (BM = 128) or all 64 tokens × half the
-// W rows (BM = 64), wgmma m64nNk16 with N = BM · BN / 128, issued asynchronously: the same
-// threads produce tile kt + 1 while the tensor cores run tile kt (the "SS" form). For 8- and
+// threads (the matvec unit decoders; BN / 128 × 32 elements of a row a thread; 16-byte shared
+// loads and stores where the layout allows, see REG_RAW and put_runs) into a bf16 [BN][64] tile;
+// X's k-tile is loaded one tile ahead into registers, rounded and stored as bf16 [BM][64]. Both
+// tiles are 128-byte rows in the 128-byte-swizzle layout, double-buffered, one barrier per k-tile.
+// sm_90a (NVRTC's target on Hopper) multiplies with warpgroup MMAs: warpgroup g takes tokens
+// [64g, 64g + 64) × all BN W rows (BM = 128) or all 64 tokens × half the W rows (BM = 64), wgmma
+// m64nNk16 with N = BM · BN / 128, issued asynchronously: the same threads produce tile kt + 1
+// while the tensor cores run tile kt (the "SS" form). For 8- and
 // 32-element units at K ≤ 2048 (and F32 / F16 / BF16 weights at any K) sm_90a runs the register-A
 // ("RS") form instead: D = W·Xᵀ, each thread dequantizes its rows straight into wgmma's A
 // fragments, only X goes through shared memory (in a k order permuted to match; see the use_rs
