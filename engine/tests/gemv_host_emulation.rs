@@ -149,11 +149,11 @@ int main(int argc, char** argv) {
     for (int by = 0; by < (t + G::BM - 1) / G::BM; ++by)
     for (int bx = 0; bx < (n + G::BN - 1) / G::BN; ++bx) {
         std::vector<unsigned char> smem(G::SMEM + 64, 0xCD);
-        std::barrier<> block_bar(256); g_block_barrier = &block_bar;
-        std::vector<std::barrier<>*> wb; for (int i = 0; i < 8; ++i) wb.push_back(new std::barrier<>(32));
-        g_warp_barriers = wb; g_xchg.assign(256, 0.f);
+        std::barrier<> block_bar(Cfg::THREADS); g_block_barrier = &block_bar;
+        std::vector<std::barrier<>*> wb; for (int i = 0; i < Cfg::THREADS / 32; ++i) wb.push_back(new std::barrier<>(32));
+        g_warp_barriers = wb; g_xchg.assign(Cfg::THREADS, 0.f);
         std::vector<std::thread> ts;
-        for (int th = 0; th < 256; ++th) ts.emplace_back([&, th] {
+        for (int th = 0; th < Cfg::THREADS; ++th) ts.emplace_back([&, th] {
             threadIdx = {(unsigned)th, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, (unsigned)bz}; g_smem = smem.data(); g_smem_bytes = G::SMEM;
             memra::matmul_entry<Cfg>(wa, xa, ya, t, k, n, ldx, ldy, offs, eb, xb, yb); });
         for (auto& x : ts) x.join();

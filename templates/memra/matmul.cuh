@@ -90,7 +90,7 @@ template <class Cfg> struct MatmulGeometry {
     static_assert(!REG_RAW || (TB % 4 == 0 && SB % 4 == 0), "word-aligned k-tiles");
     // bf16 tiles: rows of exactly 128 bytes (BK = 64) in the 128-byte-swizzle layout (16-byte
     // chunk c of row r at chunk c ^ (r mod 8)), 1024-byte aligned: what wgmma reads, and
-    // conflict-free for ldmatrix and the producers' 8-byte stores.
+    // conflict-free for ldmatrix and the producers' 16-byte stores (put_runs).
     enum : int { XT_BYTES = BM * 128, WT_BYTES = BN * 128, TILE_BYTES = XT_BYTES + WT_BYTES };  // a k-tile's pair
     enum : int { SMEM = 2 * RAW_BYTES + 2 * TILE_BYTES + 1024 };  // raw and bf16 tiles double-buffered
     enum : int { WARPS_M = 2, WARPS_N = 4, WM = BM / WARPS_M, WN = BN / WARPS_N };

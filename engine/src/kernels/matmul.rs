@@ -347,7 +347,7 @@ pub fn render_source(name: &str, ty: GgmlType, k: usize, n: usize, t: &MatmulTun
     format!(
         "#include \"memra/matmul.cuh\"\nstruct {name}_cfg {{\n    static constexpr int K = {k};\n    static constexpr int N = {n};\n    \
          static constexpr memra::QType QTYPE = memra::QType::{q};\n    static constexpr int BM = {bm};\n    \
-         static constexpr int BN = {bn};\n    static constexpr int THREADS = 256;\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
+         static constexpr int BN = {bn};\n    static constexpr int THREADS = {THREADS};\n    static constexpr int ACCUMULATE = {a};\n}};\nMEMRA_DEFINE_MATMUL({name}, {name}_cfg)\n",
         q = ty.name(),
         bm = t.bm,
         bn = t.bn,
